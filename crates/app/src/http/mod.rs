@@ -1,0 +1,68 @@
+//! The HTTP API: one router, problem+json errors, bearer auth on `/v1`.
+
+mod error;
+mod health;
+mod json;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+use tower_http::trace::TraceLayer;
+
+pub use error::ApiError;
+pub use json::ApiJson;
+
+use crate::auth::require_key;
+use crate::state::AppState;
+
+/// Routes under `/v1`, before authentication is layered on. Each machine adds
+/// its routes here.
+fn v1_routes() -> Router<AppState> {
+    Router::new()
+}
+
+/// The whole service: health probes open, everything under `/v1` behind a key.
+pub fn router(state: AppState) -> Router {
+    let v1 = v1_routes()
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .nest("/v1", v1)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(state.body_limit))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            reject_large_bodies,
+        ))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Refuses a declared body over the limit before any handler runs; bodies
+/// without a length are cut off by the extractors at the same limit.
+async fn reject_large_bodies(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(len) if len > state.body_limit as u64 => {
+            Err(ApiError::payload_too_large(state.body_limit))
+        }
+        _ => Ok(next.run(req).await),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}

@@ -1,0 +1,91 @@
+//! `parlance serve`: build the state, bind, serve until SIGINT or SIGTERM.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use parlance_core::ProductId;
+use parlance_postgres::PoolOptions;
+use tokio::net::TcpListener;
+
+use crate::auth::{ApiKey, ApiKeys};
+use crate::config::ServeConfig;
+use crate::http::router;
+use crate::state::AppState;
+
+/// Builds the service state from configuration: PostgreSQL (migrated) when a
+/// URL is given, memory otherwise. Returns the key for product `default` too.
+///
+/// # Errors
+///
+/// When the database cannot be reached or migrated, or no key can be made.
+pub async fn build_state(config: &ServeConfig) -> anyhow::Result<(AppState, ApiKey)> {
+    let key = match &config.api_key {
+        Some(k) if !k.trim().is_empty() => ApiKey::new(k.trim()),
+        _ => ApiKey::generate().context("generate an API key")?,
+    };
+    let keys = ApiKeys::single(&key, ProductId::default_product());
+    let mut state = match &config.database_url {
+        None => AppState::memory(keys),
+        Some(url) => {
+            let pool = parlance_postgres::connect(url, &PoolOptions::default())?;
+            parlance_postgres::migrate(&pool)
+                .await
+                .with_context(|| format!("migrate {url}"))?;
+            AppState::postgres(pool, keys)
+        }
+    };
+    state.body_limit = config.body_limit;
+    Ok((state, key))
+}
+
+/// Runs the service until a shutdown signal, then drains open requests.
+///
+/// # Errors
+///
+/// When the state cannot be built or the address cannot be bound.
+pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
+    let (state, key) = build_state(&config).await?;
+    let listener = TcpListener::bind(config.bind)
+        .await
+        .with_context(|| format!("bind {}", config.bind))?;
+    let addr: SocketAddr = listener.local_addr()?;
+    if config.api_key.is_none() {
+        // The one place the key is shown: stdout, once, for the operator.
+        let _ = writeln!(
+            std::io::stdout(),
+            "API key for product `default` (shown once): {}",
+            key.expose()
+        );
+    }
+    tracing::info!(%addr, backend = state.backend.name(), "parlance listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serve")?;
+    tracing::info!("parlance stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown signal received, draining");
+}

@@ -1,0 +1,4 @@
+//! HTTP integration tests on a real listener.
+
+mod service;
+mod support;

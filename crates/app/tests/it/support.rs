@@ -1,0 +1,80 @@
+//! A service on a real listener (port 0) and a client for it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use parlance_app::auth::{ApiKey, ApiKeys};
+use parlance_app::{AppState, http::router};
+use parlance_core::ProductId;
+use parlance_testkit::{ManualClock, SequentialIds};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+/// The key every test server accepts, for product `acme`.
+pub(crate) const KEY: &str = "pk_test_acme";
+
+/// A running service and a client bound to it.
+pub(crate) struct TestServer {
+    pub(crate) addr: SocketAddr,
+    pub(crate) client: reqwest::Client,
+    #[allow(dead_code)] // machine tests move it
+    pub(crate) clock: Arc<ManualClock>,
+}
+
+impl TestServer {
+    /// A service on the in-memory adapters with a manual clock.
+    pub(crate) async fn memory() -> Self {
+        let clock = Arc::new(ManualClock::new());
+        let state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+        Self::start(state, clock).await
+    }
+
+    /// A service on the given state.
+    pub(crate) async fn start(state: AppState, clock: Arc<ManualClock>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(listener, router(state)).await.unwrap();
+        });
+        Self {
+            addr,
+            client: reqwest::Client::new(),
+            clock,
+        }
+    }
+
+    /// Sends a request with the test key (when `auth`) and returns status,
+    /// content type and JSON body.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        auth: bool,
+    ) -> (StatusCode, String, Value) {
+        let mut req = self
+            .client
+            .request(method, format!("http://{}{}", self.addr, path));
+        if auth {
+            req = req.bearer_auth(KEY);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status();
+        let ctype = res
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = res.bytes().await.unwrap();
+        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, ctype, json)
+    }
+}
+
+/// One key, for product `acme`.
+pub(crate) fn keys() -> ApiKeys {
+    ApiKeys::single(&ApiKey::new(KEY), ProductId::parse("acme").unwrap())
+}

@@ -1,0 +1,20 @@
+//! Pure state machines of Parlance: the domain layer.
+//!
+//! Layer: bottom. Every other crate may depend on this one; it depends only on
+//! serde, serde_json, thiserror, uuid (the type, never its generators) and
+//! pure-computation crates. It never awaits, never reads a clock, never does
+//! I/O and never draws random numbers: time arrives as a [`Timestamp`]
+//! argument, and each operation returns an [`Outcome`] listing the transitions
+//! that happened and the effects the caller must carry out.
+
+#![forbid(unsafe_code)]
+
+pub mod id;
+pub mod outcome;
+pub mod table;
+pub mod time;
+
+pub use id::{IdError, ProductId};
+pub use outcome::{Outcome, Transition};
+pub use table::{Edge, TransitionTable};
+pub use time::{Timestamp, TimestampError};

@@ -1,0 +1,14 @@
+//! In-memory adapters of every Parlance port: the embedded default.
+//!
+//! Layer: adapter. Depends on `parlance-core` and `parlance-ports` (and tokio
+//! where a port needs waiting); never on another adapter. Used by `parlance
+//! serve` when no database is configured and by every test that does not need
+//! PostgreSQL. Each adapter passes the same `parlance-testkit` contract suite
+//! as its PostgreSQL twin, so the two behave alike. Nothing here survives a
+//! restart.
+
+#![forbid(unsafe_code)]
+
+mod audit;
+
+pub use audit::MemoryAuditLog;

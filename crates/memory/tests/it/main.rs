@@ -1,0 +1,11 @@
+//! Contract suites run against the in-memory adapters.
+
+mod audit {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryAuditLog;
+
+    parlance_testkit::audit_log_suite!(async {
+        Some(Arc::new(MemoryAuditLog::new()) as parlance_testkit::audit::Subject)
+    });
+}

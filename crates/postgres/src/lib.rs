@@ -1,0 +1,20 @@
+//! PostgreSQL adapters of every Parlance storage and queue port.
+//!
+//! Layer: adapter. Depends on `parlance-core`, `parlance-ports`, sqlx (with
+//! rustls, never OpenSSL) and tokio; never on another adapter. Queries are
+//! checked at run time (`sqlx::query`), so building never needs a live
+//! database. Migrations live in `migrations/` and are embedded into the
+//! binary; [`migrate`] applies them. Errors from sqlx are classified into
+//! [`parlance_ports::PortError`] at this boundary (see [`error`]).
+
+#![forbid(unsafe_code)]
+
+mod audit;
+pub mod error;
+mod pool;
+pub mod testing;
+mod time;
+
+pub use audit::PgAuditLog;
+pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
+pub use sqlx::PgPool;

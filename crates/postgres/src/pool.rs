@@ -1,0 +1,132 @@
+//! Connecting, migrating and health-checking.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use parlance_ports::{PortError, PortResult};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::error::port_error;
+
+/// A PostgreSQL connection string whose `Debug` and `Display` hide the
+/// password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// Wraps a `postgres://` URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL itself, secrets included: hand it only to the driver.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        let url = &self.0;
+        let Some(scheme_end) = url.find("://") else {
+            return "***".to_owned();
+        };
+        let rest = &url[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        match rest[..authority_end].rfind('@') {
+            Some(at) => {
+                let userinfo = &rest[..at];
+                let user = userinfo.split(':').next().unwrap_or("");
+                let masked = if userinfo.contains(':') {
+                    format!("{user}:***")
+                } else {
+                    user.to_owned()
+                };
+                format!("{}://{masked}{}", &url[..scheme_end], &rest[at..])
+            }
+            None => url.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DatabaseUrl({:?})", self.redacted())
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// Pool settings.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Most connections held open.
+    pub max_connections: u32,
+    /// How long a caller waits for a free connection before `Unavailable`.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Opens a pool. Connections are made lazily, so this succeeds while the
+/// server is down; [`ping`] tells whether it answers.
+pub fn connect(url: &DatabaseUrl, options: &PoolOptions) -> PortResult<PgPool> {
+    let connect = PgConnectOptions::from_str(url.expose())
+        .map_err(|e| PortError::invalid(format!("bad database url {url}")).with_source(e))?;
+    Ok(PgPoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .connect_lazy_with(connect))
+}
+
+/// Applies every embedded migration not yet applied.
+pub async fn migrate(pool: &PgPool) -> PortResult<()> {
+    sqlx::migrate!("./migrations")
+        .run(pool)
+        .await
+        .map_err(|e| match e {
+            sqlx::migrate::MigrateError::Execute(e) => port_error("apply migrations", e),
+            other => PortError::other("postgres: apply migrations").with_source(other),
+        })
+}
+
+/// Checks that the server answers a trivial query.
+pub async fn ping(pool: &PgPool) -> PortResult<()> {
+    sqlx::query("SELECT 1")
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .map_err(|e| port_error("ping", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        let u = DatabaseUrl::new("postgres://app:s3cret@db.example:5432/parlance?sslmode=require");
+        assert_eq!(
+            u.redacted(),
+            "postgres://app:***@db.example:5432/parlance?sslmode=require"
+        );
+        assert!(!format!("{u:?}").contains("s3cret"));
+        assert_eq!(
+            DatabaseUrl::new("postgres://postgres@127.0.0.1/test").redacted(),
+            "postgres://postgres@127.0.0.1/test"
+        );
+        assert_eq!(DatabaseUrl::new("garbage").redacted(), "***");
+    }
+}

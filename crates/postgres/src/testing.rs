@@ -1,0 +1,99 @@
+//! A fresh, migrated database per test.
+//!
+//! [`test_pool`] reads `DATABASE_URL`. When it is unset the PostgreSQL tests
+//! are skipped, and the first skip in a process says so on stderr; when
+//! `PARLANCE_REQUIRE_POSTGRES` is set (as `cargo xtask ci` does) a missing
+//! database fails the test instead. Each call creates its own database named
+//! `parlance_test_<pid>_<n>` and applies the migrations; databases left by
+//! test processes that are no longer running are dropped on first use.
+
+use std::io::Write as _;
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
+
+/// The variable that makes a missing database an error rather than a skip.
+pub const REQUIRE_ENV: &str = "PARLANCE_REQUIRE_POSTGRES";
+
+const PREFIX: &str = "parlance_test_";
+
+static SKIP_NOTICE: Once = Once::new();
+static CLEANUP: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A pool on a new database with every migration applied, or `None` when no
+/// PostgreSQL is configured (the test should return early).
+///
+/// # Panics
+///
+/// When the database cannot be created or migrated, or when none is
+/// configured and [`REQUIRE_ENV`] is set.
+pub async fn test_pool() -> Option<PgPool> {
+    let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
+        assert!(
+            std::env::var_os(REQUIRE_ENV).is_none(),
+            "{REQUIRE_ENV} is set but DATABASE_URL is not: PostgreSQL tests must run here. \
+             Set DATABASE_URL=postgres://user@host:port/db (cargo xtask ci finds or starts one)"
+        );
+        SKIP_NOTICE.call_once(|| {
+            // Written to the real stderr, past the test harness's capture.
+            let _ = writeln!(
+                std::io::stderr(),
+                "note: PostgreSQL tests skipped: DATABASE_URL is not set"
+            );
+        });
+        return None;
+    };
+    let admin_opts: PgConnectOptions = url.parse().expect("DATABASE_URL is a valid postgres URL");
+    let mut admin = PgConnection::connect_with(&admin_opts)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL: {e}"));
+    CLEANUP
+        .get_or_init(|| async { drop_stale_databases(&mut admin).await })
+        .await;
+    let name = format!(
+        "{PREFIX}{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+        .await
+        .expect("drop leftover test database");
+    admin
+        .execute(format!("CREATE DATABASE {name}").as_str())
+        .await
+        .unwrap_or_else(|e| panic!("cannot create test database {name}: {e}"));
+    let _ = admin.close().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(24)
+        .connect_with(admin_opts.database(&name))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to test database {name}: {e}"));
+    crate::migrate(&pool).await.expect("migrations apply");
+    Some(pool)
+}
+
+/// Drops test databases whose creating process has exited.
+async fn drop_stale_databases(admin: &mut PgConnection) {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'parlance\\_test\\_%'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap_or_default();
+    for name in names {
+        let pid = name
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let _ = admin
+                .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+                .await;
+        }
+    }
+}
