@@ -23,6 +23,8 @@ commands:
   ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny, docs, tidy
   test   the workspace tests, with PostgreSQL found or started as for ci
   docs   build the API docs with warnings denied
+  bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
+                against PostgreSQL found or started as for ci
 ";
 
 fn main() -> Result<()> {
@@ -31,6 +33,7 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("test") => test(&args[1..]),
         Some("docs") => docs(),
+        Some("bench") => bench(&args[1..]),
         _ => {
             eprint!("{USAGE}");
             bail!("unknown or missing command")
@@ -79,6 +82,21 @@ fn test(extra: &[String]) -> Result<()> {
     drop(db);
     // Tidy: layering, module docs and stray snapshots (tests in this crate).
     cargo(["test", "--package", "xtask", "--locked"]).run()
+}
+
+/// Runs one benchmark (or all with no name) in release mode with a database.
+fn bench(args: &[String]) -> Result<()> {
+    let db = pg::provide()?;
+    let mut cmd = cargo(["bench", "--package", "parlance-app", "--locked"]);
+    if let Some(name) = args.first() {
+        cmd = cmd.args(["--bench", name]);
+    }
+    cmd = cmd.arg("--").args(args.iter().skip(1));
+    cmd = match &db {
+        Some(db) => cmd.env("DATABASE_URL", db.url()),
+        None => bail!("benchmarks need PostgreSQL: set DATABASE_URL or run a server at 127.0.0.1:5432"),
+    };
+    cmd.run()
 }
 
 fn deny() -> Result<()> {
