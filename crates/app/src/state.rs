@@ -1,9 +1,10 @@
 //! What every request handler shares: the adapters behind the ports.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use parlance_memory::MemoryAuditLog;
-use parlance_ports::{AuditLog, Clock, IdGen, PortResult, SystemClock, UuidV7Ids};
+use parlance_ports::{AuditLog, Clock, IdGen, PortError, PortResult, SystemClock, UuidV7Ids};
 use parlance_postgres::{PgAuditLog, PgPool};
 
 use crate::auth::ApiKeys;
@@ -26,11 +27,17 @@ impl Backend {
         }
     }
 
-    /// Whether the backend answers now.
+    /// Whether the backend answers now (within two seconds).
     pub async fn check(&self) -> PortResult<()> {
         match self {
             Backend::Memory => Ok(()),
-            Backend::Postgres(pool) => parlance_postgres::ping(pool).await,
+            Backend::Postgres(pool) => {
+                tokio::time::timeout(Duration::from_secs(2), parlance_postgres::ping(pool))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(PortError::unavailable("database did not answer within 2s"))
+                    })
+            }
         }
     }
 }
