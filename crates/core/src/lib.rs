@@ -11,10 +11,12 @@
 
 pub mod id;
 pub mod outcome;
+pub mod structured;
 pub mod table;
 pub mod time;
 
 pub use id::{IdError, ProductId};
 pub use outcome::{Outcome, Transition};
+pub use structured::{StructuredError, Violation, extract_json, extract_valid, parse_structured};
 pub use table::{Edge, TransitionTable};
 pub use time::{Timestamp, TimestampError};
