@@ -166,10 +166,7 @@ fn json_candidates(raw: &str) -> Vec<Value> {
 fn fenced_blocks(raw: &str) -> Vec<&str> {
     let mut blocks = Vec::new();
     let mut rest = raw;
-    loop {
-        let Some((start, fence)) = find_fence(rest) else {
-            break;
-        };
+    while let Some((start, fence)) = find_fence(rest) {
         let after = &rest[start + fence.len()..];
         // Skip the info string (`json`, `JSON`, ...) up to the end of the line;
         // a fence closed on the same line holds an inline body.
