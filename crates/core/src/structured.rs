@@ -138,6 +138,12 @@ pub fn extract_json(raw: &str) -> Result<Value, StructuredError> {
         })
 }
 
+/// Every JSON value that can be read from `raw`, most likely first: the
+/// whole text, fenced blocks, then balanced objects and arrays in prose.
+pub fn find_json_values(raw: &str) -> Vec<Value> {
+    json_candidates(raw)
+}
+
 fn preview(raw: &str) -> String {
     raw.trim().chars().take(PREVIEW_CHARS).collect()
 }
