@@ -1,0 +1,1 @@
+//! Tests against a local OpenAI-compatible server.
