@@ -1,1 +1,5 @@
-//! Tests against a local OpenAI-compatible server.
+//! Tests against a local OpenAI-compatible server started by each test.
+
+mod client;
+mod contract;
+mod fake;
