@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
-use parlance_memory::MemoryAuditLog;
-use parlance_ports::{AuditLog, Clock, IdGen, PortResult, SystemClock, UuidV7Ids};
+use parlance_memory::{HashingEmbedder, MemoryAuditLog, OfflineLlm};
+use parlance_ports::{
+    AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortResult, SystemClock, UuidV7Ids,
+};
 use parlance_postgres::{PgAuditLog, PgPool};
 
 use crate::auth::ApiKeys;
@@ -50,6 +52,10 @@ pub struct AppState {
     pub keys: Arc<ApiKeys>,
     /// Largest accepted request body, in bytes.
     pub body_limit: usize,
+    /// The language model (offline unless configured).
+    pub llm: Arc<dyn LlmClient>,
+    /// The embedder (feature hashing unless configured).
+    pub embedder: Arc<dyn EmbeddingProvider>,
 }
 
 impl AppState {
@@ -67,6 +73,8 @@ impl AppState {
             ids,
             keys: Arc::new(keys),
             body_limit: 1024 * 1024,
+            llm: Arc::new(OfflineLlm::new()),
+            embedder: Arc::new(HashingEmbedder::default()),
         }
     }
 
@@ -79,6 +87,8 @@ impl AppState {
             ids: Arc::new(UuidV7Ids),
             keys: Arc::new(keys),
             body_limit: 1024 * 1024,
+            llm: Arc::new(OfflineLlm::new()),
+            embedder: Arc::new(HashingEmbedder::default()),
         }
     }
 }
