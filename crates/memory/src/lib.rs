@@ -15,4 +15,4 @@ pub mod llm;
 
 pub use audit::MemoryAuditLog;
 pub use embedding::HashingEmbedder;
-pub use llm::{OfflineLlm, Reply, Rule, When};
+pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};

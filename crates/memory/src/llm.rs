@@ -327,10 +327,20 @@ fn estimate_usage(request: &CompletionRequest, content: &str, calls: &[ToolCall]
     Usage::new(prompt, completion)
 }
 
+/// What the fallback knows about a request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptFacts {
+    /// Facts stated in the messages, keys in `snake_case`.
+    pub stated: BTreeMap<String, Value>,
+    /// The text fallback's reply, used for a string that must not be empty
+    /// and has no stated value.
+    pub reply: String,
+}
+
 /// Facts stated in the request's messages: `key: value` (or `key = value`)
-/// lines and the scalar members of JSON objects, keys normalized to
-/// `snake_case`. Later messages override earlier ones.
-pub fn prompt_facts(request: &CompletionRequest) -> BTreeMap<String, Value> {
+/// lines and the members of JSON objects, keys normalized to `snake_case`.
+/// Later messages override earlier ones.
+pub fn prompt_facts(request: &CompletionRequest) -> PromptFacts {
     let mut facts = BTreeMap::new();
     for message in &request.messages {
         for line in message.content.lines() {
@@ -346,7 +356,10 @@ pub fn prompt_facts(request: &CompletionRequest) -> BTreeMap<String, Value> {
             }
         }
     }
-    facts
+    PromptFacts {
+        stated: facts,
+        reply: text_reply(request.last_user_text()),
+    }
 }
 
 fn fact_line(line: &str) -> Option<(String, String)> {
@@ -381,25 +394,21 @@ fn normalize_key(key: &str) -> String {
 /// A value valid against `schema`, taken from `facts` where a property of
 /// the same name is stated and otherwise the most conservative choice: the
 /// first `enum` value (schemas list their safest value first), `null` where
-/// allowed, `false`, the smallest allowed number (0 when unbounded), `""`,
-/// and arrays of `minItems` (usually no) items.
-pub fn fill_schema(schema: &Value, facts: &BTreeMap<String, Value>) -> Value {
+/// allowed, `false`, the smallest allowed number (0 when unbounded), `""`
+/// (or, where a string must not be empty, the text fallback's reply), and
+/// arrays of `minItems` (usually no) items.
+pub fn fill_schema(schema: &Value, facts: &PromptFacts) -> Value {
     fill(schema, None, facts, 0)
 }
 
-fn fill(
-    schema: &Value,
-    name: Option<&str>,
-    facts: &BTreeMap<String, Value>,
-    depth: usize,
-) -> Value {
+fn fill(schema: &Value, name: Option<&str>, facts: &PromptFacts, depth: usize) -> Value {
     let Some(s) = schema.as_object() else {
         return Value::Null;
     };
     if depth > 32 {
         return Value::Null;
     }
-    let fact = name.and_then(|n| facts.get(&normalize_key(n)));
+    let fact = name.and_then(|n| facts.stated.get(&normalize_key(n)));
     if let Some(c) = s.get("const") {
         return c.clone();
     }
@@ -466,9 +475,22 @@ fn fill(
         "integer" => number_in(s, None, true),
         "number" => number_in(s, None, false),
         "string" => {
-            let min = s.get("minLength").and_then(Value::as_u64).unwrap_or(0);
-            let pad: String = "offline ".chars().cycle().take(min as usize).collect();
-            Value::String(pad)
+            let min = s.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
+            if min == 0 {
+                return Value::String(String::new());
+            }
+            let max = s
+                .get("maxLength")
+                .and_then(Value::as_u64)
+                .map(|m| m as usize);
+            let mut text: String = facts
+                .reply
+                .chars()
+                .take(max.unwrap_or(usize::MAX))
+                .collect();
+            let short = min.saturating_sub(text.chars().count());
+            text.extend(std::iter::repeat_n('.', short));
+            Value::String(text)
         }
         _ => Value::Null,
     }
@@ -555,6 +577,7 @@ fn number_in(schema: &Map<String, Value>, wanted: Option<f64>, integer: bool) ->
 #[cfg(test)]
 mod tests {
     use parlance_ports::{Message, ToolDefinition};
+    use proptest::prelude::*;
 
     use super::*;
 
@@ -603,15 +626,15 @@ mod tests {
     #[test]
     fn conservative_fill_is_valid_for_the_project_prompts() {
         for schema in [judge_schema(), welcome_schema()] {
-            let v = fill_schema(&schema, &BTreeMap::new());
+            let v = fill_schema(&schema, &PromptFacts::default());
             assert_eq!(parlance_core::validate(&schema, &v), Ok(()), "{v}");
         }
-        let v = fill_schema(&welcome_schema(), &BTreeMap::new());
+        let v = fill_schema(&welcome_schema(), &PromptFacts::default());
         assert_eq!(v["should_send"], false);
         assert_eq!(v["onboarding_complete"], false);
         assert_eq!(v["workflow_completion"], json!([]));
         assert_eq!(v["primary_tour_id"], Value::Null);
-        let v = fill_schema(&judge_schema(), &BTreeMap::new());
+        let v = fill_schema(&judge_schema(), &PromptFacts::default());
         assert_eq!(v["journey_state"], "onboarding");
         assert_eq!(v["mastery_level"], "novice");
         assert_eq!(v["mastery_rating"], 0);
@@ -639,11 +662,59 @@ mod tests {
     #[test]
     fn numbers_respect_exclusive_bounds() {
         let s = json!({"type": "integer", "exclusiveMinimum": 2, "maximum": 9});
-        assert_eq!(fill_schema(&s, &BTreeMap::new()), json!(3));
+        assert_eq!(fill_schema(&s, &PromptFacts::default()), json!(3));
         let s = json!({"type": "number", "minimum": -5, "maximum": -1});
-        assert_eq!(fill_schema(&s, &BTreeMap::new()), json!(-5.0));
+        assert_eq!(fill_schema(&s, &PromptFacts::default()), json!(-5.0));
         let s = json!({"type": "number"});
-        assert_eq!(fill_schema(&s, &BTreeMap::new()), json!(0.0));
+        assert_eq!(fill_schema(&s, &PromptFacts::default()), json!(0.0));
+    }
+
+    fn arb_schema() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            (0u64..4, 0u64..20).prop_map(
+                |(min, extra)| json!({"type": "string", "minLength": min, "maxLength": min + extra})
+            ),
+            (-20i64..20, 0i64..10).prop_map(
+                |(lo, span)| json!({"type": "integer", "minimum": lo, "maximum": lo + span})
+            ),
+            (-5.0f64..5.0, 0.0f64..3.0).prop_map(
+                |(lo, span)| json!({"type": "number", "minimum": lo, "maximum": lo + span})
+            ),
+            (-5i64..5).prop_map(|lo| json!({"type": "integer", "exclusiveMinimum": lo})),
+            Just(json!({"type": "boolean"})),
+            Just(json!({"type": ["string", "null"]})),
+            prop::collection::vec("[a-z_]{1,8}", 1..4)
+                .prop_map(|e| json!({"type": "string", "enum": e})),
+        ];
+        leaf.prop_recursive(3, 20, 4, |inner| {
+            prop_oneof![
+                prop::collection::btree_map("[a-d]", inner.clone(), 0..4).prop_map(|props| {
+                    let required: Vec<&String> = props.keys().collect();
+                    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+                }),
+                (inner, 0u64..3, 0u64..3).prop_map(|(items, min, extra)| {
+                    json!({"type": "array", "items": items, "minItems": min, "maxItems": min + extra})
+                }),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fallback_always_fits_its_schema(
+            schema in arb_schema(),
+            prompt in "([a-d]: ([a-z_]{1,8}|-?[0-9]{1,3}(\\.[0-9])?|true|false|null)\n){0,6}",
+            json_facts in proptest::option::of(arb_schema()),
+        ) {
+            let mut text = prompt;
+            if let Some(v) = json_facts {
+                // Another schema's fill, stated as JSON facts.
+                text.push_str(&fill_schema(&v, &PromptFacts::default()).to_string());
+            }
+            let request = CompletionRequest::new(vec![Message::user(text)]);
+            let v = fill_schema(&schema, &prompt_facts(&request));
+            proptest::prop_assert_eq!(parlance_core::validate(&schema, &v), Ok(()), "{} for {}", v, schema);
+        }
     }
 
     #[tokio::test]
@@ -679,6 +750,16 @@ mod tests {
         assert_eq!(r.finish_reason, FinishReason::ToolCalls);
         assert_eq!(r.tool_calls[0].name, "end_conversation");
         assert_eq!(r.tool_calls[0].arguments, r#"{"outcome":"booked"}"#);
+        // A string that must not be empty and has no stated value gets the
+        // text fallback's reply.
+        req.messages = vec![Message::user("Can we talk tomorrow?")];
+        req.tools[0].parameters =
+            json!({"type": "object", "properties": {"text": {"type": "string", "minLength": 1}}});
+        let r = llm.complete(&req).await.unwrap();
+        assert_eq!(
+            r.tool_calls[0].arguments,
+            json!({"text": "(offline reply) Noted: Can we talk tomorrow?"}).to_string()
+        );
         // Without a requirement the fallback answers in text.
         req.tool_choice = None;
         assert!(llm.complete(&req).await.unwrap().tool_calls.is_empty());
