@@ -16,6 +16,7 @@ use parlance_ports::{
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Response, Url};
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use crate::config::{AuthStyle, ConfigError, OpenAiConfig};
 use crate::sse::SseDecoder;
@@ -270,6 +271,7 @@ impl LlmClient for OpenAiClient {
     async fn complete(&self, request: &CompletionRequest) -> LlmResult<CompletionResponse> {
         let body = wire::chat_body(request, &self.http.config.model, false);
         let model = self.http.config.model.as_str();
+        let span = call_span(request, &body);
         self.http
             .with_retries("chat", || async {
                 let res = self.http.send(&self.url, &body).await?;
@@ -281,6 +283,7 @@ impl LlmClient for OpenAiClient {
                     message: format!("malformed response: {m}"),
                 })
             })
+            .instrument(span)
             .await
     }
 
@@ -289,6 +292,7 @@ impl LlmClient for OpenAiClient {
         let res = self
             .http
             .with_retries("chat stream", || self.http.send(&self.url, &body))
+            .instrument(call_span(request, &body))
             .await?;
         let is_json = res
             .headers()
@@ -325,6 +329,16 @@ impl LlmClient for OpenAiClient {
         };
         Ok(Box::pin(futures_util::stream::unfold(state, next_chunk)))
     }
+}
+
+/// The span of one model call: the prompt's name and the model, never the
+/// messages.
+fn call_span(request: &CompletionRequest, body: &Value) -> tracing::Span {
+    tracing::debug_span!(
+        "model_call",
+        prompt = request.prompt_name.as_deref().unwrap_or("unnamed"),
+        model = body["model"].as_str().unwrap_or(""),
+    )
 }
 
 struct StreamState {
@@ -479,6 +493,7 @@ impl EmbeddingProvider for OpenAiEmbedder {
                 let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
                 Ok((vectors, model, wire::usage(v.get("usage"))))
             })
+            .instrument(tracing::debug_span!("embed", model = %self.model, texts = texts.len()))
             .await?;
         let dimension = vectors.first().map_or(0, Vec::len);
         if let Some(want) = self.dimensions

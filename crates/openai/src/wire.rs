@@ -128,6 +128,15 @@ pub(crate) fn usage(v: Option<&Value>) -> Option<Usage> {
     })
 }
 
+/// The server's call id, or `call_<index>` when it gave none (some local
+/// servers omit it, and a tool result must quote one).
+fn call_id(id: Option<&Value>, index: u64) -> String {
+    match id.and_then(Value::as_str) {
+        Some(id) if !id.is_empty() => id.to_owned(),
+        _ => format!("call_{index}"),
+    }
+}
+
 /// A whole chat-completion answer.
 pub(crate) fn chat_response(body: &Value, model: &str) -> Result<CompletionResponse, String> {
     let choice = body
@@ -142,10 +151,11 @@ pub(crate) fn chat_response(body: &Value, model: &str) -> Result<CompletionRespo
         .map(|calls| {
             calls
                 .iter()
-                .map(|c| {
+                .enumerate()
+                .map(|(i, c)| {
                     let f = c.get("function").unwrap_or(&Value::Null);
                     Ok(ToolCall {
-                        id: c.get("id").and_then(text).unwrap_or_default(),
+                        id: call_id(c.get("id"), i as u64),
                         name: f
                             .get("name")
                             .and_then(text)
@@ -209,10 +219,17 @@ pub(crate) fn stream_chunks(
         {
             let f = c.get("function").unwrap_or(&Value::Null);
             let index = c.get("index").and_then(Value::as_u64).unwrap_or(i as u64);
+            let name = f.get("name").and_then(text);
+            // The first piece (the one naming the function) always has an id.
+            let id = match (c.get("id").and_then(text), &name) {
+                (Some(id), _) if !id.is_empty() => Some(id),
+                (_, Some(_)) => Some(call_id(None, index)),
+                _ => None,
+            };
             out.push(CompletionChunk::ToolCall {
                 index: u32::try_from(index).map_err(|_| "tool call index out of range")?,
-                id: c.get("id").and_then(text),
-                name: f.get("name").and_then(text),
+                id,
+                name,
                 arguments: f.get("arguments").and_then(text).unwrap_or_default(),
             });
         }
@@ -363,6 +380,21 @@ mod tests {
         assert_eq!(r.tool_calls[0].arguments, r#"{"a":1}"#);
         assert_eq!(r.usage, Some(Usage::new(3, 2)));
         assert!(chat_response(&json!({"choices": []}), "m").is_err());
+        let no_id = json!({"choices": [{"message": {"tool_calls": [
+            {"function": {"name": "f", "arguments": "{}"}},
+            {"id": "", "function": {"name": "g", "arguments": "{}"}}
+        ]}}]});
+        let r = chat_response(&no_id, "m").unwrap();
+        assert_eq!(
+            (r.tool_calls[0].id.as_str(), r.tool_calls[1].id.as_str()),
+            ("call_0", "call_1")
+        );
+        assert_eq!(r.finish_reason, FinishReason::ToolCalls);
+        let piece = json!({"choices": [{"delta": {"tool_calls": [{"index": 2, "function": {"name": "f", "arguments": ""}}]}}]});
+        assert!(matches!(
+            &stream_chunks(&piece, false).unwrap()[0],
+            CompletionChunk::ToolCall { id: Some(id), .. } if id == "call_2"
+        ));
         assert_eq!(
             error_message(br#"{"error": {"message": "bad key"}}"#),
             "bad key"
