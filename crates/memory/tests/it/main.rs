@@ -53,3 +53,13 @@ mod llm {
         Some(Arc::new(Offline(Arc::new(OfflineLlm::new()))) as Subject)
     });
 }
+
+mod embedding {
+    use std::sync::Arc;
+
+    use parlance_memory::HashingEmbedder;
+
+    parlance_testkit::embedding_suite!(async {
+        Some(Arc::new(HashingEmbedder::default()) as parlance_testkit::embedding::Subject)
+    });
+}

@@ -370,9 +370,9 @@ async fn embeddings_come_back_in_input_order() {
     assert_eq!(
         out.vectors,
         vec![
-            vec![1.0, 0.0, 1.0],
-            vec![3.0, 1.0, 1.0],
-            vec![2.0, 2.0, 1.0]
+            vec![1.0, 97.0, 1.0],
+            vec![3.0, 98.0, 1.0],
+            vec![2.0, 99.0, 1.0]
         ]
     );
     assert_eq!(

@@ -40,3 +40,23 @@ async fn fixture() -> Option<Subject> {
 }
 
 parlance_testkit::llm_client_suite!(fixture());
+
+mod embedding {
+    use std::sync::Arc;
+
+    use parlance_openai::{OpenAiConfig, OpenAiEmbedder};
+
+    use crate::fake::FakeServer;
+
+    /// The fake server answers unscripted embedding requests itself.
+    async fn provider() -> Option<parlance_testkit::embedding::Subject> {
+        let server = FakeServer::start().await;
+        let config = OpenAiConfig::new(server.base_url(), "unused");
+        let embedder = OpenAiEmbedder::new(config, "contract-embed", None).expect("embedder");
+        // The server task keeps running for the rest of the test.
+        drop(server);
+        Some(Arc::new(embedder) as parlance_testkit::embedding::Subject)
+    }
+
+    parlance_testkit::embedding_suite!(provider());
+}

@@ -124,15 +124,18 @@ async fn embeddings(
     if let Some(step) = step {
         return render(step, false).await;
     }
-    // Unscripted: one vector per input, [length, index, 1.0], listed in
-    // reverse order to check that clients sort by index.
+    // Unscripted: one vector per input, made from the text alone
+    // ([characters, first character's code, 1.0]), listed in reverse order to
+    // check that clients sort by index.
     let inputs = req["input"].as_array().cloned().unwrap_or_default();
     let mut data: Vec<Value> = inputs
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let len = t.as_str().map_or(0, |s| s.chars().count());
-            json!({"object": "embedding", "index": i, "embedding": [len as f64, i as f64, 1.0]})
+            let t = t.as_str().unwrap_or("");
+            let first = t.chars().next().map_or(0, u32::from);
+            json!({"object": "embedding", "index": i,
+                   "embedding": [t.chars().count() as f64, f64::from(first), 1.0]})
         })
         .collect();
     data.reverse();
