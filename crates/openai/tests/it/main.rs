@@ -3,3 +3,4 @@
 mod client;
 mod contract;
 mod fake;
+mod logs;
