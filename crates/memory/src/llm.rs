@@ -3,8 +3,8 @@
 //!
 //! Scripted rules come first (tried in the order added; a rule may be
 //! limited to a number of uses): they match on the prompt name, on text in
-//! the messages or on an offered tool, and reply with text, JSON, tool calls
-//! or an error. Without a matching rule the fallback answers:
+//! the messages (any, or the last user message) or on an offered tool, and
+//! reply with text, JSON, tool calls or an error. Without a matching rule the fallback answers:
 //!
 //! - a tool call when the request requires one (`ToolChoice::Required` or a
 //!   named function), its arguments filled from the tool's parameter schema;
@@ -37,6 +37,8 @@ pub enum When {
     PromptName(String),
     /// Requests with this text in any message (case-insensitive).
     Contains(String),
+    /// Requests whose last user message holds this text (case-insensitive).
+    UserContains(String),
     /// Requests offering a tool of this name.
     ToolOffered(String),
 }
@@ -53,6 +55,10 @@ impl When {
                     .iter()
                     .any(|m| m.content.to_lowercase().contains(&needle))
             }
+            When::UserContains(text) => request
+                .last_user_text()
+                .to_lowercase()
+                .contains(&text.to_lowercase()),
             When::ToolOffered(name) => request.tools.iter().any(|t| &t.name == name),
         }
     }
@@ -729,10 +735,34 @@ mod tests {
         ));
         let r = llm.complete(&req).await.unwrap();
         assert_eq!(r.content, "(offline reply) Noted: hello there");
+        llm.add_rule(Rule {
+            when: When::UserContains("REFUND".into()),
+            reply: Reply::text("refunds go to a human"),
+            remaining: Some(1),
+        });
+        let refund = CompletionRequest::new(vec![
+            Message::system("Never promise a refund."),
+            Message::user("I want a refund"),
+        ]);
+        assert_eq!(
+            llm.complete(&refund).await.unwrap().content,
+            "refunds go to a human"
+        );
+        let system_only =
+            CompletionRequest::new(vec![Message::system("refund policy"), Message::user("hi")]);
+        llm.add_rule(Rule {
+            when: When::UserContains("refund".into()),
+            reply: Reply::text("unused"),
+            remaining: None,
+        });
+        assert_eq!(
+            llm.complete(&system_only).await.unwrap().content,
+            "(offline reply) Noted: hi"
+        );
         let named = req.clone().with_prompt_name("judge");
         assert_eq!(llm.complete(&named).await.unwrap().content, "scripted");
         assert_eq!(llm.complete(&named).await.unwrap().content, "scripted");
-        assert_eq!(llm.received().len(), 4);
+        assert_eq!(llm.received().len(), 6);
     }
 
     #[tokio::test]
