@@ -10,5 +10,9 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+pub mod embedding;
+pub mod llm;
 
 pub use audit::MemoryAuditLog;
+pub use embedding::HashingEmbedder;
+pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};

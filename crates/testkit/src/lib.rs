@@ -10,6 +10,8 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod embedding;
+pub mod llm;
 
 pub use parlance_ports::{ManualClock, SequentialIds};
 
