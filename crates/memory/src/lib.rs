@@ -9,6 +9,8 @@
 
 #![forbid(unsafe_code)]
 
+mod adoption;
 mod audit;
 
+pub use adoption::MemoryAdoptionStore;
 pub use audit::MemoryAuditLog;

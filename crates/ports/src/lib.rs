@@ -9,10 +9,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod audit;
 pub mod clock;
 pub mod error;
 
+pub use adoption::{AdoptionStore, StoredAdoption};
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use error::{ErrorKind, PortError, PortResult};

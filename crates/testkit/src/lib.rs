@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod audit;
 
 pub use parlance_ports::{ManualClock, SequentialIds};

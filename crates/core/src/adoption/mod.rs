@@ -59,3 +59,16 @@ pub enum AdoptionError {
 
 #[cfg(test)]
 mod tests;
+
+/// Characters allowed in a user id: anything printable except `/`.
+fn user_char(c: char) -> bool {
+    c != '/'
+}
+
+crate::string_id!(
+    /// A user of a product: the adoption record's key within the product.
+    UserId,
+    "user id",
+    max = 256,
+    chars = user_char
+);
