@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use parlance_memory::MemoryAuditLog;
-use parlance_ports::{AuditLog, Clock, IdGen, PortResult, SystemClock, UuidV7Ids};
-use parlance_postgres::{PgAuditLog, PgPool};
+use parlance_memory::{MemoryAdoptionStore, MemoryAuditLog};
+use parlance_ports::{AdoptionStore, AuditLog, Clock, IdGen, PortResult, SystemClock, UuidV7Ids};
+use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgPool};
 
 use crate::auth::ApiKeys;
 
@@ -42,6 +42,8 @@ pub struct AppState {
     pub backend: Backend,
     /// Every transition, with its cause.
     pub audit: Arc<dyn AuditLog>,
+    /// User adoption records, onboarding plans and tour catalogs.
+    pub adoption: Arc<dyn AdoptionStore>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -63,6 +65,7 @@ impl AppState {
         Self {
             backend: Backend::Memory,
             audit: Arc::new(MemoryAuditLog::new()),
+            adoption: Arc::new(MemoryAdoptionStore::new()),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -74,6 +77,7 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            adoption: Arc::new(PgAdoptionStore::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),
