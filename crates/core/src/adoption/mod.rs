@@ -26,9 +26,9 @@ pub use detector::{
 };
 pub use gate::{ExplorationGateConfig, GateDecision, GateReason, evaluate_hard_gate};
 pub use model::{
-    JourneyState, Mastery, MasteryLevel, OnboardingState, OrderedMap, SESSION_INDEX_CAP,
-    SessionIndexEntry, StepInAssessment, StepProgress, UNKNOWN_SOURCE, UserAdoptionState,
-    WorkflowProgress, WorkflowStatus, clamp_rating, one_line,
+    JOURNEY_TABLE, JourneyState, Mastery, MasteryLevel, OnboardingState, OrderedMap,
+    SESSION_INDEX_CAP, SessionIndexEntry, StepInAssessment, StepProgress, UNKNOWN_SOURCE,
+    UserAdoptionState, WorkflowProgress, WorkflowStatus, clamp_rating, one_line,
 };
 pub use ordered::OrderedValue;
 pub use plan::{

@@ -685,3 +685,34 @@ pub fn one_line(s: &str) -> String {
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
 }
+
+/// The journey axis as data: the judge (or a caller) may move a user either
+/// way; onboarding completion is stamped separately and counts as
+/// onboarded for the gate.
+pub const JOURNEY_TABLE: crate::TransitionTable = crate::TransitionTable {
+    machine: "adoption journey",
+    states: &["onboarding", "onboarded"],
+    terminal: &[],
+    edges: &[
+        crate::Edge {
+            from: "onboarding",
+            to: "onboarded",
+            cause: "judge_adoption",
+        },
+        crate::Edge {
+            from: "onboarding",
+            to: "onboarded",
+            cause: "set_journey_state",
+        },
+        crate::Edge {
+            from: "onboarded",
+            to: "onboarding",
+            cause: "judge_adoption",
+        },
+        crate::Edge {
+            from: "onboarded",
+            to: "onboarding",
+            cause: "set_journey_state",
+        },
+    ],
+};

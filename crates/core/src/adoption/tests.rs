@@ -20,6 +20,75 @@ fn user(meta: Value) -> UserAdoptionState {
 }
 
 #[test]
+fn journey_table_renders_and_covers_the_judge() {
+    insta::assert_snapshot!("journey_mermaid", JOURNEY_TABLE.to_mermaid());
+    let mut s = user(json!({}));
+    let out = prompts::parse_judge_output(Some(
+        r#"{"journey_state": "onboarded", "mastery_rating": 8, "mastery_level": "proficient", "mastery_description": "fast"}"#,
+    ));
+    let outcome = apply_judge_output(&mut s, &out, at(2000.0));
+    assert_eq!(outcome.transitions.len(), 1);
+    for t in &outcome.transitions {
+        assert!(JOURNEY_TABLE.allows(t.from.as_str(), t.to.as_str(), t.cause));
+    }
+    assert_eq!((s.mastery.rating, s.last_judged_at), (8, Some(at(2000.0))));
+    // A malformed answer changes nothing.
+    let before = s.clone();
+    let outcome = apply_judge_output(
+        &mut s,
+        &prompts::parse_judge_output(Some("oops")),
+        at(3000.0),
+    );
+    assert!(outcome.is_empty());
+    assert_eq!(s, before);
+}
+
+#[test]
+fn welcome_answer_is_applied() {
+    let plan =
+        OnboardingPlan::from_config(&json!([{"workflow_id": "a"}, {"workflow_id": "b"}])).plan;
+    let mut s = user(json!({}));
+    let out = prompts::parse_welcome_output(
+        Some(
+            r#"{"should_send": true, "message": "Hi! Try **B** [TOUR:b]", "timing_assessment": "idle",
+                 "workflow_completion": [{"workflow_id": "a", "status": "completed", "confidence": 0.9, "evidence": "saw it"}],
+                 "suggested_flows": [{"tour_id": "b", "flow_name": "B"}], "onboarding_complete": true}"#,
+        ),
+        &["a", "b"],
+        &["b"],
+    );
+    let outcome = apply_welcome_output(&mut s, &out, &plan, at(2000.0));
+    assert_eq!(outcome.effects.len(), 1);
+    assert!(s.onboarding.welcomed);
+    assert_eq!(s.onboarding.proactive_support_count, 1);
+    assert_eq!(s.onboarding.completed_workflow_ids(), ["a"]);
+    assert_eq!(
+        s.onboarding.workflow_progress.get("a").unwrap().source,
+        "welcome"
+    );
+    // The model said complete, but b is outstanding: not stamped.
+    assert!(s.onboarding.onboarding_completed_at.is_none());
+    let step_in = s.onboarding.last_step_in.as_ref().unwrap();
+    assert_eq!(
+        (
+            step_in.should_step_in,
+            step_in.suggested_workflow_ids.clone()
+        ),
+        (true, vec!["b".to_owned()])
+    );
+    // Silence is recorded too, without a welcome.
+    let quiet = prompts::parse_welcome_output(
+        Some(r#"{"should_send": false, "timing_assessment": "mid-task"}"#),
+        &[],
+        &[],
+    );
+    let outcome = apply_welcome_output(&mut s, &quiet, &plan, at(3000.0));
+    assert!(outcome.effects.is_empty());
+    assert_eq!(s.onboarding.proactive_support_count, 1);
+    assert_eq!(s.onboarding.last_reasoned_at, Some(at(3000.0)));
+}
+
+#[test]
 fn empty_user_id_is_refused() {
     assert_eq!(
         UserAdoptionState::new("", Default::default(), at(1.0)),
@@ -500,4 +569,26 @@ proptest! {
     fn glob_never_panics(p in "[a-z/*?\\[\\]!-]{0,10}", t in "[a-z/\\[\\]-]{0,10}") {
         let _ = fnmatch(&p, &t);
     }
+}
+
+#[test]
+fn machine_page_lists_every_prompt_and_the_diagram() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/machines/adoption.md"
+    );
+    let page = std::fs::read_to_string(path).expect("docs/machines/adoption.md");
+    for p in prompts::registry() {
+        let row = format!("| `{}` | {} |", p.name, p.version);
+        assert!(page.contains(&row), "the page lacks {row}");
+        assert!(
+            page.contains(&p.content_sha256),
+            "the page lacks the hash of {}",
+            p.name
+        );
+    }
+    assert!(
+        page.contains(JOURNEY_TABLE.to_mermaid().trim_end()),
+        "stale diagram"
+    );
 }
