@@ -1,7 +1,7 @@
 //! HTTP routes of the adoption state under `/v1/products/{product_id}`.
 
 use axum::Router;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -53,7 +53,9 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-fn user_id(raw: &str) -> Result<UserId, ApiError> {
+/// The `{user_id}` path segment, validated.
+fn user_id(path: Result<Path<(String, String)>, PathRejection>) -> Result<UserId, ApiError> {
+    let Path((_, raw)) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
     UserId::parse(raw).map_err(|e| ApiError::unprocessable(e.to_string()))
 }
 
@@ -72,9 +74,9 @@ fn body(stored: &StoredAdoption) -> Value {
 async fn get_state(
     State(app): State<AppState>,
     Tenant(product): Tenant,
-    Path((_, user)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(&user)?;
+    let user = user_id(path)?;
     Ok(ApiJson(body(&service::get(&app, &product, &user).await?)))
 }
 
@@ -92,10 +94,10 @@ struct PutState {
 async fn put_state(
     State(app): State<AppState>,
     Tenant(product): Tenant,
-    Path((_, user)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PutState>,
 ) -> Result<Response, ApiError> {
-    let user = user_id(&user)?;
+    let user = user_id(path)?;
     let now = app.clock.now();
     let state = UserAdoptionState::from_snapshot(&req.state, now).map_err(|e| decode_error(&e))?;
     if state.user_id != user.as_str() {
@@ -119,9 +121,9 @@ async fn put_state(
 async fn delete_state(
     State(app): State<AppState>,
     Tenant(product): Tenant,
-    Path((_, user)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let user = user_id(&user)?;
+    let user = user_id(path)?;
     if app.adoption.delete(&product, &user).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -295,10 +297,10 @@ fn apply_event(
 async fn post_events(
     State(app): State<AppState>,
     Tenant(product): Tenant,
-    Path((_, user)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PostEvents>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(&user)?;
+    let user = user_id(path)?;
     let (stored, ()) = service::update(
         &app,
         &product,
@@ -331,10 +333,10 @@ struct PostActivity {
 async fn post_activity(
     State(app): State<AppState>,
     Tenant(product): Tenant,
-    Path((_, user)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PostActivity>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(&user)?;
+    let user = user_id(path)?;
     // The role decides the plan; read it from the stored record (or the
     // metadata of a first call).
     let role = match app.adoption.load(&product, &user).await? {
@@ -384,10 +386,10 @@ struct PostGate {
 async fn post_gate(
     State(app): State<AppState>,
     Tenant(product): Tenant,
-    Path((_, user)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PostGate>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(&user)?;
+    let user = user_id(path)?;
     if req.seconds_on_app < 0.0 {
         return Err(
             ApiError::unprocessable("seconds_on_app must not be negative")
@@ -416,9 +418,9 @@ async fn post_gate(
 async fn get_prompt_block(
     State(app): State<AppState>,
     Tenant(product): Tenant,
-    Path((_, user)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(&user)?;
+    let user = user_id(path)?;
     let stored = service::get(&app, &product, &user).await?;
     Ok(ApiJson(
         json!({ "prompt_block": stored.state.to_prompt_block() }),

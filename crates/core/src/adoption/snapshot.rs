@@ -274,12 +274,10 @@ impl UserAdoptionState {
             Some(other) => return Err(wrong("$.user_id", "a string", other)),
         };
         let metadata = match v.get("metadata") {
-            Some(V::Object(_)) => {
-                match serde_json::Value::from(v.get("metadata").unwrap_or(&V::Null)) {
-                    serde_json::Value::Object(m) => m,
-                    _ => serde_json::Map::new(),
-                }
-            }
+            Some(m @ V::Object(_)) => match serde_json::Value::from(m) {
+                serde_json::Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            },
             _ => serde_json::Map::new(),
         };
         let journey_state = enum_field(v.get("journey_state"), JourneyState::coerce);
