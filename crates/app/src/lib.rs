@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod auth;
 pub mod config;
 pub mod demo;

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_memory::{HashingEmbedder, MemoryAuditLog, OfflineLlm};
+use parlance_memory::{HashingEmbedder, MemoryAdoptionStore, MemoryAuditLog, OfflineLlm};
 use parlance_ports::{
-    AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult, SystemClock,
-    UuidV7Ids,
+    AdoptionStore, AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult,
+    SystemClock, UuidV7Ids,
 };
-use parlance_postgres::{PgAuditLog, PgPool};
+use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgPool};
 
 use crate::auth::ApiKeys;
 
@@ -52,6 +52,8 @@ pub struct AppState {
     pub backend: Backend,
     /// Every transition, with its cause.
     pub audit: Arc<dyn AuditLog>,
+    /// User adoption records, onboarding plans and tour catalogs.
+    pub adoption: Arc<dyn AdoptionStore>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -77,6 +79,7 @@ impl AppState {
         Self {
             backend: Backend::Memory,
             audit: Arc::new(MemoryAuditLog::new()),
+            adoption: Arc::new(MemoryAdoptionStore::new()),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -90,6 +93,7 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            adoption: Arc::new(PgAdoptionStore::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

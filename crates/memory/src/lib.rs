@@ -9,10 +9,12 @@
 
 #![forbid(unsafe_code)]
 
+mod adoption;
 mod audit;
 pub mod embedding;
 pub mod llm;
 
+pub use adoption::MemoryAdoptionStore;
 pub use audit::MemoryAuditLog;
 pub use embedding::HashingEmbedder;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};

@@ -10,12 +10,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod audit;
 pub mod clock;
 pub mod embedding;
 pub mod error;
 pub mod llm;
 
+pub use adoption::{AdoptionStore, StoredAdoption};
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};

@@ -9,12 +9,14 @@
 
 #![forbid(unsafe_code)]
 
+mod adoption;
 mod audit;
 pub mod error;
 mod pool;
 pub mod testing;
 mod time;
 
+pub use adoption::PgAdoptionStore;
 pub use audit::PgAuditLog;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use sqlx::PgPool;

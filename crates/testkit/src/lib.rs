@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod audit;
 pub mod embedding;
 pub mod llm;

@@ -63,3 +63,13 @@ mod embedding {
         Some(Arc::new(HashingEmbedder::default()) as parlance_testkit::embedding::Subject)
     });
 }
+
+mod adoption {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryAdoptionStore;
+
+    parlance_testkit::adoption_store_suite!(async {
+        Some(Arc::new(MemoryAdoptionStore::new()) as parlance_testkit::adoption::Subject)
+    });
+}

@@ -12,3 +12,15 @@ mod audit {
             .map(|pool| Arc::new(PgAuditLog::new(pool)) as parlance_testkit::audit::Subject)
     });
 }
+
+mod adoption {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgAdoptionStore, testing::test_pool};
+
+    parlance_testkit::adoption_store_suite!(async {
+        test_pool()
+            .await
+            .map(|pool| Arc::new(PgAdoptionStore::new(pool)) as parlance_testkit::adoption::Subject)
+    });
+}
