@@ -11,6 +11,7 @@
 
 pub mod id;
 pub mod outcome;
+pub mod queue;
 pub mod table;
 pub mod time;
 

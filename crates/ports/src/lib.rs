@@ -12,7 +12,13 @@
 pub mod audit;
 pub mod clock;
 pub mod error;
+pub mod queue;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use error::{ErrorKind, PortError, PortResult};
+pub use queue::{
+    DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, FailOutcome, Lease, LeaseLost,
+    MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport, TaskId,
+    TaskQueue, TaskSpec, WorkerId,
+};
