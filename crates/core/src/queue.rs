@@ -201,7 +201,10 @@ fn check_key(key: &str, limits: &DagLimits) -> Result<(), DagError> {
     if key.len() > limits.max_key_len {
         return bad("too long");
     }
-    if key.chars().any(|c| c.is_control() || matches!(c, '[' | ']' | '#')) {
+    if key
+        .chars()
+        .any(|c| c.is_control() || matches!(c, '[' | ']' | '#'))
+    {
         return bad("control characters and `[`, `]`, `#` are reserved");
     }
     Ok(())
@@ -336,10 +339,7 @@ mod tests {
             plan(&["a", "b"], &[("a", "b"), ("a", "b")]),
             Err(DagError::DuplicateEdge { .. })
         ));
-        assert!(matches!(
-            plan(&["x[0]"], &[]),
-            Err(DagError::BadKey { .. })
-        ));
+        assert!(matches!(plan(&["x[0]"], &[]), Err(DagError::BadKey { .. })));
         let small = DagLimits {
             max_nodes: 2,
             max_edges: 1,

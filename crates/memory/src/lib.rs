@@ -10,5 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod queue;
 
 pub use audit::MemoryAuditLog;
+pub use queue::MemoryTaskQueue;

@@ -336,7 +336,10 @@ impl DagSpec {
         }
         for n in &self.nodes {
             if n.kind.is_empty() || n.map.as_ref().is_some_and(|m| m.kind.is_empty()) {
-                return Err(PortError::invalid(format!("node {:?} has an empty kind", n.key)));
+                return Err(PortError::invalid(format!(
+                    "node {:?} has an empty kind",
+                    n.key
+                )));
             }
             if n.max_attempts == 0 {
                 return Err(PortError::invalid(format!(
@@ -612,10 +615,7 @@ mod tests {
         let e = PortError::lease_lost(&lease);
         assert!(e.is_conflict());
         assert!(e.is_lease_lost());
-        assert_eq!(
-            e.to_string(),
-            "conflict: lease of task 7 lost"
-        );
+        assert_eq!(e.to_string(), "conflict: lease of task 7 lost");
         assert!(!PortError::conflict("stale version").is_lease_lost());
     }
 }
