@@ -38,6 +38,7 @@ macro_rules! task_queue_suite {
                 release_gives_the_attempt_back,
                 dag_chain_passes_results_in_order,
                 dag_fan_out_fan_in_joins_once_in_edge_order,
+                concurrent_branch_completions_fire_the_join_once,
                 dag_dynamic_map_grows_total,
                 dag_empty_map_still_completes,
                 failing_node_fails_dag_and_cancels_queued_siblings,
@@ -552,6 +553,58 @@ pub async fn dag_fan_out_fan_in_joins_once_in_edge_order(s: Subject) {
         assert_eq!((st.state, st.total, st.done), (DagState::Completed, 7, 7));
     }
     assert!(claim(&s, 1, 10).await.is_empty());
+}
+
+/// Twenty branches completed by eight racing workers: the join is enqueued
+/// exactly once, after the last branch, and the run counts every node.
+pub async fn concurrent_branch_completions_fire_the_join_once(s: Subject) {
+    const BRANCHES: usize = 20;
+    let mut dag = DagSpec::new(product()).node(NodeSpec::new("join", "step", json!({})));
+    for i in 0..BRANCHES {
+        dag = dag
+            .node(NodeSpec::new(format!("b{i:02}"), "step", json!({})))
+            .edge(format!("b{i:02}"), "join");
+    }
+    let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
+    let mut handles = Vec::new();
+    for w in 0..8u128 {
+        let q = Arc::clone(&s.queue);
+        handles.push(tokio::spawn(async move {
+            let mut joins = 0;
+            loop {
+                let got = q
+                    .claim(&worker(w + 1), "default", 2, LEASE)
+                    .await
+                    .expect("claim");
+                if got.is_empty() {
+                    break;
+                }
+                for l in got {
+                    let key = node_key(&l);
+                    if key == "join" {
+                        joins += 1;
+                        assert_eq!(inputs(&l).len(), BRANCHES);
+                    }
+                    q.complete(&l, json!(key)).await.expect("complete");
+                }
+            }
+            joins
+        }));
+    }
+    let mut joins = 0;
+    for h in handles {
+        joins += h.await.expect("worker");
+    }
+    // A worker may have stopped just before the join was enqueued.
+    while let Some(l) = claim_one(&s, 99).await {
+        assert_eq!(node_key(&l), "join");
+        joins += 1;
+        s.queue.complete(&l, json!("join")).await.expect("complete");
+    }
+    assert_eq!(joins, 1, "the join ran exactly once");
+    let st = s.queue.dag_status(id).await.expect("status");
+    let n = u32::try_from(BRANCHES + 1).expect("small");
+    assert_eq!((st.state, st.total, st.done), (DagState::Completed, n, n));
 }
 
 /// A map node's list fans out at run time: one node per element, results
