@@ -34,6 +34,10 @@ pub struct ServeConfig {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1024 * 1024)]
     pub body_limit: usize,
+
+    /// Run no task worker inside the service (run `parlance worker` instead).
+    #[arg(long)]
+    pub no_worker: bool,
 }
 
 impl ServeConfig {
@@ -44,6 +48,7 @@ impl ServeConfig {
             database_url: None,
             api_key: None,
             body_limit: 1024 * 1024,
+            no_worker: false,
         }
     }
 }

@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use parlance_memory::MemoryAuditLog;
-use parlance_ports::{AuditLog, Clock, IdGen, PortResult, SystemClock, UuidV7Ids};
-use parlance_postgres::{PgAuditLog, PgPool};
+use parlance_memory::{MemoryAuditLog, MemoryTaskQueue};
+use parlance_ports::{
+    AuditLog, Clock, IdGen, PortResult, QueueConfig, SystemClock, TaskQueue, UuidV7Ids,
+};
+use parlance_postgres::{PgAuditLog, PgPool, PgTaskQueue};
 
 use crate::auth::ApiKeys;
 
@@ -42,6 +44,8 @@ pub struct AppState {
     pub backend: Backend,
     /// Every transition, with its cause.
     pub audit: Arc<dyn AuditLog>,
+    /// The durable task queue.
+    pub queue: Arc<dyn TaskQueue>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -63,6 +67,7 @@ impl AppState {
         Self {
             backend: Backend::Memory,
             audit: Arc::new(MemoryAuditLog::new()),
+            queue: Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default())),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -74,6 +79,11 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            queue: Arc::new(PgTaskQueue::new(
+                pool.clone(),
+                Arc::new(SystemClock),
+                QueueConfig::default(),
+            )),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

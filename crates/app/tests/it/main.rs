@@ -2,3 +2,4 @@
 
 mod service;
 mod support;
+mod worker;
