@@ -1,4 +1,5 @@
-//! The `parlance` command line: `serve`, `worker`, `migrate`, `demo`.
+//! The `parlance` command line: `serve`, `worker`, `tasks`, `migrate`,
+//! `demo`.
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +26,8 @@ enum Command {
     Serve(ServeConfig),
     /// Run queued tasks from PostgreSQL until SIGINT or SIGTERM.
     Worker(parlance_app::worker::command::WorkerArgs),
+    /// Inspect and retry dead-lettered tasks.
+    Tasks(parlance_app::worker::command::TasksArgs),
     /// Apply database migrations and exit.
     Migrate {
         /// PostgreSQL URL.
@@ -46,6 +49,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Worker(args) => {
             telemetry::init(cli.log_format);
             parlance_app::worker::command::run(args).await
+        }
+        Command::Tasks(args) => {
+            telemetry::init(cli.log_format);
+            parlance_app::worker::command::tasks(args, std::io::stdout().lock()).await
         }
         Command::Migrate { database_url } => {
             telemetry::init(cli.log_format);

@@ -16,9 +16,9 @@ use parlance_core::queue::{
 };
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, FailOutcome, Lease, MapSpec,
-    NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, RecoverReport, TaskId,
-    TaskQueue, TaskSpec, WorkerId,
+    Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
+    Lease, MapSpec, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig,
+    RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -731,6 +731,27 @@ impl TaskQueue for MemoryTaskQueue {
         drop(st);
         self.wake();
         Ok(())
+    }
+
+    async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>> {
+        let st = self.lock();
+        let mut dead: Vec<DiscardedTask> = st
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.state == JobState::Discarded && j.queue == queue)
+            .map(|(&id, j)| DiscardedTask {
+                id: TaskId(id),
+                product_id: j.product_id.clone(),
+                kind: j.kind.clone(),
+                attempts: j.attempt,
+                last_error: j.last_error.clone(),
+                discarded_at: j.finished_at.unwrap_or(Timestamp::UNIX_EPOCH),
+                dag_id: j.dag.map(|(d, _)| DagId(d)),
+            })
+            .collect();
+        dead.sort_by(|a, b| b.discarded_at.cmp(&a.discarded_at).then(b.id.cmp(&a.id)));
+        dead.truncate(limit);
+        Ok(dead)
     }
 
     async fn purge_finished(&self, before: Timestamp) -> PortResult<u64> {

@@ -18,7 +18,7 @@ pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use error::{ErrorKind, PortError, PortResult};
 pub use queue::{
-    DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, FailOutcome, Lease, LeaseLost,
-    MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport, TaskId,
-    TaskQueue, TaskSpec, WorkerId,
+    DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome, Lease,
+    LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport,
+    TaskId, TaskQueue, TaskSpec, WorkerId,
 };

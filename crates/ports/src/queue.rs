@@ -448,6 +448,25 @@ pub enum FailOutcome {
     Discarded,
 }
 
+/// A dead-lettered task, for the operator.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DiscardedTask {
+    /// The task.
+    pub id: TaskId,
+    /// The tenant.
+    pub product_id: ProductId,
+    /// The handler kind.
+    pub kind: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// When it was discarded.
+    pub discarded_at: Timestamp,
+    /// Its run, for a DAG node (retry the run, not the task).
+    pub dag_id: Option<DagId>,
+}
+
 /// What a sweep did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RecoverReport {
@@ -549,6 +568,17 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// is not an array.
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()>;
 
+    /// Completes several tasks, one outcome per item in order, as
+    /// [`TaskQueue::complete`] would; adapters may record tasks outside any
+    /// DAG with one statement. `Err` only when nothing could be recorded.
+    async fn complete_many(&self, done: &[(Lease, Value)]) -> PortResult<Vec<PortResult<()>>> {
+        let mut out = Vec::with_capacity(done.len());
+        for (lease, result) in done {
+            out.push(self.complete(lease, result.clone()).await);
+        }
+        Ok(out)
+    }
+
     /// Records a failed attempt: retried with back-off when `retryable` and
     /// attempts remain, else discarded (failing its DAG, which cancels the
     /// DAG's queued nodes). Lease lost: error, nothing changed.
@@ -581,6 +611,10 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// `available` now with a fresh attempt budget. `NotFound` unless the
     /// task is discarded; `Invalid` for a DAG node (re-run the DAG instead).
     async fn retry_discarded(&self, id: TaskId) -> PortResult<()>;
+
+    /// Dead-lettered tasks of `queue`, most recently discarded first, at
+    /// most `limit`.
+    async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>>;
 
     /// Deletes completed and cancelled tasks and finished DAG runs that
     /// finished before `before`; discarded tasks stay for the operator.

@@ -21,9 +21,9 @@ use parlance_core::queue::{
 };
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, FailOutcome, Lease, NodeInput,
-    NodeResult, NodeState, PortError, PortResult, QueueConfig, RecoverReport, TaskId, TaskQueue,
-    TaskSpec, WorkerId,
+    Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
+    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, RecoverReport,
+    TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::PgListener;
@@ -889,6 +889,42 @@ impl TaskQueue for PgTaskQueue {
             .map(|_| ())
     }
 
+    async fn complete_many(&self, done: &[(Lease, Value)]) -> PortResult<Vec<PortResult<()>>> {
+        let now = self.clock.now();
+        let plain: Vec<&Lease> = done
+            .iter()
+            .map(|(l, _)| l)
+            .filter(|l| l.dag.is_none())
+            .collect();
+        let mut recorded = std::collections::HashSet::new();
+        if !plain.is_empty() {
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL \
+                 FROM UNNEST($1::int8[], $2::int8[]) AS t(id, tok) \
+                 WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok RETURNING j.id",
+            )
+            .bind(plain.iter().map(|l| l.task_id.0).collect::<Vec<_>>())
+            .bind(plain.iter().map(|l| l.token).collect::<Vec<_>>())
+            .bind(to_pg(now))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("complete tasks"))?;
+            recorded.extend(ids);
+        }
+        let mut out = Vec::with_capacity(done.len());
+        for (lease, result) in done {
+            out.push(match &lease.dag {
+                Some(dag) => {
+                    self.complete_dag_node(lease, dag.dag_id, result.clone())
+                        .await
+                }
+                None if recorded.contains(&lease.task_id.0) => Ok(()),
+                None => Err(PortError::lease_lost(lease)),
+            });
+        }
+        Ok(out)
+    }
+
     async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {
         let now = self.clock.now();
         let decision = decide_retry(
@@ -1114,6 +1150,37 @@ impl TaskQueue for PgTaskQueue {
         notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
         self.shared.notify.notify_waiters();
         Ok(())
+    }
+
+    async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>> {
+        let rows = sqlx::query(
+            "SELECT id, product_id, kind, attempt, last_error, finished_at, dag_run_id \
+             FROM jobs WHERE state = $1 AND queue = $2 \
+             ORDER BY finished_at DESC, id DESC LIMIT $3",
+        )
+        .bind(job::DISCARDED)
+        .bind(queue)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("list discarded tasks"))?;
+        rows.into_iter()
+            .map(|r| {
+                let product: String = r.try_get("product_id")?;
+                let finished: Option<time::OffsetDateTime> = r.try_get("finished_at")?;
+                Ok(DiscardedTask {
+                    id: TaskId(r.try_get("id")?),
+                    product_id: ProductId::parse(product)
+                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    kind: r.try_get("kind")?,
+                    attempts: u32::try_from(r.try_get::<i32, _>("attempt")?).unwrap_or(0),
+                    last_error: r.try_get("last_error")?,
+                    discarded_at: finished.map_or(Timestamp::UNIX_EPOCH, from_pg),
+                    dag_id: r.try_get::<Option<i64>, _>("dag_run_id")?.map(DagId),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(pg_err("decode discarded tasks"))
     }
 
     async fn purge_finished(&self, before: Timestamp) -> PortResult<u64> {

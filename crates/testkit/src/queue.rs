@@ -36,6 +36,8 @@ macro_rules! task_queue_suite {
                 fenced_operations_after_lease_loss_are_rejected,
                 failed_attempts_back_off_then_dead_letter,
                 release_gives_the_attempt_back,
+                complete_many_fences_each_item,
+                dead_letters_are_listed_for_the_operator,
                 dag_chain_passes_results_in_order,
                 dag_fan_out_fan_in_joins_once_in_edge_order,
                 concurrent_branch_completions_fire_the_join_once,
@@ -429,6 +431,106 @@ pub async fn release_gives_the_attempt_back(s: Subject) {
     assert_eq!(again.attempt, 1);
     assert!(s.queue.release(&l).await.unwrap_err().is_lease_lost());
     s.queue.complete(&again, json!(1)).await.expect("complete");
+}
+
+/// A batch completion records the held leases and reports each lost one,
+/// DAG nodes included.
+pub async fn complete_many_fences_each_item(s: Subject) {
+    let specs: Vec<TaskSpec> = (0..4).map(|i| task(&format!("t{i}"))).collect();
+    s.queue.enqueue(&specs).await.expect("enqueue");
+    let dag = DagSpec::new(product())
+        .node(NodeSpec::new("a", "step", json!({})))
+        .node(NodeSpec::new("b", "step", json!({})))
+        .edge("a", "b");
+    let run = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
+    let leases = claim(&s, 1, 10).await;
+    assert_eq!(leases.len(), 5);
+    // The first task is lost before the batch lands.
+    s.queue.release(&leases[0]).await.expect("release");
+    let batch: Vec<(Lease, Value)> = leases.iter().map(|l| (l.clone(), json!(l.kind))).collect();
+    let out = s.queue.complete_many(&batch).await.expect("complete many");
+    assert_eq!(out.len(), 5);
+    assert!(out[0].as_ref().unwrap_err().is_lease_lost());
+    assert!(out[1..].iter().all(Result::is_ok), "{out:?}");
+    let again = s
+        .queue
+        .complete_many(&batch[1..2])
+        .await
+        .expect("complete many");
+    assert!(
+        again[0].as_ref().unwrap_err().is_lease_lost(),
+        "completes once"
+    );
+    let b = claim(&s, 1, 10).await;
+    let keys: Vec<String> = b.iter().filter(|l| l.dag.is_some()).map(node_key).collect();
+    assert_eq!(keys, ["b"], "the node's completion freed its child");
+    assert_eq!(b.len(), 2, "b and the released task");
+    let st = s.queue.dag_status(run).await.expect("status");
+    assert_eq!(st.done, 1);
+}
+
+/// Discarded tasks are listed newest first with their error; other queues
+/// and live tasks are not.
+pub async fn dead_letters_are_listed_for_the_operator(s: Subject) {
+    s.queue
+        .enqueue(&[task("a"), task("b"), task("c"), task("d").queue("other")])
+        .await
+        .expect("enqueue");
+    let leases = claim(&s, 1, 3).await;
+    s.queue
+        .fail(&leases[0], "first", false)
+        .await
+        .expect("fail");
+    s.clock.advance(Duration::from_secs(1));
+    s.queue
+        .fail(&leases[1], "second", false)
+        .await
+        .expect("fail");
+    let other = s
+        .queue
+        .claim(&worker(1), "other", 1, LEASE)
+        .await
+        .expect("claim");
+    s.queue
+        .fail(&other[0], "elsewhere", false)
+        .await
+        .expect("fail");
+    let dead = s.queue.list_discarded("default", 10).await.expect("list");
+    let got: Vec<(TaskId, Option<String>, u32)> = dead
+        .iter()
+        .map(|d| (d.id, d.last_error.clone(), d.attempts))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (leases[1].task_id, Some("second".to_owned()), 1),
+            (leases[0].task_id, Some("first".to_owned()), 1),
+        ]
+    );
+    assert_eq!(dead[0].kind, "b");
+    assert_eq!(dead[0].product_id, product());
+    assert_eq!(dead[0].discarded_at, s.clock.now());
+    assert!(dead[0].dag_id.is_none());
+    assert_eq!(
+        s.queue
+            .list_discarded("default", 1)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
+    s.queue
+        .retry_discarded(leases[0].task_id)
+        .await
+        .expect("retry");
+    assert_eq!(
+        s.queue
+            .list_discarded("default", 10)
+            .await
+            .expect("list")
+            .len(),
+        1
+    );
 }
 
 /// Claims one task at a time and completes it with `f(lease)`, returning the

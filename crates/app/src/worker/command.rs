@@ -104,3 +104,62 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     worker.run(shutdown_signal()).await?;
     Ok(())
 }
+
+/// Options of `parlance tasks`: the operator's view of dead letters.
+#[derive(Debug, Clone, Args)]
+pub struct TasksArgs {
+    /// PostgreSQL URL.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub action: TasksAction,
+}
+
+/// An operator action on the queue.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum TasksAction {
+    /// List discarded (dead-lettered) tasks, newest first, one JSON per line.
+    Discarded {
+        /// The queue.
+        #[arg(long, default_value = parlance_ports::queue::DEFAULT_QUEUE)]
+        queue: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Make a discarded task available again with a fresh attempt budget.
+    Retry {
+        /// The task id.
+        id: i64,
+    },
+}
+
+/// Runs one operator action, writing its answer to `out`.
+///
+/// # Errors
+///
+/// When the database cannot be reached or the action is refused (unknown
+/// task, a DAG node).
+pub async fn tasks(args: TasksArgs, mut out: impl std::io::Write) -> anyhow::Result<()> {
+    use parlance_ports::{TaskId, TaskQueue as _};
+    let url = DatabaseUrl::new(args.database_url.clone());
+    let pool = parlance_postgres::connect(&url, &PoolOptions::default())?;
+    parlance_postgres::migrate(&pool)
+        .await
+        .with_context(|| format!("migrate {url}"))?;
+    let queue = PgTaskQueue::new(pool, Arc::new(SystemClock), QueueConfig::default());
+    match args.action {
+        TasksAction::Discarded { queue: q, limit } => {
+            for task in queue.list_discarded(&q, limit).await? {
+                writeln!(out, "{}", serde_json::to_string(&task)?)?;
+            }
+        }
+        TasksAction::Retry { id } => {
+            queue.retry_discarded(TaskId(id)).await?;
+            writeln!(out, "task {id} is available again")?;
+        }
+    }
+    Ok(())
+}

@@ -426,3 +426,55 @@ async fn sqlx_ids(pool: &parlance_postgres::PgPool, sql: &str, id: DagId) -> Vec
         .await
         .unwrap()
 }
+
+#[tokio::test]
+async fn operators_list_and_retry_dead_letters() {
+    use parlance_app::worker::command::{TasksAction, TasksArgs, tasks};
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let url = url_for(&pool);
+    let queue = PgTaskQueue::new(pool, Arc::new(SystemClock), QueueConfig::default());
+    let id = queue
+        .enqueue(&[TaskSpec::new(product(), "doomed", json!({}))])
+        .await
+        .unwrap()[0]
+        .unwrap();
+    let lease = queue
+        .claim(
+            &WorkerId(uuid_from(1)),
+            "default",
+            1,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    queue.fail(&lease, "bad input", false).await.unwrap();
+    let run = |action| {
+        let args = TasksArgs {
+            database_url: url.clone(),
+            action,
+        };
+        async move {
+            let mut out = Vec::new();
+            tasks(args, &mut out)
+                .await
+                .map(|()| String::from_utf8(out).unwrap())
+        }
+    };
+    let listed = run(TasksAction::Discarded {
+        queue: "default".to_owned(),
+        limit: 10,
+    })
+    .await
+    .unwrap();
+    let line: Value = serde_json::from_str(listed.trim()).unwrap();
+    assert_eq!(line["id"], json!(id.0));
+    assert_eq!(line["last_error"], json!("bad input"));
+    let retried = run(TasksAction::Retry { id: id.0 }).await.unwrap();
+    assert_eq!(retried.trim(), format!("task {} is available again", id.0));
+    let err = run(TasksAction::Retry { id: id.0 }).await.unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+}
