@@ -416,6 +416,7 @@ impl State {
             dag_id: DagId(d),
             node: node.key.clone(),
             inputs,
+            is_map: node.map.is_some(),
         })
     }
 }

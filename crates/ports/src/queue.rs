@@ -173,6 +173,8 @@ pub struct DagTask {
     pub node: String,
     /// Parent results in edge order (the element, for a map element).
     pub inputs: Vec<NodeInput>,
+    /// This node maps over its result: it must complete with an array.
+    pub is_map: bool,
 }
 
 /// A claimed task: the right, until `expires_at`, to finish it.

@@ -12,6 +12,7 @@
 //! before any of its jobs, which keeps lock order acyclic. Time comes from the
 //! injected clock (bound as a parameter), never from `now()`.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -266,7 +267,7 @@ impl PgTaskQueue {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(
-            "SELECT n.id, n.dag_run_id, n.key, n.input_from, n.input, \
+            "SELECT n.id, n.dag_run_id, n.key, n.input_from, n.input, n.map_spec IS NOT NULL AS is_map, \
              (SELECT coalesce(jsonb_agg(jsonb_build_array(p.key, p.result) ORDER BY e.position), \
              '[]'::jsonb) FROM dag_edges e JOIN dag_nodes p ON p.id = e.parent_id \
              WHERE e.child_id = n.id) AS parents \
@@ -307,6 +308,7 @@ impl PgTaskQueue {
                         dag_id: DagId(r.try_get("dag_run_id")?),
                         node: r.try_get("key")?,
                         inputs,
+                        is_map: r.try_get("is_map")?,
                     },
                 ))
             })
@@ -314,48 +316,51 @@ impl PgTaskQueue {
             .map_err(pg_err("decode dag inputs"))
     }
 
-    async fn complete_dag_node(&self, lease: &Lease, dag: DagId, result: Value) -> PortResult<()> {
+    /// Completes DAG nodes of one run in one transaction that locks the run
+    /// first; one outcome per item. A lost lease or a map node's non-array
+    /// result refuses that item only.
+    async fn complete_in_run(
+        &self,
+        dag: DagId,
+        items: &[(&Lease, &Value)],
+    ) -> PortResult<Vec<PortResult<()>>> {
         let now = self.clock.now();
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
         lock_run(&mut tx, dag).await?;
-        let node_id = fenced_finish(&mut tx, lease, job::COMPLETED, None, now)
-            .await?
-            .ok_or_else(|| PortError::lease_lost(lease))?;
-        let row = sqlx::query("SELECT key, map_spec FROM dag_nodes WHERE id = $1")
-            .bind(node_id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(pg_err("load dag node"))?;
-        let key: String = row.try_get("key").map_err(pg_err("decode dag node"))?;
-        let map_spec: Option<Value> = row.try_get("map_spec").map_err(pg_err("decode dag node"))?;
+        let mut out = Vec::with_capacity(items.len());
         let mut enqueued = false;
-        match map_spec {
-            Some(spec) => {
-                let Some(items) = result.as_array().cloned() else {
-                    return Err(PortError::invalid(format!(
-                        "map node {key:?} must return an array"
-                    )));
-                };
-                let running = mark_done(&mut tx, dag, node_id, &result).await?;
-                if running {
-                    enqueued = expand_map(&mut tx, dag, node_id, &key, &spec, &items, now).await?;
+        for &(lease, result) in items {
+            let is_map = lease.dag.as_ref().is_some_and(|d| d.is_map);
+            if is_map && !result.is_array() {
+                let node = lease.dag.as_ref().map(|d| d.node.as_str()).unwrap_or("");
+                out.push(Err(PortError::invalid(format!(
+                    "map node {node:?} must return an array"
+                ))));
+                continue;
+            }
+            let node_id = match fenced_finish(&mut tx, lease, job::COMPLETED, None, now).await {
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    out.push(Err(PortError::other("dag task without a node")));
+                    continue;
                 }
+                Err(e) if e.is_lease_lost() => {
+                    out.push(Err(e));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if is_map {
+                let items = result.as_array().map(Vec::as_slice).unwrap_or_default();
+                if mark_done(&mut tx, dag, node_id, result, false, now).await? {
+                    let key = lease.dag.as_ref().map(|d| d.node.as_str()).unwrap_or("");
+                    enqueued |= expand_map(&mut tx, dag, node_id, key, items, now).await?;
+                }
+            } else {
+                enqueued |= finish_node(&mut tx, dag, node_id, result.clone(), now).await?;
             }
-            None => {
-                enqueued = finish_node(&mut tx, dag, node_id, result, now).await?;
-            }
+            out.push(Ok(()));
         }
-        sqlx::query(
-            "UPDATE dag_runs SET state = $2, finished_at = $3 \
-             WHERE id = $1 AND state = $4 AND done_nodes = total_nodes",
-        )
-        .bind(dag.0)
-        .bind(run::COMPLETED)
-        .bind(to_pg(now))
-        .bind(run::RUNNING)
-        .execute(&mut *tx)
-        .await
-        .map_err(pg_err("finish dag run"))?;
         if enqueued {
             notify(&mut tx).await?;
         }
@@ -363,7 +368,7 @@ impl PgTaskQueue {
         if enqueued {
             self.shared.notify.notify_waiters();
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Discards the running job `lease` names (fenced) in its own
@@ -467,34 +472,45 @@ async fn fenced_finish(
     }
 }
 
-/// Stores a node's result and counts it done; says whether the run is still
-/// running (only then do children move).
+/// Stores a node's result and counts it done, finishing the run when that
+/// was its last node (`may_finish`: a map node never is, since its
+/// expansion grows the total); says whether the run is still running (only
+/// then do children move).
 async fn mark_done(
     conn: &mut PgConnection,
     dag: DagId,
     node_id: i64,
     result: &Value,
+    may_finish: bool,
+    now: Timestamp,
 ) -> PortResult<bool> {
-    sqlx::query("UPDATE dag_nodes SET state = $2, result = $3 WHERE id = $1")
-        .bind(node_id)
-        .bind(node::COMPLETED)
-        .bind(result)
-        .execute(&mut *conn)
-        .await
-        .map_err(pg_err("store node result"))?;
     let state: i16 = sqlx::query_scalar(
-        "UPDATE dag_runs SET done_nodes = done_nodes + 1 WHERE id = $1 RETURNING state",
+        "WITH n AS (UPDATE dag_nodes SET state = $3, result = $4 WHERE id = $2) \
+         UPDATE dag_runs SET done_nodes = done_nodes + 1, \
+         state = CASE WHEN $5 AND state = $6 AND done_nodes + 1 = total_nodes \
+         THEN $7 ELSE state END, \
+         finished_at = CASE WHEN $5 AND state = $6 AND done_nodes + 1 = total_nodes \
+         THEN $8 ELSE finished_at END \
+         WHERE id = $1 RETURNING state",
     )
     .bind(dag.0)
+    .bind(node_id)
+    .bind(node::COMPLETED)
+    .bind(result)
+    .bind(may_finish)
+    .bind(run::RUNNING)
+    .bind(run::COMPLETED)
+    .bind(to_pg(now))
     .fetch_one(&mut *conn)
     .await
-    .map_err(pg_err("count node done"))?;
+    .map_err(pg_err("store node result"))?;
     Ok(state == run::RUNNING)
 }
 
-/// Completes `node_id` with `result` and frees its children; combine nodes
-/// that become ready resolve in the same transaction. Says whether any job
-/// was enqueued.
+/// Completes `node_id` with `result` and frees its children: one statement
+/// decrements their counters and enqueues those that reached zero; combine
+/// nodes that reached zero resolve in the same transaction. Says whether
+/// any job was enqueued.
 async fn finish_node(
     conn: &mut PgConnection,
     dag: DagId,
@@ -505,41 +521,45 @@ async fn finish_node(
     let mut work = vec![(node_id, result)];
     let mut enqueued = false;
     while let Some((n, result)) = work.pop() {
-        if !mark_done(conn, dag, n, &result).await? {
+        if !mark_done(conn, dag, n, &result, true, now).await? {
             continue;
         }
-        let freed: Vec<(i64, i16)> = sqlx::query_as(
-            "UPDATE dag_nodes SET remaining_deps = remaining_deps - 1 \
+        let (jobs, combines): (i64, Vec<i64>) = sqlx::query_as(
+            "WITH d AS (UPDATE dag_nodes SET remaining_deps = remaining_deps - 1, \
+             state = CASE WHEN remaining_deps = 1 AND role = 0 THEN $2 ELSE state END \
              WHERE id IN (SELECT child_id FROM dag_edges WHERE parent_id = $1) \
              AND remaining_deps > 0 \
-             RETURNING id, role, remaining_deps",
+             RETURNING id, role, remaining_deps, kind, priority, max_attempts, timeout_ms, \
+             payload, dag_run_id), \
+             ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+             timeout_ms, dag_run_id, node_id, args, created_at) \
+             SELECT r.product_id, r.queue, d.kind, d.priority, $3, d.max_attempts, d.timeout_ms, \
+             r.id, d.id, d.payload, $3 FROM d JOIN dag_runs r ON r.id = d.dag_run_id \
+             WHERE d.remaining_deps = 0 AND d.role = 0 ORDER BY d.id RETURNING 1) \
+             SELECT (SELECT count(*) FROM ins), \
+             coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.remaining_deps = 0 \
+             AND d.role = $4), '{}') FROM d",
         )
         .bind(n)
-        .fetch_all(&mut *conn)
+        .bind(node::QUEUED)
+        .bind(to_pg(now))
+        .bind(node::ROLE_COMBINE)
+        .fetch_one(&mut *conn)
         .await
-        .map_err(pg_err("free child nodes"))?
-        .into_iter()
-        .filter(|(_, _, left): &(i64, i16, i32)| *left == 0)
-        .map(|(id, role, _)| (id, role))
-        .collect();
-        let mut ready = Vec::new();
-        for (child, role) in freed {
-            if role == node::ROLE_COMBINE {
-                let list: Value = sqlx::query_scalar(
-                    "SELECT coalesce(jsonb_agg(p.result ORDER BY e.position), '[]'::jsonb) \
-                     FROM dag_edges e JOIN dag_nodes p ON p.id = e.parent_id \
-                     WHERE e.child_id = $1",
-                )
-                .bind(child)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(pg_err("combine results"))?;
-                work.push((child, list));
-            } else {
-                ready.push(child);
-            }
+        .map_err(pg_err("free child nodes"))?;
+        enqueued |= jobs > 0;
+        for child in combines {
+            let list: Value = sqlx::query_scalar(
+                "SELECT coalesce(jsonb_agg(p.result ORDER BY e.position), '[]'::jsonb) \
+                 FROM dag_edges e JOIN dag_nodes p ON p.id = e.parent_id \
+                 WHERE e.child_id = $1",
+            )
+            .bind(child)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(pg_err("combine results"))?;
+            work.push((child, list));
         }
-        enqueued |= enqueue_nodes(conn, &ready, now).await?;
     }
     Ok(enqueued)
 }
@@ -572,7 +592,6 @@ async fn expand_map(
     dag: DagId,
     node_id: i64,
     key: &str,
-    spec: &Value,
     items: &[Value],
     now: Timestamp,
 ) -> PortResult<bool> {
@@ -580,14 +599,13 @@ async fn expand_map(
     let mut elements: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO dag_nodes (dag_run_id, key, kind, label, payload, input_from, input, \
          priority, max_attempts, timeout_ms, remaining_deps) \
-         SELECT m.dag_run_id, k, $3->>'kind', $3->>'label', $3->'payload', m.key, v, \
-         m.priority, m.max_attempts, m.timeout_ms, 0 \
-         FROM dag_nodes m, UNNEST($4::text[], $5::jsonb[]) WITH ORDINALITY AS t(k, v, ord) \
+         SELECT m.dag_run_id, k, m.map_spec->>'kind', m.map_spec->>'label', \
+         m.map_spec->'payload', m.key, v, m.priority, m.max_attempts, m.timeout_ms, 0 \
+         FROM dag_nodes m, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(k, v, ord) \
          WHERE m.id = $1 AND m.dag_run_id = $2 ORDER BY ord RETURNING id",
     )
     .bind(node_id)
     .bind(dag.0)
-    .bind(spec)
     .bind(&keys)
     .bind(items)
     .fetch_all(&mut *conn)
@@ -880,7 +898,11 @@ impl TaskQueue for PgTaskQueue {
 
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
         if let Some(dag) = &lease.dag {
-            return self.complete_dag_node(lease, dag.dag_id, result).await;
+            return self
+                .complete_in_run(dag.dag_id, &[(lease, &result)])
+                .await?
+                .pop()
+                .unwrap_or(Ok(()));
         }
         let now = self.clock.now();
         let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
@@ -911,18 +933,46 @@ impl TaskQueue for PgTaskQueue {
             .map_err(pg_err("complete tasks"))?;
             recorded.extend(ids);
         }
-        let mut out = Vec::with_capacity(done.len());
-        for (lease, result) in done {
-            out.push(match &lease.dag {
-                Some(dag) => {
-                    self.complete_dag_node(lease, dag.dag_id, result.clone())
-                        .await
+        // DAG nodes: one transaction per run, in the order given.
+        let mut runs: Vec<DagId> = Vec::new();
+        for (lease, _) in done {
+            if let Some(d) = &lease.dag
+                && !runs.contains(&d.dag_id)
+            {
+                runs.push(d.dag_id);
+            }
+        }
+        let mut dag_out: HashMap<(i64, i64), PortResult<()>> = HashMap::new();
+        for run in runs {
+            let items: Vec<(&Lease, &Value)> = done
+                .iter()
+                .filter(|(l, _)| l.dag.as_ref().is_some_and(|d| d.dag_id == run))
+                .map(|(l, v)| (l, v))
+                .collect();
+            match self.complete_in_run(run, &items).await {
+                Ok(results) => {
+                    for ((l, _), r) in items.iter().zip(results) {
+                        dag_out.insert((l.task_id.0, l.token), r);
+                    }
                 }
+                Err(e) => {
+                    for (l, _) in &items {
+                        let copy = PortError::new(e.kind, e.message.clone());
+                        dag_out.insert((l.task_id.0, l.token), Err(copy));
+                    }
+                }
+            }
+        }
+        Ok(done
+            .iter()
+            .map(|(lease, _)| match &lease.dag {
+                Some(_) => dag_out
+                    .remove(&(lease.task_id.0, lease.token))
+                    .unwrap_or_else(|| Err(PortError::lease_lost(lease))),
                 None if recorded.contains(&lease.task_id.0) => Ok(()),
                 None => Err(PortError::lease_lost(lease)),
-            });
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {
@@ -1051,6 +1101,7 @@ impl TaskQueue for PgTaskQueue {
                     dag_id: DagId(d),
                     node: key.unwrap_or_default(),
                     inputs: Vec::new(),
+                    is_map: false,
                 }),
             };
             match self
