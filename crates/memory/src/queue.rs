@@ -353,6 +353,30 @@ impl State {
         }
     }
 
+    /// Whether task `id` belongs to a run that is over.
+    fn run_over(&self, id: i64) -> bool {
+        self.jobs
+            .get(&id)
+            .and_then(|j| j.dag)
+            .and_then(|(d, _)| self.dags.get(&d))
+            .is_some_and(|d| d.state != DagState::Running)
+    }
+
+    /// Cancels task `id` and its node.
+    fn cancel_job(&mut self, id: i64, now: Timestamp) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        job.state = JobState::Cancelled;
+        job.finished_at = Some(now);
+        job.leased_by = None;
+        if let Some((d, n)) = job.dag
+            && let Some(dag) = self.dags.get_mut(&d)
+        {
+            dag.nodes[n].state = NodeState::Cancelled;
+        }
+    }
+
     /// The running task `lease` names, if the lease still holds.
     fn leased(&mut self, lease: &Lease) -> PortResult<&mut Job> {
         match self.jobs.get_mut(&lease.task_id.0) {
@@ -611,8 +635,13 @@ impl TaskQueue for MemoryTaskQueue {
             jitter_from_seed(lease.token.unsigned_abs()),
         );
         match decision {
+            RetryDecision::RetryAfter(_) if st.run_over(lease.task_id.0) => {
+                st.cancel_job(lease.task_id.0, now);
+                Ok(FailOutcome::Cancelled)
+            }
             RetryDecision::RetryAfter(delay) => {
                 let run_at = now + delay;
+                let job = st.leased(lease)?;
                 job.state = JobState::Available;
                 job.run_at = run_at;
                 job.leased_by = None;
@@ -663,7 +692,10 @@ impl TaskQueue for MemoryTaskQueue {
             .collect();
         let mut report = RecoverReport::default();
         for (id, exhausted) in lost {
-            if exhausted {
+            if st.run_over(id) {
+                st.cancel_job(id, now);
+                report.cancelled += 1;
+            } else if exhausted {
                 st.discard(id, "lease expired with no attempts left", now);
                 report.discarded += 1;
             } else {

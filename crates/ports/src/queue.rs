@@ -448,6 +448,9 @@ pub enum FailOutcome {
     },
     /// No attempts left or not retryable: the task is `discarded`.
     Discarded,
+    /// Retryable, but its DAG has already failed or been cancelled: the
+    /// task is cancelled instead of retried.
+    Cancelled,
 }
 
 /// A dead-lettered task, for the operator.
@@ -476,6 +479,9 @@ pub struct RecoverReport {
     pub requeued: u64,
     /// Running tasks with no attempts left, now `discarded`.
     pub discarded: u64,
+    /// Running tasks of DAGs that already failed or were cancelled, now
+    /// `cancelled` instead of requeued.
+    pub cancelled: u64,
 }
 
 /// Tuning shared by the adapters.
@@ -582,8 +588,9 @@ pub trait TaskQueue: Send + Sync + 'static {
     }
 
     /// Records a failed attempt: retried with back-off when `retryable` and
-    /// attempts remain, else discarded (failing its DAG, which cancels the
-    /// DAG's queued nodes). Lease lost: error, nothing changed.
+    /// attempts remain (cancelled instead when its DAG is over), else
+    /// discarded (failing its DAG, which cancels the DAG's queued nodes).
+    /// Lease lost: error, nothing changed.
     async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome>;
 
     /// Gives the task back untouched (available now, the attempt not
@@ -593,9 +600,10 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// Marks `worker` alive now.
     async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()>;
 
-    /// Returns to `available` (or `discarded`, attempts exhausted) every
-    /// running task past its deadline or held by a worker silent for longer
-    /// than the configured staleness. Safe to run from many processes.
+    /// Returns to `available` (or `discarded`, attempts exhausted; or
+    /// `cancelled`, its DAG over) every running task past its deadline or
+    /// held by a worker silent for longer than the configured staleness.
+    /// Safe to run from many processes.
     async fn recover_expired(&self) -> PortResult<RecoverReport>;
 
     /// Stops a run: its queued and running tasks are cancelled (their

@@ -987,6 +987,21 @@ impl TaskQueue for PgTaskQueue {
         match decision {
             RetryDecision::RetryAfter(delay) => {
                 let run_at = now + delay;
+                let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+                if let Some(dag) = &lease.dag
+                    && lock_run(&mut tx, dag.dag_id).await? != run::RUNNING
+                {
+                    let node =
+                        fenced_finish(&mut tx, lease, job::CANCELLED, Some(error), now).await?;
+                    sqlx::query("UPDATE dag_nodes SET state = $2 WHERE id = $1")
+                        .bind(node)
+                        .bind(node::CANCELLED)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(pg_err("cancel dag node"))?;
+                    tx.commit().await.map_err(pg_err("commit"))?;
+                    return Ok(FailOutcome::Cancelled);
+                }
                 let n = sqlx::query(
                     "UPDATE jobs SET state = 0, run_at = $3, leased_by = NULL, last_error = $4 \
                      WHERE id = $1 AND state = 1 AND lease_token = $2",
@@ -995,13 +1010,14 @@ impl TaskQueue for PgTaskQueue {
                 .bind(lease.token)
                 .bind(to_pg(run_at))
                 .bind(error)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await
                 .map_err(pg_err("retry task"))?
                 .rows_affected();
                 if n == 0 {
                     return Err(PortError::lease_lost(lease));
                 }
+                tx.commit().await.map_err(pg_err("commit"))?;
                 Ok(FailOutcome::Retrying { run_at })
             }
             RetryDecision::Discard => {
@@ -1051,13 +1067,36 @@ impl TaskQueue for PgTaskQueue {
         let lost = "state = 1 AND (lease_expires_at <= $1 OR NOT EXISTS (SELECT 1 FROM workers w \
                     WHERE w.id = jobs.leased_by AND w.last_seen >= $2))";
         let mut report = RecoverReport::default();
+        let live_run = "(dag_run_id IS NULL OR EXISTS (SELECT 1 FROM dag_runs r \
+                        WHERE r.id = jobs.dag_run_id AND r.state = 0))";
+        // Tasks of runs that are over are cancelled, not retried.
+        loop {
+            let n = sqlx::query(&format!(
+                "WITH c AS (UPDATE jobs j SET state = 4, finished_at = $1, leased_by = NULL \
+                 FROM (SELECT id FROM jobs WHERE {lost} AND NOT {live_run} \
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c WHERE j.id = c.id \
+                 RETURNING j.node_id) \
+                 UPDATE dag_nodes SET state = 4 WHERE id IN (SELECT node_id FROM c)"
+            ))
+            .bind(to_pg(now))
+            .bind(to_pg(stale))
+            .bind(BATCH)
+            .execute(&self.pool)
+            .await
+            .map_err(pg_err("cancel expired tasks"))?
+            .rows_affected();
+            report.cancelled += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
         // Tasks with attempts left go back, in batches.
         loop {
             let n = sqlx::query(&format!(
                 "UPDATE jobs j SET state = 0, run_at = $1, leased_by = NULL, \
                  last_error = 'lease expired' \
                  FROM (SELECT id FROM jobs WHERE {lost} AND attempt < max_attempts \
-                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c WHERE j.id = c.id"
+                 AND {live_run} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c WHERE j.id = c.id"
             ))
             .bind(to_pg(now))
             .bind(to_pg(stale))

@@ -44,6 +44,7 @@ macro_rules! task_queue_suite {
                 dag_dynamic_map_grows_total,
                 dag_empty_map_still_completes,
                 failing_node_fails_dag_and_cancels_queued_siblings,
+                expired_task_of_a_failed_run_is_cancelled,
                 cancel_dag_stops_a_running_dag,
                 dag_shapes_are_validated,
                 map_node_must_return_an_array,
@@ -826,18 +827,18 @@ pub async fn failing_node_fails_dag_and_cancels_queued_siblings(s: Subject) {
     let mut dag = DagSpec::new(product())
         .node(NodeSpec::new("root", "step", json!({})))
         .node(NodeSpec::new("join", "step", json!({})));
-    for k in ["a", "b", "c", "d"] {
+    for (k, attempts) in [("a", 1), ("b", 1), ("c", 3), ("d", 1)] {
         dag = dag
-            .node(NodeSpec::new(k, "step", json!({})).max_attempts(1))
+            .node(NodeSpec::new(k, "step", json!({})).max_attempts(attempts))
             .edge("root", k)
             .edge(k, "join");
     }
     let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
     let root = claim_one(&s, 1).await.expect("root");
     s.queue.complete(&root, json!("r")).await.expect("complete");
-    let two = claim(&s, 1, 2).await;
-    assert_eq!(two.len(), 2);
-    let (failing, running) = (&two[0], &two[1]);
+    let three = claim(&s, 1, 3).await;
+    assert_eq!(three.len(), 3);
+    let (failing, running, flaky) = (&three[0], &three[1], &three[2]);
     assert_eq!(
         s.queue
             .fail(failing, "model refused", true)
@@ -859,6 +860,11 @@ pub async fn failing_node_fails_dag_and_cancels_queued_siblings(s: Subject) {
         .complete(running, json!("late"))
         .await
         .expect("a running sibling may finish");
+    assert_eq!(
+        s.queue.fail(flaky, "503", true).await.expect("fail"),
+        FailOutcome::Cancelled,
+        "a sibling is not retried once its run has failed"
+    );
     assert!(claim(&s, 1, 10).await.is_empty(), "the join never runs");
     let states: HashMap<String, NodeState> = s
         .queue
@@ -871,15 +877,61 @@ pub async fn failing_node_fails_dag_and_cancels_queued_siblings(s: Subject) {
     assert_eq!(states["root"], NodeState::Completed);
     assert_eq!(states[&node_key(failing)], NodeState::Failed);
     assert_eq!(states[&node_key(running)], NodeState::Completed);
+    assert_eq!(states[&node_key(flaky)], NodeState::Cancelled);
     assert_eq!(states["join"], NodeState::Cancelled);
     let cancelled = states
         .values()
         .filter(|s| **s == NodeState::Cancelled)
         .count();
-    assert_eq!(cancelled, 3, "two queued siblings and the join");
+    assert_eq!(
+        cancelled, 3,
+        "the queued sibling, the retried one and the join"
+    );
     let st = s.queue.dag_status(id).await.expect("status");
     assert_eq!((st.state, st.done), (DagState::Failed, 2));
     assert!(st.labels.is_empty());
+}
+
+/// The sweeper does not bring back a task of a run that is over.
+pub async fn expired_task_of_a_failed_run_is_cancelled(s: Subject) {
+    let dag = DagSpec::new(product())
+        .node(NodeSpec::new("a", "step", json!({})).max_attempts(1))
+        .node(NodeSpec::new("b", "step", json!({})))
+        .node(NodeSpec::new("c", "step", json!({})))
+        .edge("b", "c");
+    let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
+    let a = claim_one(&s, 1).await.expect("a");
+    let b = claim_one(&s, 2).await.expect("b");
+    assert_eq!(node_key(&b), "b");
+    s.queue.fail(&a, "boom", false).await.expect("fail");
+    s.clock.advance(Duration::from_secs(31));
+    s.queue.heartbeat(&worker(1)).await.expect("heartbeat");
+    let r = s.queue.recover_expired().await.expect("recover");
+    assert_eq!((r.requeued, r.discarded, r.cancelled), (0, 0, 1));
+    assert!(claim(&s, 1, 10).await.is_empty());
+    assert!(
+        s.queue
+            .complete(&b, json!(1))
+            .await
+            .unwrap_err()
+            .is_lease_lost()
+    );
+    let states: Vec<NodeState> = s
+        .queue
+        .dag_results(id)
+        .await
+        .expect("results")
+        .into_iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            NodeState::Failed,
+            NodeState::Cancelled,
+            NodeState::Cancelled
+        ]
+    );
 }
 
 /// Cancelling a running DAG cancels its queued and running tasks (the

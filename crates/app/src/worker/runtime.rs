@@ -64,6 +64,8 @@ pub struct StepReport {
     pub retried: usize,
     /// Tasks discarded (dead-lettered).
     pub discarded: usize,
+    /// Failed tasks cancelled instead of retried (their DAG is over).
+    pub cancelled: usize,
     /// Results dropped because the lease was lost meanwhile.
     pub lost: usize,
 }
@@ -74,6 +76,7 @@ impl StepReport {
             Finish::Completed => self.completed += 1,
             Finish::Retried => self.retried += 1,
             Finish::Discarded => self.discarded += 1,
+            Finish::Cancelled => self.cancelled += 1,
             Finish::Lost => self.lost += 1,
         }
     }
@@ -85,6 +88,7 @@ enum Finish {
     Completed,
     Retried,
     Discarded,
+    Cancelled,
     Lost,
 }
 
@@ -254,9 +258,10 @@ impl Worker {
                     }
                 }
                 _ = sweep.tick() => match self.queue.recover_expired().await {
-                    Ok(r) if r.requeued + r.discarded > 0 => tracing::info!(
+                    Ok(r) if r.requeued + r.discarded + r.cancelled > 0 => tracing::info!(
                         requeued = r.requeued,
                         discarded = r.discarded,
+                        cancelled = r.cancelled,
                         "expired leases recovered"
                     ),
                     Ok(_) => {}
@@ -328,6 +333,10 @@ impl Worker {
             FailOutcome::Discarded => {
                 tracing::warn!(error = %err, "task discarded");
                 Ok(Finish::Discarded)
+            }
+            FailOutcome::Cancelled => {
+                tracing::info!(error = %err, "attempt failed; its DAG is over");
+                Ok(Finish::Cancelled)
             }
         }
     }
