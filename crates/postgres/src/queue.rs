@@ -728,6 +728,7 @@ async fn stop_run(
 
 #[async_trait]
 impl TaskQueue for PgTaskQueue {
+    #[tracing::instrument(level = "debug", skip_all, fields(tasks = tasks.len()))]
     async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>> {
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
         let ids = self.enqueue_in(&mut tx, tasks).await?;
@@ -735,6 +736,7 @@ impl TaskQueue for PgTaskQueue {
         Ok(ids)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(product_id = %spec.product_id, nodes = spec.nodes.len()))]
     async fn enqueue_dag(&self, spec: &DagSpec) -> PortResult<DagId> {
         let plan = spec.plan(&self.config.dag_limits)?;
         let now = self.clock.now();
@@ -813,6 +815,7 @@ impl TaskQueue for PgTaskQueue {
         Ok(DagId(id))
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(worker = %worker, queue = %queue, max = max))]
     async fn claim(
         &self,
         worker: &WorkerId,
@@ -896,6 +899,7 @@ impl TaskQueue for PgTaskQueue {
             .collect())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %lease.task_id))]
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
         if let Some(dag) = &lease.dag {
             return self
@@ -911,6 +915,7 @@ impl TaskQueue for PgTaskQueue {
             .map(|_| ())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(tasks = done.len()))]
     async fn complete_many(&self, done: &[(Lease, Value)]) -> PortResult<Vec<PortResult<()>>> {
         let now = self.clock.now();
         let plain: Vec<&Lease> = done
@@ -975,6 +980,7 @@ impl TaskQueue for PgTaskQueue {
             .collect())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %lease.task_id, retryable = retryable))]
     async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {
         let now = self.clock.now();
         let decision = decide_retry(
@@ -1061,6 +1067,7 @@ impl TaskQueue for PgTaskQueue {
         .map_err(pg_err("heartbeat"))
     }
 
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn recover_expired(&self) -> PortResult<RecoverReport> {
         let now = self.clock.now();
         let stale = now - self.config.worker_stale_after;
@@ -1164,6 +1171,7 @@ impl TaskQueue for PgTaskQueue {
         Ok(report)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(dag_id = %id))]
     async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus> {
         let now = self.clock.now();
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
@@ -1208,6 +1216,7 @@ impl TaskQueue for PgTaskQueue {
             .collect())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %id))]
     async fn retry_discarded(&self, id: TaskId) -> PortResult<()> {
         let now = self.clock.now();
         let retried = sqlx::query(
