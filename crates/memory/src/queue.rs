@@ -585,38 +585,40 @@ impl TaskQueue for MemoryTaskQueue {
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
         let now = self.clock.now();
         let mut st = self.lock();
-        let job = st.leased(lease)?;
-        let dag = job.dag;
-        if let Some((d, n)) = dag {
-            let is_map = st.dags[&d].nodes[n].map.is_some();
-            if is_map && !result.is_array() {
-                return Err(PortError::invalid(format!(
-                    "map node {:?} must return an array",
-                    st.dags[&d].nodes[n].key
-                )));
-            }
+        let dag = st.leased(lease)?.dag;
+        // (run, node, is a map, run still running), while the run is kept.
+        let node = dag.and_then(|(d, n)| {
+            st.dags.get(&d).map(|g| {
+                let is_map = g.nodes[n].map.is_some();
+                (d, n, is_map, g.state == DagState::Running)
+            })
+        });
+        if let Some((d, n, true, _)) = node
+            && !result.is_array()
+        {
+            return Err(PortError::invalid(format!(
+                "map node {:?} must return an array",
+                st.dags[&d].nodes[n].key
+            )));
         }
         let job = st.leased(lease)?;
         job.state = JobState::Completed;
         job.finished_at = Some(now);
         job.leased_by = None;
-        if let Some((d, n)) = dag {
-            let running = st.dags[&d].state == DagState::Running;
-            let is_map = st.dags[&d].nodes[n].map.is_some();
-            if is_map && running {
+        match node {
+            Some((d, n, true, true)) => {
                 let items = result.as_array().cloned().unwrap_or_default();
                 // The map node itself is done; its children now wait for the
                 // combine node, which the expansion adds.
-                {
-                    let dag = st.dags.get_mut(&d).expect("run exists");
+                if let Some(dag) = st.dags.get_mut(&d) {
                     dag.nodes[n].state = NodeState::Completed;
                     dag.nodes[n].result = Some(result);
                     dag.done += 1;
                 }
                 st.expand_map(d, n, &items, now);
-            } else {
-                st.finish_node(d, n, result, now);
             }
+            Some((d, n, _, _)) => st.finish_node(d, n, result, now),
+            None => {}
         }
         drop(st);
         self.wake();
