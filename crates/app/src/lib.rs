@@ -17,6 +17,7 @@ pub mod models;
 pub mod serve;
 pub mod state;
 pub mod telemetry;
+pub mod worker;
 
 pub use config::{LogFormat, ServeConfig};
 pub use state::AppState;

@@ -72,10 +72,14 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         "language model"
     );
     tracing::info!(%addr, backend = state.backend.name(), "parlance listening");
+    let worker = (!config.no_worker).then(|| crate::worker::EmbeddedWorker::start(&state));
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serve")?;
+    if let Some(worker) = worker {
+        worker.stop().await;
+    }
     tracing::info!("parlance stopped");
     Ok(())
 }

@@ -3,12 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_memory::{HashingEmbedder, MemoryAdoptionStore, MemoryAuditLog, OfflineLlm};
+use parlance_memory::{
+    HashingEmbedder, MemoryAdoptionStore, MemoryAuditLog, MemoryTaskQueue, OfflineLlm,
+};
 use parlance_ports::{
     AdoptionStore, AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult,
-    SystemClock, UuidV7Ids,
+    QueueConfig, SystemClock, TaskQueue, UuidV7Ids,
 };
-use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgPool};
+use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgPool, PgTaskQueue};
 
 use crate::auth::ApiKeys;
 
@@ -54,6 +56,8 @@ pub struct AppState {
     pub audit: Arc<dyn AuditLog>,
     /// User adoption records, onboarding plans and tour catalogs.
     pub adoption: Arc<dyn AdoptionStore>,
+    /// The durable task queue.
+    pub queue: Arc<dyn TaskQueue>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -80,6 +84,7 @@ impl AppState {
             backend: Backend::Memory,
             audit: Arc::new(MemoryAuditLog::new()),
             adoption: Arc::new(MemoryAdoptionStore::new()),
+            queue: Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default())),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -94,6 +99,11 @@ impl AppState {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
             adoption: Arc::new(PgAdoptionStore::new(pool.clone())),
+            queue: Arc::new(PgTaskQueue::new(
+                pool.clone(),
+                Arc::new(SystemClock),
+                QueueConfig::default(),
+            )),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

@@ -12,6 +12,7 @@
 pub mod adoption;
 pub mod id;
 pub mod outcome;
+pub mod queue;
 pub mod structured;
 pub mod table;
 pub mod time;

@@ -13,8 +13,10 @@ mod adoption;
 mod audit;
 pub mod embedding;
 pub mod llm;
+mod queue;
 
 pub use adoption::MemoryAdoptionStore;
 pub use audit::MemoryAuditLog;
 pub use embedding::HashingEmbedder;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};
+pub use queue::MemoryTaskQueue;

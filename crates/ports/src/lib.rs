@@ -16,6 +16,7 @@ pub mod clock;
 pub mod embedding;
 pub mod error;
 pub mod llm;
+pub mod queue;
 
 pub use adoption::{AdoptionStore, StoredAdoption};
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
@@ -26,4 +27,9 @@ pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,
     ToolChoice, ToolDefinition, Usage, chunks_of,
+};
+pub use queue::{
+    DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome, Lease,
+    LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport,
+    TaskId, TaskQueue, TaskSpec, WorkerId,
 };

@@ -13,10 +13,12 @@ mod adoption;
 mod audit;
 pub mod error;
 mod pool;
+mod queue;
 pub mod testing;
 mod time;
 
 pub use adoption::PgAdoptionStore;
 pub use audit::PgAuditLog;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
+pub use queue::PgTaskQueue;
 pub use sqlx::PgPool;

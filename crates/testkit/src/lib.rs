@@ -13,6 +13,7 @@ pub mod adoption;
 pub mod audit;
 pub mod embedding;
 pub mod llm;
+pub mod queue;
 
 pub use parlance_ports::{ManualClock, SequentialIds};
 

@@ -3,3 +3,4 @@
 mod adoption;
 mod service;
 mod support;
+mod worker;
