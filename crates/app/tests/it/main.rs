@@ -1,5 +1,6 @@
 //! HTTP integration tests on a real listener.
 
 mod adoption;
+mod adoption_llm;
 mod service;
 mod support;
