@@ -615,3 +615,15 @@ async fn runner_requests_are_validated() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(llm.received().is_empty());
 }
+
+#[tokio::test]
+async fn the_demo_is_deterministic_and_promotes_the_user() {
+    let mut first = Vec::new();
+    parlance_app::demo::run(&mut first).await.unwrap();
+    let mut second = Vec::new();
+    parlance_app::demo::run(&mut second).await.unwrap();
+    assert_eq!(first, second);
+    let text = String::from_utf8(first).unwrap();
+    assert!(text.contains("== adoption:"), "{text}");
+    assert!(text.contains("\"cause\":\"judge_adoption\""), "{text}");
+}
