@@ -392,7 +392,12 @@ pub async fn onboarding_welcome(
             if !again.passed {
                 return None;
             }
-            record_gate(state, &again, distinct);
+            // The recorded figure is never lowered.
+            record_gate(
+                state,
+                &again,
+                distinct.max(state.onboarding.distinct_features_seen),
+            );
             Some(apply_welcome_output(state, &applied, &plan, now))
         },
     )

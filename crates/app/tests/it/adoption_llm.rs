@@ -627,3 +627,74 @@ async fn the_demo_is_deterministic_and_promotes_the_user() {
     assert!(text.contains("== adoption:"), "{text}");
     assert!(text.contains("\"cause\":\"judge_adoption\""), "{text}");
 }
+
+/// A model that lets another welcome land while it answers.
+struct RacingModel {
+    inner: OfflineLlm,
+    app: std::sync::Mutex<Option<AppState>>,
+}
+
+#[async_trait::async_trait]
+impl parlance_ports::LlmClient for RacingModel {
+    fn describe(&self) -> String {
+        "racing".to_owned()
+    }
+
+    fn default_model(&self) -> &str {
+        "racing"
+    }
+
+    async fn complete(
+        &self,
+        request: &parlance_ports::CompletionRequest,
+    ) -> parlance_ports::LlmResult<parlance_ports::CompletionResponse> {
+        let app = self.app.lock().unwrap().take();
+        if let Some(app) = app {
+            let product = ProductId::parse("acme").unwrap();
+            let user = parlance_core::adoption::UserId::parse("u-8".to_owned()).unwrap();
+            let stored = app.adoption.load(&product, &user).await.unwrap().unwrap();
+            let mut state = stored.state;
+            state.mark_welcomed(app.clock.now());
+            app.adoption
+                .save(&product, &state, Some(stored.version))
+                .await
+                .unwrap();
+        }
+        self.inner.complete(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_welcome_that_loses_the_race_to_another_is_not_sent_twice() {
+    let racing = Arc::new(RacingModel {
+        inner: OfflineLlm::new().with_rule(
+            When::PromptName(ONBOARDING_WELCOME.into()),
+            Reply::json(&welcome_answer()),
+        ),
+        app: std::sync::Mutex::new(None),
+    });
+    let clock = Arc::new(ManualClock::new());
+    let mut state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+    state.llm = racing.clone();
+    *racing.app.lock().unwrap() = Some(state.clone());
+    let s = TestServer::start(state, clock).await;
+    explorer(&s, "u-8").await;
+    s.clock.advance(Duration::from_secs(120));
+    let (status, _, body) = send(
+        &s,
+        Method::POST,
+        "/users/u-8/adoption/welcome",
+        Some(json!({"seconds_on_app": 120})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The gate passed before the call; on the state being saved the other
+    // welcome holds the cooldown, so nothing more is saved or sent.
+    assert_eq!(body["gate"]["code"], "ok");
+    assert_eq!(body["llm"]["parse_status"], "parsed");
+    assert_eq!(body["applied"], false);
+    assert_eq!(body["effects"], json!([]));
+    assert_eq!(body["version"], 2);
+    assert_eq!(body["state"]["onboarding"]["proactive_support_count"], 1);
+    assert_eq!(body["state"]["onboarding"]["last_step_in"], Value::Null);
+}
