@@ -193,6 +193,13 @@ async fn ask(app: &AppState, prompt: &RenderedPrompt) -> Result<Answer, ApiError
         .complete(&request)
         .await
         .map_err(|e| llm_failure(prompt.name, &e))?;
+    tracing::debug!(
+        prompt = prompt.name,
+        version = prompt.version,
+        model = %response.model,
+        usage = ?response.usage,
+        "language model answered"
+    );
     let (text, schema_violations) = match &prompt.schema {
         Some(schema) => normalise(&response.content, schema),
         None => (response.content.clone(), Vec::new()),
