@@ -9,19 +9,18 @@
 //! its [`ParseStatus`]; in both cases nothing is saved.
 
 use axum::http::StatusCode;
-use parlance_core::adoption::JourneyState;
 use parlance_core::adoption::prompts::{
     FollowupOutput, JudgeOutput, WelcomeOutput, parse_followup_output, parse_judge_output,
     parse_welcome_output,
 };
 use parlance_core::adoption::{
     Activity, AdoptionEffect, AdoptionOutcome, CompletionRateDenominator, ExplorationGateConfig,
-    GateDecision, ParseStatus, PromptScope, RenderedPrompt, SessionIndexEntry, SessionSnapshot,
-    SummaryOutput, TourEvent, TourMatchResult, UserAdoptionState, UserId, apply_followup_output,
-    apply_judge_output, apply_summary_output, apply_welcome_output, build_followup_prompt,
-    build_judge_prompt, build_summary_prompt, build_tour_match_input, build_tour_match_prompt,
-    build_welcome_prompt, evaluate_hard_gate, one_line, parse_summary_output,
-    parse_tour_match_output, record_gate, record_tour_outcome,
+    GateDecision, JourneyState, ParseStatus, PromptScope, RenderedPrompt, SessionIndexEntry,
+    SessionSnapshot, SummaryOutput, TourEvent, TourMatchResult, UserAdoptionState, UserId,
+    apply_followup_output, apply_judge_output, apply_summary_output, apply_welcome_output,
+    build_followup_prompt, build_judge_prompt, build_summary_prompt, build_tour_match_input,
+    build_tour_match_prompt, build_welcome_prompt, evaluate_hard_gate, one_line,
+    parse_summary_output, parse_tour_match_output, record_gate, record_tour_outcome,
 };
 use parlance_core::{ProductId, StructuredError, Timestamp, Transition};
 use parlance_ports::{CompletionRequest, LlmError, Message, ResponseFormat, StoredAdoption};
