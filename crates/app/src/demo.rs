@@ -101,6 +101,7 @@ pub async fn run(out: impl Write) -> anyhow::Result<()> {
     let mut demo = Demo::new(out);
     service_scene(&mut demo).await?;
     queue_scene(&mut demo).await?;
+    adoption_scene(&mut demo).await?;
     Ok(())
 }
 
@@ -182,5 +183,215 @@ async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         .and_then(|n| n.result)
         .unwrap_or_default();
     demo.say(&format!("{:?}; merge saw {merged}", status.state))?;
+    Ok(())
+}
+
+/// The offline model of the adoption scene, scripted per prompt so its
+/// answers read like a real model's (the schema fallback is conservative:
+/// it never speaks and never promotes).
+fn adoption_model() -> parlance_memory::OfflineLlm {
+    use parlance_memory::{OfflineLlm, Reply, When};
+    use serde_json::json;
+    let prompt = |name: &str| When::PromptName(name.to_owned());
+    OfflineLlm::new()
+        .with_rule(
+            prompt("onboarding_welcome"),
+            Reply::json(&json!({
+                "should_send": true,
+                "timing_assessment": "Maya paused on the projects list after exploring.",
+                "reasoning": "She has looked around but not created anything yet.",
+                "workflow_completion": [{"workflow_id": "create_project", "status": "in_progress",
+                    "confidence": 0.3, "evidence": "opened the new-project form"}],
+                "onboarding_complete": false,
+                "message": "You have found your way around the projects list. Create a project [TOUR:create_project] to get started. Ask me anything.",
+                "suggested_flows": [{"tour_id": "create_project", "flow_name": "Create a project",
+                    "short_description": "everything hangs off a project"}]
+            })),
+        )
+        .with_rule(
+            prompt("tour_match"),
+            Reply::json(&json!({"primary_tour_id": "create_project", "related_tour_ids": ["invite_team"],
+                "reasoning": "She wants to start a new project."})),
+        )
+        .with_rule(
+            prompt("onboarding_followup"),
+            Reply::json(&json!({
+                "acknowledgement": "Your first project is ready.",
+                "why_it_mattered": "Reports and invites build on it.",
+                "suggested_flows": [{"tour_id": "invite_team", "flow_name": "Invite your team",
+                    "short_description": "work on it together"}],
+                "onboarding_complete": false,
+                "reasoning": "invite_team is still outstanding."
+            })),
+        )
+        .with_rule(
+            prompt("adoption_judge"),
+            Reply::json(&json!({"journey_state": "onboarded", "mastery_rating": 4,
+                "mastery_level": "intermediate",
+                "mastery_description": "Creates projects and shares reports on her own.",
+                "reasoning": "She completed the core workflow and works without help."})),
+        )
+        .with_rule(
+            prompt("session_summary"),
+            Reply::text("You created your first project and shared a report. Inviting your team is the most useful next step."),
+        )
+}
+
+/// User adoption: a new user explores, the explore-first gate opens, the
+/// welcome suggests a tour, the tour completes and the judge promotes her.
+/// The scene runs on its own service whose model is scripted.
+async fn adoption_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
+    use parlance_ports::Clock as _;
+    use serde_json::json;
+    let clock = Arc::new(ManualClock::new());
+    let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
+    let mut state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+    state.llm = Arc::new(adoption_model());
+    let mut d = Demo {
+        app: router(state.clone()),
+        state,
+        clock,
+        out: &mut demo.out,
+    };
+    let base = "/v1/products/default";
+    let user = format!("{base}/users/maya/adoption");
+    d.scene("adoption: a new user, the explore-first gate, a welcome, a tour, the judge")?;
+    d.say("the product's onboarding plan and tour catalog")?;
+    let plan = json!({"workflows": [
+        {"workflow_id": "create_project", "name": "Create a project", "why": "everything hangs off a project",
+         "activity_signals": {"any_of": [{"event_type": "project_created"}]}},
+        {"workflow_id": "invite_team", "name": "Invite your team", "why": "work together",
+         "prerequisite_workflow_ids": ["create_project"]}
+    ]});
+    let (s, _) = d
+        .call(
+            Method::PUT,
+            &format!("{base}/onboarding-plan"),
+            Some(plan),
+            true,
+        )
+        .await?;
+    anyhow::ensure!(s == StatusCode::OK, "plan answered {s}");
+    let tours = json!({"tours": [
+        {"tour_id": "create_project", "name": "Create a project", "use_when": "start a new project"},
+        {"tour_id": "invite_team", "name": "Invite your team", "use_when": "add colleagues"}
+    ]});
+    let (s, _) = d
+        .call(
+            Method::PUT,
+            &format!("{base}/tour-catalog"),
+            Some(tours),
+            true,
+        )
+        .await?;
+    anyhow::ensure!(s == StatusCode::OK, "catalog answered {s}");
+
+    d.say("maya, an admin, explores three features")?;
+    let batch = json!({"metadata": {"role": "admin"},
+        "discovered_features": ["/dashboard", "/projects", "/reports"],
+        "actions": [{"event_type": "$pageview", "canonical_url": "/projects/new", "title": "New project"}]});
+    let (s, _) = d
+        .call(Method::POST, &format!("{user}/activity"), Some(batch), true)
+        .await?;
+    anyhow::ensure!(s == StatusCode::OK, "activity answered {s}");
+
+    d.say("20 s in, the gate is closed: the model is not asked")?;
+    let (_, b) = d
+        .call(
+            Method::POST,
+            &format!("{user}/welcome"),
+            Some(json!({"seconds_on_app": 20})),
+            true,
+        )
+        .await?;
+    anyhow::ensure!(
+        b["gate"]["code"] == "exploring_min_time_not_met" && b["llm"].is_null(),
+        "gate: {b}"
+    );
+
+    d.clock().advance(std::time::Duration::from_secs(90));
+    d.say("90 s later the gate opens and the welcome suggests a tour")?;
+    let (_, b) = d
+        .call(
+            Method::POST,
+            &format!("{user}/welcome"),
+            Some(json!({"seconds_on_app": 110})),
+            true,
+        )
+        .await?;
+    anyhow::ensure!(
+        b["applied"] == true
+            && b["effects"][0]["suggested_flows"][0]["tour_id"] == "create_project",
+        "welcome: {b}"
+    );
+
+    d.say("she asks how to start; tour matching picks from the catalog")?;
+    let q = json!({"query": "how do I start a new project?", "user_id": "maya", "current_page": "/projects"});
+    let (_, b) = d
+        .call(Method::POST, &format!("{base}/tours/match"), Some(q), true)
+        .await?;
+    anyhow::ensure!(b["primary_tour_id"] == "create_project", "tour match: {b}");
+
+    d.clock().advance(std::time::Duration::from_secs(120));
+    d.say("she completes the tour; the follow-up suggests the next one")?;
+    let (_, b) = d
+        .call(
+            Method::POST,
+            &format!("{user}/followup"),
+            Some(json!({"workflow_id": "create_project", "event": "completed"})),
+            true,
+        )
+        .await?;
+    anyhow::ensure!(
+        b["state"]["onboarding"]["workflow_progress"]["create_project"]["status"] == "completed",
+        "followup: {b}"
+    );
+
+    d.clock().advance(std::time::Duration::from_secs(600));
+    d.say("the judge reads her activity and promotes her")?;
+    let judge =
+        json!({"activity": [{"event_type": "project_created"}, {"event_type": "report_shared"}]});
+    let (_, b) = d
+        .call(Method::POST, &format!("{user}/judge"), Some(judge), true)
+        .await?;
+    anyhow::ensure!(
+        b["state"]["journey_state"] == "onboarded"
+            && b["transitions"][0]["cause"] == "judge_adoption",
+        "judge: {b}"
+    );
+    let (_, b) = d
+        .call(Method::GET, &format!("{user}/prompt-block"), None, true)
+        .await?;
+    anyhow::ensure!(
+        b["prompt_block"]
+            .as_str()
+            .is_some_and(|p| p.contains("journey: onboarded")),
+        "block: {b}"
+    );
+
+    d.say("the session ends with a handover note for next time")?;
+    let started = d.clock().now().as_epoch_seconds() - 810.0;
+    let (_, b) = d
+        .call(
+            Method::POST,
+            &format!("{user}/session-summary"),
+            Some(json!({"session_id": "ses-1", "started_at": started})),
+            true,
+        )
+        .await?;
+    anyhow::ensure!(
+        b["state"]["onboarding"]["summary"].is_string(),
+        "summary: {b}"
+    );
+    d.say("an onboarded user is never interrupted by the welcome again")?;
+    let (_, b) = d
+        .call(
+            Method::POST,
+            &format!("{user}/welcome"),
+            Some(json!({"seconds_on_app": 900})),
+            true,
+        )
+        .await?;
+    anyhow::ensure!(b["gate"]["code"] == "already_onboarded", "gate: {b}");
     Ok(())
 }

@@ -3,11 +3,13 @@
 //!
 //! Handlers parse the request, then run the pure core through
 //! `service::update` (load -> apply -> compare-and-swap save, retried on a
-//! lost race). The LLM runners (judge, tour match, welcome) plug into the
-//! same cycle: build the prompt input, call the model, parse the answer with
-//! the core's never-failing parsers, apply it inside `update`.
+//! lost race). The LLM runners ([`runners`]: judge, tour match, welcome,
+//! follow-up, session summary) plug into the same cycle: build the prompt,
+//! call the model, parse the answer with the core's never-failing parsers,
+//! apply it inside the compare-and-swap loop.
 
 mod routes;
+pub mod runners;
 pub(crate) mod service;
 
 pub use routes::routes;

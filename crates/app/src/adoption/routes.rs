@@ -15,6 +15,7 @@ use parlance_ports::StoredAdoption;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::runners::{self, RunReport};
 use super::service::{self, Detected};
 use crate::auth::Tenant;
 use crate::http::{ApiError, ApiJson};
@@ -43,6 +44,23 @@ pub fn routes() -> Router<AppState> {
             "/products/{product_id}/users/{user_id}/adoption/prompt-block",
             get(get_prompt_block),
         )
+        .route(
+            "/products/{product_id}/users/{user_id}/adoption/judge",
+            post(post_judge),
+        )
+        .route(
+            "/products/{product_id}/users/{user_id}/adoption/welcome",
+            post(post_welcome),
+        )
+        .route(
+            "/products/{product_id}/users/{user_id}/adoption/followup",
+            post(post_followup),
+        )
+        .route(
+            "/products/{product_id}/users/{user_id}/adoption/session-summary",
+            post(post_session_summary),
+        )
+        .route("/products/{product_id}/tours/match", post(post_tour_match))
         .route(
             "/products/{product_id}/onboarding-plan",
             get(get_plan).put(put_plan),
@@ -544,4 +562,66 @@ async fn get_catalog(
     Ok(ApiJson(
         json!({ "role": role_of(&q.role), "tours": catalog }),
     ))
+}
+
+/// A runner's report with the record after it (`user_id`, `version`,
+/// `state`).
+fn run_body<A: serde::Serialize>(report: &RunReport<A>) -> Value {
+    let mut out = body(&report.stored);
+    if let (Value::Object(o), Ok(Value::Object(r))) = (&mut out, serde_json::to_value(report)) {
+        o.extend(r);
+    }
+    out
+}
+
+async fn post_judge(
+    State(app): State<AppState>,
+    Tenant(product): Tenant,
+    path: Result<Path<(String, String)>, PathRejection>,
+    ApiJson(req): ApiJson<runners::JudgeRequest>,
+) -> Result<ApiJson<Value>, ApiError> {
+    let user = user_id(path)?;
+    let report = runners::judge_adoption(&app, &product, &user, &req).await?;
+    Ok(ApiJson(run_body(&report)))
+}
+
+async fn post_welcome(
+    State(app): State<AppState>,
+    Tenant(product): Tenant,
+    path: Result<Path<(String, String)>, PathRejection>,
+    ApiJson(req): ApiJson<runners::WelcomeRequest>,
+) -> Result<ApiJson<Value>, ApiError> {
+    let user = user_id(path)?;
+    let report = runners::onboarding_welcome(&app, &product, &user, &req).await?;
+    Ok(ApiJson(run_body(&report)))
+}
+
+async fn post_followup(
+    State(app): State<AppState>,
+    Tenant(product): Tenant,
+    path: Result<Path<(String, String)>, PathRejection>,
+    ApiJson(req): ApiJson<runners::FollowupRequest>,
+) -> Result<ApiJson<Value>, ApiError> {
+    let user = user_id(path)?;
+    let report = runners::onboarding_followup(&app, &product, &user, &req).await?;
+    Ok(ApiJson(run_body(&report)))
+}
+
+async fn post_session_summary(
+    State(app): State<AppState>,
+    Tenant(product): Tenant,
+    path: Result<Path<(String, String)>, PathRejection>,
+    ApiJson(req): ApiJson<runners::SummaryRequest>,
+) -> Result<ApiJson<Value>, ApiError> {
+    let user = user_id(path)?;
+    let report = runners::session_summary(&app, &product, &user, &req).await?;
+    Ok(ApiJson(run_body(&report)))
+}
+
+async fn post_tour_match(
+    State(app): State<AppState>,
+    Tenant(product): Tenant,
+    ApiJson(req): ApiJson<runners::TourMatchRequest>,
+) -> Result<ApiJson<runners::TourMatchReport>, ApiError> {
+    Ok(ApiJson(runners::match_tour(&app, &product, &req).await?))
 }

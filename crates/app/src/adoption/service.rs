@@ -3,8 +3,9 @@
 
 use parlance_core::adoption::session_snapshot::round_places;
 use parlance_core::adoption::{
-    Activity, JourneyState, OnboardingPlan, UserAdoptionState, UserId, WorkflowStatus,
-    detect_completed_steps, detect_completed_workflows, is_plan_complete, split_workflows,
+    Activity, JourneyState, OnboardingPlan, TourCatalogEntry, UserAdoptionState, UserId,
+    WorkflowStatus, detect_completed_steps, detect_completed_workflows, is_plan_complete,
+    split_workflows,
 };
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{AuditEntry, ErrorKind, StoredAdoption};
@@ -49,6 +50,14 @@ pub(crate) async fn get_or_fresh(
     }
 }
 
+/// What an apply step decided.
+pub(crate) enum Step<R> {
+    /// Save the changed state.
+    Save(R),
+    /// Nothing to save; the state must be left as loaded.
+    Keep(R),
+}
+
 /// Runs `apply` on the user's state and saves it by compare-and-swap,
 /// reloading and re-applying on a lost race. A missing record is created
 /// with `metadata` first. `apply` must be pure: it may run more than once.
@@ -60,24 +69,70 @@ pub(crate) async fn update<R>(
     metadata: Option<&Map<String, Value>>,
     mut apply: impl FnMut(&mut UserAdoptionState, Timestamp) -> Result<R, ApiError>,
 ) -> Result<(StoredAdoption, R), ApiError> {
+    let (stored, result, _) = update_as(
+        app,
+        product,
+        user,
+        Missing::Create(metadata),
+        "set_journey_state",
+        |state, now| apply(state, now).map(Step::Save),
+    )
+    .await?;
+    Ok((stored, result))
+}
+
+/// What [`update_as`] does when the user has no record.
+pub(crate) enum Missing<'a> {
+    /// Start a fresh record with this metadata.
+    Create(Option<&'a Map<String, Value>>),
+    /// Answer 404.
+    NotFound,
+}
+
+/// Like [`update`], with the audit `cause` of journey changes, a choice for
+/// a missing record, and an apply step that may decline to save
+/// ([`Step::Keep`]). Returns the stored record, the apply result and whether
+/// a save happened.
+pub(crate) async fn update_as<R>(
+    app: &AppState,
+    product: &ProductId,
+    user: &UserId,
+    missing: Missing<'_>,
+    cause: &'static str,
+    mut apply: impl FnMut(&mut UserAdoptionState, Timestamp) -> Result<Step<R>, ApiError>,
+) -> Result<(StoredAdoption, R, bool), ApiError> {
     for _ in 0..MAX_ATTEMPTS {
         let now = app.clock.now();
-        let (mut state, expected) = match app.adoption.load(product, user).await? {
-            Some(s) => (s.state, Some(s.version)),
-            None => (
+        let (mut state, expected) = match (app.adoption.load(product, user).await?, &missing) {
+            (Some(s), _) => (s.state, Some(s.version)),
+            (None, Missing::Create(metadata)) => (
                 UserAdoptionState::new(user.as_str(), metadata.cloned().unwrap_or_default(), now)
                     .map_err(|e| ApiError::unprocessable(e.to_string()))?,
                 None,
             ),
+            (None, Missing::NotFound) => {
+                return Err(ApiError::not_found("no adoption record for this user"));
+            }
         };
+        let original = state.clone();
         let before = state.journey_state;
-        let result = apply(&mut state, now)?;
+        let result = match apply(&mut state, now)? {
+            Step::Save(r) => r,
+            Step::Keep(r) => {
+                let stored = StoredAdoption {
+                    state: original,
+                    version: expected.unwrap_or(0),
+                };
+                return Ok((stored, r, false));
+            }
+        };
         match app.adoption.save(product, &state, expected).await {
             Ok(version) => {
                 if state.journey_state != before {
-                    audit_journey(app, product, user, before, state.journey_state, now).await;
+                    audit_journey(app, product, user, before, state.journey_state, cause, now)
+                        .await;
                 }
-                return Ok((StoredAdoption { state, version }, result));
+                return Ok((StoredAdoption { state, version }, result, true));
             }
             Err(e) if matches!(e.kind, ErrorKind::Conflict | ErrorKind::NotFound) => continue,
             Err(e) => return Err(e.into()),
@@ -94,6 +149,7 @@ async fn audit_journey(
     user: &UserId,
     from: JourneyState,
     to: JourneyState,
+    cause: &str,
     at: Timestamp,
 ) {
     let entry = AuditEntry {
@@ -102,7 +158,7 @@ async fn audit_journey(
         entity_id: user.as_str().to_owned(),
         from: Some(from.as_str().to_owned()),
         to: to.as_str().to_owned(),
-        cause: "set_journey_state".to_owned(),
+        cause: cause.to_owned(),
         at,
         payload: json!({}),
     };
@@ -253,4 +309,23 @@ pub(crate) fn apply_activity(
         detected.onboarding_completed = state.onboarding.mark_onboarding_complete(now);
     }
     detected
+}
+
+/// The tour catalog that applies to `role`: the role's own catalog when one
+/// is stored, else the product-wide catalog (empty when neither is).
+pub(crate) async fn effective_catalog(
+    app: &AppState,
+    product: &ProductId,
+    role: Option<&str>,
+) -> Result<Vec<TourCatalogEntry>, ApiError> {
+    if role.is_some_and(|r| !r.trim().is_empty())
+        && let Some(c) = app.adoption.get_tour_catalog(product, role).await?
+    {
+        return Ok(c);
+    }
+    Ok(app
+        .adoption
+        .get_tour_catalog(product, None)
+        .await?
+        .unwrap_or_default())
 }

@@ -20,6 +20,13 @@ pub enum AdoptionEffect {
         /// Tours offered in it.
         suggested_flows: Vec<SuggestedFlow>,
     },
+    /// Deliver the follow-up after a tour.
+    SendFollowup {
+        /// The text (acknowledgement, then why it mattered).
+        message: String,
+        /// Tours offered next.
+        suggested_flows: Vec<SuggestedFlow>,
+    },
 }
 
 /// The outcome type of the adoption operations: journey transitions and

@@ -13,6 +13,7 @@ mod model;
 pub mod ordered;
 pub mod plan;
 pub mod prompts;
+pub mod runner;
 pub mod session_snapshot;
 pub mod snapshot;
 pub mod tour;
@@ -36,6 +37,11 @@ pub use plan::{
     WorkflowStep, is_plan_complete, split_workflows, step_completion_ratio,
 };
 pub use prompts::ParseStatus;
+pub use runner::{
+    PromptScope, RenderedPrompt, SummaryOutput, TourEvent, apply_followup_output,
+    apply_summary_output, build_followup_prompt, build_judge_prompt, build_summary_prompt,
+    build_tour_match_prompt, build_welcome_prompt, parse_summary_output, record_tour_outcome,
+};
 pub use session_snapshot::{CompletionRateDenominator, SessionSnapshot, SessionSummaryInput};
 pub use snapshot::{DecodeError, SNAPSHOT_VERSION};
 pub use tour::{

@@ -644,6 +644,13 @@ impl UserAdoptionState {
         self.touch(now);
     }
 
+    /// Sets the handover summary (trimmed; blank clears it) and touches.
+    pub fn set_summary(&mut self, summary: &str, now: Timestamp) {
+        let s = summary.trim();
+        self.onboarding.summary = (!s.is_empty()).then(|| s.to_owned());
+        self.touch(now);
+    }
+
     /// Sets the live session (trimmed; blank clears it).
     pub fn set_current_session(&mut self, session_id: &str, now: Timestamp) {
         let id = session_id.trim();

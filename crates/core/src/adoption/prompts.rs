@@ -489,12 +489,30 @@ pub struct JudgeOutput {
     pub status: ParseStatus,
     /// Journey, when given as a known value.
     pub journey_state: Option<JourneyState>,
-    /// Rating (clamped, truncated) with its level, when both are usable.
+    /// Rating (clamped, truncated) with its level, when both are usable
+    /// (serialized as `{rating, level}`).
+    #[serde(serialize_with = "mastery_pair")]
     pub mastery: Option<(u8, MasteryLevel)>,
     /// One sentence.
     pub mastery_description: String,
     /// Why.
     pub reasoning: String,
+}
+
+fn mastery_pair<S: serde::Serializer>(
+    m: &Option<(u8, MasteryLevel)>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct;
+    match m {
+        Some((rating, level)) => {
+            let mut st = s.serialize_struct("Mastery", 2)?;
+            st.serialize_field("rating", rating)?;
+            st.serialize_field("level", level)?;
+            st.end()
+        }
+        None => s.serialize_none(),
+    }
 }
 
 /// Parses the judge's answer; never fails. Unknown journey or level values

@@ -586,6 +586,14 @@ fn machine_page_lists_every_prompt_and_the_diagram() {
             "the page lacks the hash of {}",
             p.name
         );
+        if let prompts::OutputFormat::Json { schema } = &p.output {
+            let pretty = serde_json::to_string_pretty(schema).unwrap();
+            assert!(
+                page.contains(&pretty),
+                "the page lacks the current schema of {}",
+                p.name
+            );
+        }
     }
     assert!(
         page.contains(JOURNEY_TABLE.to_mermaid().trim_end()),
