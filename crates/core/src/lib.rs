@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod conversation;
 pub mod id;
 pub mod outcome;
 pub mod table;
