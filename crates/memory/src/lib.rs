@@ -10,5 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod conversation;
 
 pub use audit::MemoryAuditLog;
+pub use conversation::MemoryConversationStore;

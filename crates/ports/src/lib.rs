@@ -11,8 +11,10 @@
 
 pub mod audit;
 pub mod clock;
+pub mod conversation;
 pub mod error;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
+pub use conversation::{Applied, ConversationStore, ListFilter};
 pub use error::{ErrorKind, PortError, PortResult};
