@@ -10,11 +10,13 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod conversation;
 pub mod error;
 mod pool;
 pub mod testing;
 mod time;
 
 pub use audit::PgAuditLog;
+pub use conversation::PgConversationStore;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use sqlx::PgPool;
