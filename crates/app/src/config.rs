@@ -34,16 +34,51 @@ pub struct ServeConfig {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 1024 * 1024)]
     pub body_limit: usize,
+
+    /// Base URL of an OpenAI-compatible API (e.g. `https://api.openai.com/v1`,
+    /// `http://127.0.0.1:11434/v1`); without one the offline, deterministic
+    /// model answers.
+    #[arg(long, env = "PARLANCE_LLM_BASE_URL")]
+    pub llm_base_url: Option<String>,
+
+    /// The chat model (on Azure OpenAI: the deployment name); required with
+    /// `--llm-base-url`.
+    #[arg(long, env = "PARLANCE_LLM_MODEL")]
+    pub llm_model: Option<String>,
+
+    /// Name of the environment variable holding the API key (the key itself
+    /// is never passed on the command line, nor logged).
+    #[arg(
+        long,
+        env = "PARLANCE_LLM_API_KEY_ENV",
+        default_value = "OPENAI_API_KEY"
+    )]
+    pub llm_api_key_env: String,
+
+    /// Per-attempt timeout of a model call, in seconds.
+    #[arg(long, env = "PARLANCE_LLM_TIMEOUT", default_value_t = 60)]
+    pub llm_timeout: u64,
+
+    /// Embedding model served at `--llm-base-url`; without one the offline
+    /// feature-hashing embedder is used.
+    #[arg(long, env = "PARLANCE_EMBEDDING_MODEL")]
+    pub embedding_model: Option<String>,
 }
 
 impl ServeConfig {
-    /// Defaults for tests and the demo: memory backend, port 0, no key.
+    /// Defaults for tests and the demo: memory backend, port 0, no key, the
+    /// offline model.
     pub fn embedded() -> Self {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             database_url: None,
             api_key: None,
             body_limit: 1024 * 1024,
+            llm_base_url: None,
+            llm_model: None,
+            llm_api_key_env: "OPENAI_API_KEY".to_owned(),
+            llm_timeout: 60,
+            embedding_model: None,
         }
     }
 }

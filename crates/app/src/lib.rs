@@ -12,6 +12,7 @@ pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod http;
+pub mod models;
 pub mod serve;
 pub mod state;
 pub mod telemetry;

@@ -11,15 +11,20 @@ use tokio::net::TcpListener;
 use crate::auth::{ApiKey, ApiKeys};
 use crate::config::ServeConfig;
 use crate::http::router;
+use crate::models::Models;
 use crate::state::AppState;
 
 /// Builds the service state from configuration: PostgreSQL (migrated) when a
-/// URL is given, memory otherwise. Returns the key for product `default` too.
+/// URL is given, memory otherwise; an OpenAI-compatible model when a base URL
+/// is given, the offline one otherwise. Returns the key for product `default`
+/// too.
 ///
 /// # Errors
 ///
-/// When the database cannot be reached or migrated, or no key can be made.
+/// When the database cannot be reached or migrated, the model settings are
+/// incomplete, or no key can be made.
 pub async fn build_state(config: &ServeConfig) -> anyhow::Result<(AppState, ApiKey)> {
+    let models = Models::from_config(config)?;
     let key = match &config.api_key {
         Some(k) if !k.trim().is_empty() => ApiKey::new(k.trim()),
         _ => ApiKey::generate().context("generate an API key")?,
@@ -36,6 +41,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<(AppState, ApiK
         }
     };
     state.body_limit = config.body_limit;
+    state.llm = models.llm;
+    state.embedder = models.embedder;
     Ok((state, key))
 }
 
@@ -58,6 +65,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
             key.expose()
         );
     }
+    tracing::info!(
+        llm = %state.llm.describe(),
+        model = state.llm.default_model(),
+        embedder = state.embedder.model(),
+        "language model"
+    );
     tracing::info!(%addr, backend = state.backend.name(), "parlance listening");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())

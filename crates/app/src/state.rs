@@ -3,8 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_memory::MemoryAuditLog;
-use parlance_ports::{AuditLog, Clock, IdGen, PortError, PortResult, SystemClock, UuidV7Ids};
+use parlance_memory::{HashingEmbedder, MemoryAuditLog, OfflineLlm};
+use parlance_ports::{
+    AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult, SystemClock,
+    UuidV7Ids,
+};
 use parlance_postgres::{PgAuditLog, PgPool};
 
 use crate::auth::ApiKeys;
@@ -57,6 +60,10 @@ pub struct AppState {
     pub keys: Arc<ApiKeys>,
     /// Largest accepted request body, in bytes.
     pub body_limit: usize,
+    /// The language model (offline unless configured).
+    pub llm: Arc<dyn LlmClient>,
+    /// The embedder (feature hashing unless configured).
+    pub embedder: Arc<dyn EmbeddingProvider>,
 }
 
 impl AppState {
@@ -74,6 +81,8 @@ impl AppState {
             ids,
             keys: Arc::new(keys),
             body_limit: 1024 * 1024,
+            llm: Arc::new(OfflineLlm::new()),
+            embedder: Arc::new(HashingEmbedder::default()),
         }
     }
 
@@ -86,6 +95,8 @@ impl AppState {
             ids: Arc::new(UuidV7Ids),
             keys: Arc::new(keys),
             body_limit: 1024 * 1024,
+            llm: Arc::new(OfflineLlm::new()),
+            embedder: Arc::new(HashingEmbedder::default()),
         }
     }
 }

@@ -12,10 +12,15 @@
 pub mod conversation;
 pub mod id;
 pub mod outcome;
+pub mod structured;
 pub mod table;
 pub mod time;
 
 pub use id::{IdError, ProductId};
 pub use outcome::{Outcome, Transition};
+pub use structured::{
+    StructuredError, Violation, extract_json, extract_valid, find_json_values, parse_structured,
+    validate,
+};
 pub use table::{Edge, TransitionTable};
 pub use time::{Timestamp, TimestampError};

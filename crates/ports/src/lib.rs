@@ -2,7 +2,8 @@
 //!
 //! Layer: above `parlance-core`, below the adapters (`parlance-memory`,
 //! `parlance-postgres`, `parlance-openai`) and `parlance-app`. It may depend on
-//! `parlance-core`, serde, thiserror, async-trait and uuid; never on sqlx,
+//! `parlance-core`, serde, thiserror, async-trait, uuid and futures-core
+//! (the `Stream` trait of streamed model answers); never on sqlx,
 //! tokio or axum. Ports are object-safe `async_trait` traits with `&self`
 //! receivers, so the app holds them as `Arc<dyn Port>`; each reports failures
 //! as a [`PortError`] whose [`ErrorKind`] tells the caller what to do.
@@ -11,10 +12,24 @@
 
 pub mod audit;
 pub mod clock;
+<<<<<<< HEAD
 pub mod conversation;
+=======
+pub mod embedding;
+>>>>>>> main
 pub mod error;
+pub mod llm;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
+<<<<<<< HEAD
 pub use conversation::{Applied, ConversationStore, ListFilter};
+=======
+pub use embedding::{EmbeddingProvider, Embeddings, cosine};
+>>>>>>> main
 pub use error::{ErrorKind, PortError, PortResult};
+pub use llm::{
+    ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
+    FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,
+    ToolChoice, ToolDefinition, Usage, chunks_of,
+};

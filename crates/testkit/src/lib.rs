@@ -11,6 +11,8 @@
 
 pub mod audit;
 pub mod conversation;
+pub mod embedding;
+pub mod llm;
 
 pub use parlance_ports::{ManualClock, SequentialIds};
 

@@ -1,0 +1,144 @@
+//! Picks the language model and the embedder from configuration: an
+//! OpenAI-compatible endpoint when a base URL is given, the offline,
+//! deterministic pair otherwise.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use parlance_memory::{HashingEmbedder, OfflineLlm};
+use parlance_openai::{ApiSecret, OpenAiClient, OpenAiConfig, OpenAiEmbedder};
+use parlance_ports::{EmbeddingProvider, LlmClient};
+
+use crate::config::ServeConfig;
+
+/// The model and embedder the service uses.
+pub struct Models {
+    /// The chat model.
+    pub llm: Arc<dyn LlmClient>,
+    /// The embedder.
+    pub embedder: Arc<dyn EmbeddingProvider>,
+}
+
+impl Models {
+    /// The offline model and the feature-hashing embedder.
+    pub fn offline() -> Self {
+        Self {
+            llm: Arc::new(OfflineLlm::new()),
+            embedder: Arc::new(HashingEmbedder::default()),
+        }
+    }
+
+    /// Builds them from `config`, reading the API key from the environment
+    /// variable it names.
+    ///
+    /// # Errors
+    ///
+    /// A base URL without a model, an embedding model without a base URL,
+    /// or a base URL or key that cannot be used.
+    pub fn from_config(config: &ServeConfig) -> anyhow::Result<Self> {
+        Self::from_config_with(config, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`from_config`](Self::from_config), with `env` looking up
+    /// environment variables.
+    ///
+    /// # Errors
+    ///
+    /// As [`from_config`](Self::from_config).
+    pub fn from_config_with(
+        config: &ServeConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Self> {
+        let Some(base_url) = config
+            .llm_base_url
+            .as_deref()
+            .filter(|u| !u.trim().is_empty())
+        else {
+            if config.embedding_model.is_some() {
+                bail!("--embedding-model needs --llm-base-url");
+            }
+            return Ok(Self::offline());
+        };
+        let model = config
+            .llm_model
+            .as_deref()
+            .filter(|m| !m.trim().is_empty())
+            .context("--llm-model is required with --llm-base-url")?;
+        let mut endpoint = OpenAiConfig::new(base_url.trim(), model.trim())
+            .with_timeout(Duration::from_secs(config.llm_timeout.max(1)));
+        match env(&config.llm_api_key_env).filter(|k| !k.trim().is_empty()) {
+            Some(key) => endpoint = endpoint.with_api_key(ApiSecret::new(key.trim())),
+            None => tracing::info!(
+                variable = %config.llm_api_key_env,
+                "no API key in the environment; calling the model without one"
+            ),
+        }
+        let llm = OpenAiClient::new(endpoint.clone()).context("configure the language model")?;
+        let embedder: Arc<dyn EmbeddingProvider> = match &config.embedding_model {
+            Some(m) => Arc::new(
+                OpenAiEmbedder::new(endpoint, m.trim(), None).context("configure the embedder")?,
+            ),
+            None => Arc::new(HashingEmbedder::default()),
+        };
+        Ok(Self {
+            llm: Arc::new(llm),
+            embedder,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn offline_without_a_base_url() {
+        let m = Models::from_config_with(&ServeConfig::embedded(), no_env).unwrap();
+        assert!(m.llm.describe().starts_with("offline"));
+        assert_eq!(m.llm.default_model(), "offline");
+        assert_eq!(m.embedder.model(), "feature-hash-256");
+    }
+
+    #[test]
+    fn an_endpoint_with_a_key_from_the_named_variable() {
+        let mut c = ServeConfig::embedded();
+        c.llm_base_url = Some("http://127.0.0.1:11434/v1".into());
+        c.llm_model = Some("llama3.1".into());
+        c.llm_api_key_env = "MY_KEY".into();
+        c.embedding_model = Some("nomic-embed-text".into());
+        let asked = std::sync::Mutex::new(Vec::new());
+        let m = Models::from_config_with(&c, |name| {
+            asked.lock().unwrap().push(name.to_owned());
+            Some("sk-from-env".into())
+        })
+        .unwrap();
+        assert_eq!(*asked.lock().unwrap(), ["MY_KEY"]);
+        assert_eq!(
+            m.llm.describe(),
+            "openai-compatible endpoint http://127.0.0.1:11434/v1"
+        );
+        assert_eq!(m.llm.default_model(), "llama3.1");
+        assert_eq!(m.embedder.model(), "nomic-embed-text");
+        assert!(!format!("{:?}", m.llm).contains("sk-from-env"));
+    }
+
+    #[test]
+    fn incomplete_settings_are_refused() {
+        let mut c = ServeConfig::embedded();
+        c.llm_base_url = Some("https://api.openai.com/v1".into());
+        let e = Models::from_config_with(&c, no_env).err().unwrap();
+        assert_eq!(e.to_string(), "--llm-model is required with --llm-base-url");
+        let mut c = ServeConfig::embedded();
+        c.embedding_model = Some("text-embedding-3-small".into());
+        assert!(Models::from_config_with(&c, no_env).is_err());
+        let mut c = ServeConfig::embedded();
+        c.llm_base_url = Some("not a url".into());
+        c.llm_model = Some("m".into());
+        assert!(Models::from_config_with(&c, no_env).is_err());
+    }
+}

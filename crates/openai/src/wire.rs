@@ -1,0 +1,424 @@
+//! The OpenAI chat-completions and embeddings wire format: port types to
+//! request bodies, response bodies back to port types.
+
+use parlance_ports::{
+    CompletionChunk, CompletionRequest, CompletionResponse, FinishReason, Message, ResponseFormat,
+    Role, ToolCall, ToolChoice, Usage,
+};
+use serde_json::{Map, Value, json};
+
+/// Longest server error message kept.
+const MAX_ERROR_CHARS: usize = 300;
+
+/// The body of `POST /chat/completions`.
+pub(crate) fn chat_body(request: &CompletionRequest, model: &str, stream: bool) -> Value {
+    let mut body = Map::new();
+    body.insert(
+        "model".into(),
+        json!(request.model.as_deref().unwrap_or(model)),
+    );
+    body.insert(
+        "messages".into(),
+        Value::Array(request.messages.iter().map(message).collect()),
+    );
+    if let Some(t) = request.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(n) = request.max_tokens {
+        body.insert("max_tokens".into(), json!(n));
+    }
+    match &request.response_format {
+        ResponseFormat::Text => {}
+        ResponseFormat::JsonObject => {
+            body.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+        ResponseFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+        } => {
+            body.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": strict}}),
+            );
+        }
+    }
+    if !request.tools.is_empty() {
+        let tools = request
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters,
+                }})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(choice) = &request.tool_choice {
+        let v = match choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Function(name) => json!({"type": "function", "function": {"name": name}}),
+        };
+        body.insert("tool_choice".into(), v);
+    }
+    if stream {
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Value::Object(body)
+}
+
+fn message(m: &Message) -> Value {
+    let mut out = Map::new();
+    out.insert("role".into(), json!(m.role.as_str()));
+    if m.role == Role::Assistant && !m.tool_calls.is_empty() {
+        out.insert(
+            "content".into(),
+            if m.content.is_empty() {
+                Value::Null
+            } else {
+                json!(m.content)
+            },
+        );
+        let calls = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        out.insert("tool_calls".into(), Value::Array(calls));
+    } else {
+        out.insert("content".into(), json!(m.content));
+    }
+    if let Some(id) = &m.tool_call_id {
+        out.insert("tool_call_id".into(), json!(id));
+    }
+    Value::Object(out)
+}
+
+fn text(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_owned)
+}
+
+fn count(v: &Value, key: &str) -> u32 {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Usage from a `usage` object, when present and not null.
+pub(crate) fn usage(v: Option<&Value>) -> Option<Usage> {
+    let u = v.filter(|u| u.is_object())?;
+    let prompt = count(u, "prompt_tokens");
+    let completion = count(u, "completion_tokens");
+    let total = u
+        .get("total_tokens")
+        .and_then(Value::as_u64)
+        .map_or(prompt.saturating_add(completion), |n| {
+            u32::try_from(n).unwrap_or(u32::MAX)
+        });
+    Some(Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: total,
+    })
+}
+
+/// The server's call id, or `call_<index>` when it gave none (some local
+/// servers omit it, and a tool result must quote one).
+fn call_id(id: Option<&Value>, index: u64) -> String {
+    match id.and_then(Value::as_str) {
+        Some(id) if !id.is_empty() => id.to_owned(),
+        _ => format!("call_{index}"),
+    }
+}
+
+/// A whole chat-completion answer.
+pub(crate) fn chat_response(body: &Value, model: &str) -> Result<CompletionResponse, String> {
+    let choice = body
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .ok_or("response has no choices")?;
+    let msg = choice.get("message").ok_or("choice has no message")?;
+    let tool_calls = msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let f = c.get("function").unwrap_or(&Value::Null);
+                    Ok(ToolCall {
+                        id: call_id(c.get("id"), i as u64),
+                        name: f
+                            .get("name")
+                            .and_then(text)
+                            .ok_or("tool call has no function name")?,
+                        arguments: match f.get("arguments") {
+                            Some(Value::String(s)) => s.clone(),
+                            // Some servers send the arguments as an object.
+                            Some(v @ Value::Object(_)) => v.to_string(),
+                            _ => "{}".to_owned(),
+                        },
+                    })
+                })
+                .collect::<Result<Vec<_>, &str>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let finish_reason = match choice.get("finish_reason").and_then(Value::as_str) {
+        Some(r) => FinishReason::parse(r),
+        None if !tool_calls.is_empty() => FinishReason::ToolCalls,
+        None => FinishReason::Stop,
+    };
+    Ok(CompletionResponse {
+        model: body
+            .get("model")
+            .and_then(text)
+            .unwrap_or_else(|| model.to_owned()),
+        content: msg.get("content").and_then(text).unwrap_or_default(),
+        tool_calls,
+        finish_reason,
+        usage: usage(body.get("usage")),
+    })
+}
+
+/// The chunks one streamed `chat.completion.chunk` carries. `with_model`
+/// asks for a `Model` chunk (the first time a name is seen).
+pub(crate) fn stream_chunks(
+    body: &Value,
+    with_model: bool,
+) -> Result<Vec<CompletionChunk>, String> {
+    if let Some(err) = body.get("error") {
+        return Err(error_text(err));
+    }
+    let mut out = Vec::new();
+    if with_model && let Some(name) = body.get("model").and_then(text) {
+        out.push(CompletionChunk::Model { name });
+    }
+    let choices = body.get("choices").and_then(Value::as_array);
+    if let Some(choice) = choices.and_then(|c| c.first()) {
+        let delta = choice.get("delta").unwrap_or(&Value::Null);
+        if let Some(t) = delta.get("content").and_then(Value::as_str)
+            && !t.is_empty()
+        {
+            out.push(CompletionChunk::Content { text: t.to_owned() });
+        }
+        for (i, c) in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let f = c.get("function").unwrap_or(&Value::Null);
+            let index = c.get("index").and_then(Value::as_u64).unwrap_or(i as u64);
+            let name = f.get("name").and_then(text);
+            // The first piece (the one naming the function) always has an id.
+            let id = match (c.get("id").and_then(text), &name) {
+                (Some(id), _) if !id.is_empty() => Some(id),
+                (_, Some(_)) => Some(call_id(None, index)),
+                _ => None,
+            };
+            out.push(CompletionChunk::ToolCall {
+                index: u32::try_from(index).map_err(|_| "tool call index out of range")?,
+                id,
+                name,
+                arguments: f.get("arguments").and_then(text).unwrap_or_default(),
+            });
+        }
+        if let Some(r) = choice.get("finish_reason").and_then(Value::as_str) {
+            out.push(CompletionChunk::Finish {
+                reason: FinishReason::parse(r),
+            });
+        }
+    } else if choices.is_none() && body.get("usage").is_none() {
+        return Err("stream chunk has neither choices nor usage".to_owned());
+    }
+    if let Some(u) = usage(body.get("usage")) {
+        out.push(CompletionChunk::Usage { usage: u });
+    }
+    Ok(out)
+}
+
+/// The body of `POST /embeddings`.
+pub(crate) fn embeddings_body(texts: &[String], model: &str, dimensions: Option<usize>) -> Value {
+    let mut body = json!({"model": model, "input": texts, "encoding_format": "float"});
+    if let Some(d) = dimensions {
+        body["dimensions"] = json!(d);
+    }
+    body
+}
+
+/// The vectors of an embeddings answer, in input order.
+pub(crate) fn embeddings_response(body: &Value, expected: usize) -> Result<Vec<Vec<f32>>, String> {
+    let data = body
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or("response has no data")?;
+    if data.len() != expected {
+        return Err(format!("asked for {expected} vectors, got {}", data.len()));
+    }
+    let mut slots: Vec<Option<Vec<f32>>> = vec![None; expected];
+    for (i, item) in data.iter().enumerate() {
+        let index = item
+            .get("index")
+            .and_then(Value::as_u64)
+            .map_or(i, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let vector = item
+            .get("embedding")
+            .and_then(Value::as_array)
+            .ok_or("item has no embedding array")?
+            .iter()
+            .map(|x| {
+                x.as_f64()
+                    .map(|f| f as f32)
+                    .ok_or("embedding holds a non-number")
+            })
+            .collect::<Result<Vec<f32>, _>>()?;
+        let slot = slots.get_mut(index).ok_or("embedding index out of range")?;
+        if slot.replace(vector).is_some() {
+            return Err(format!("embedding index {index} given twice"));
+        }
+    }
+    let vectors: Vec<Vec<f32>> = slots.into_iter().flatten().collect();
+    if let Some(first) = vectors.first()
+        && vectors.iter().any(|v| v.len() != first.len())
+    {
+        return Err("vectors of different dimensions".to_owned());
+    }
+    Ok(vectors)
+}
+
+/// The message of an error body (`{"error": {"message": ...}}`,
+/// `{"error": "..."}`, or the raw text), cut to a readable length.
+pub(crate) fn error_message(body: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let msg = match parsed.as_ref().and_then(|v| v.get("error")) {
+        Some(e) => error_text(e),
+        None => String::from_utf8_lossy(body).trim().to_owned(),
+    };
+    truncate(&msg)
+}
+
+fn error_text(e: &Value) -> String {
+    let msg = match e {
+        Value::String(s) => s.clone(),
+        other => other
+            .get("message")
+            .and_then(text)
+            .unwrap_or_else(|| other.to_string()),
+    };
+    truncate(&msg)
+}
+
+fn truncate(s: &str) -> String {
+    if s.chars().count() > MAX_ERROR_CHARS {
+        let cut: String = s.chars().take(MAX_ERROR_CHARS).collect();
+        format!("{cut}...")
+    } else {
+        s.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use parlance_ports::{Message, ToolDefinition};
+
+    use super::*;
+
+    #[test]
+    fn requests_use_the_openai_shape() {
+        let req = CompletionRequest::new(vec![
+            Message::system("be brief"),
+            Message::assistant_tool_calls(vec![ToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: "{}".into(),
+            }]),
+            Message::tool("c1", "done"),
+        ])
+        .with_json_schema("judge", json!({"type": "object"}))
+        .with_tools(vec![ToolDefinition {
+            name: "f".into(),
+            description: "d".into(),
+            parameters: json!({"type": "object"}),
+        }])
+        .with_max_tokens(5)
+        .with_prompt_name("never sent");
+        let body = chat_body(&req, "m", true);
+        assert_eq!(
+            body,
+            json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                    {"role": "tool", "content": "done", "tool_call_id": "c1"}
+                ],
+                "max_tokens": 5,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "judge", "schema": {"type": "object"}, "strict": true}},
+                "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
+                "stream": true,
+                "stream_options": {"include_usage": true}
+            })
+        );
+    }
+
+    #[test]
+    fn answers_and_errors_are_read() {
+        let body = json!({"model": "gpt", "choices": [{"message": {"content": null, "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+        ]}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        let r = chat_response(&body, "m").unwrap();
+        assert_eq!(r.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert_eq!(r.usage, Some(Usage::new(3, 2)));
+        assert!(chat_response(&json!({"choices": []}), "m").is_err());
+        let no_id = json!({"choices": [{"message": {"tool_calls": [
+            {"function": {"name": "f", "arguments": "{}"}},
+            {"id": "", "function": {"name": "g", "arguments": "{}"}}
+        ]}}]});
+        let r = chat_response(&no_id, "m").unwrap();
+        assert_eq!(
+            (r.tool_calls[0].id.as_str(), r.tool_calls[1].id.as_str()),
+            ("call_0", "call_1")
+        );
+        assert_eq!(r.finish_reason, FinishReason::ToolCalls);
+        let piece = json!({"choices": [{"delta": {"tool_calls": [{"index": 2, "function": {"name": "f", "arguments": ""}}]}}]});
+        assert!(matches!(
+            &stream_chunks(&piece, false).unwrap()[0],
+            CompletionChunk::ToolCall { id: Some(id), .. } if id == "call_2"
+        ));
+        assert_eq!(
+            error_message(br#"{"error": {"message": "bad key"}}"#),
+            "bad key"
+        );
+        assert_eq!(
+            error_message(br#"{"error": "model not found"}"#),
+            "model not found"
+        );
+        assert_eq!(error_message(b"  plain  "), "plain");
+    }
+
+    #[test]
+    fn embeddings_are_put_back_in_input_order() {
+        let body = json!({"data": [
+            {"index": 1, "embedding": [0.0, 1.0]},
+            {"index": 0, "embedding": [1.0, 0.0]}
+        ]});
+        assert_eq!(
+            embeddings_response(&body, 2).unwrap(),
+            vec![vec![1.0, 0.0], vec![0.0, 1.0]]
+        );
+        assert!(embeddings_response(&body, 3).is_err());
+        let dup =
+            json!({"data": [{"index": 0, "embedding": [1.0]}, {"index": 0, "embedding": [1.0]}]});
+        assert!(embeddings_response(&dup, 2).is_err());
+    }
+}
