@@ -10,16 +10,11 @@
 #![forbid(unsafe_code)]
 
 mod audit;
-<<<<<<< HEAD
 mod conversation;
-
-pub use audit::MemoryAuditLog;
-pub use conversation::MemoryConversationStore;
-=======
 pub mod embedding;
 pub mod llm;
 
 pub use audit::MemoryAuditLog;
+pub use conversation::MemoryConversationStore;
 pub use embedding::HashingEmbedder;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};
->>>>>>> main

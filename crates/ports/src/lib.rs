@@ -12,21 +12,15 @@
 
 pub mod audit;
 pub mod clock;
-<<<<<<< HEAD
 pub mod conversation;
-=======
 pub mod embedding;
->>>>>>> main
 pub mod error;
 pub mod llm;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
-<<<<<<< HEAD
 pub use conversation::{Applied, ConversationStore, ListFilter};
-=======
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
->>>>>>> main
 pub use error::{ErrorKind, PortError, PortResult};
 pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,

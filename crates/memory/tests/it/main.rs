@@ -10,7 +10,6 @@ mod audit {
     });
 }
 
-<<<<<<< HEAD
 mod conversation {
     use std::sync::Arc;
 
@@ -23,7 +22,9 @@ mod conversation {
             store: Arc::new(MemoryConversationStore::new(audit.clone())),
             audit,
         })
-=======
+    });
+}
+
 mod llm {
     use std::sync::Arc;
 
@@ -75,6 +76,5 @@ mod embedding {
 
     parlance_testkit::embedding_suite!(async {
         Some(Arc::new(HashingEmbedder::default()) as parlance_testkit::embedding::Subject)
->>>>>>> main
     });
 }
