@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod conversation;
 pub mod demo;
 pub mod http;
 pub mod models;

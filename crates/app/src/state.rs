@@ -3,12 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_memory::{HashingEmbedder, MemoryAuditLog, OfflineLlm};
+use parlance_memory::{
+    HashingEmbedder, LoopbackChannel, MemoryAuditLog, MemoryConversationStore, OfflineLlm,
+};
 use parlance_ports::{
-    AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult, SystemClock,
+    AuditLog, Channel, Clock, ConversationStore, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult, SystemClock,
     UuidV7Ids,
 };
-use parlance_postgres::{PgAuditLog, PgPool};
+use parlance_postgres::{PgAuditLog, PgConversationStore, PgPool};
 
 use crate::auth::ApiKeys;
 
@@ -64,6 +66,10 @@ pub struct AppState {
     pub llm: Arc<dyn LlmClient>,
     /// The embedder (feature hashing unless configured).
     pub embedder: Arc<dyn EmbeddingProvider>,
+    /// Conversation instances, transcripts and delivery keys.
+    pub conversations: Arc<dyn ConversationStore>,
+    /// Where outbound conversation messages go.
+    pub channel: Arc<dyn Channel>,
 }
 
 impl AppState {
@@ -74,9 +80,12 @@ impl AppState {
 
     /// State on the in-memory adapters with the given clock and ids.
     pub fn memory_with(keys: ApiKeys, clock: Arc<dyn Clock>, ids: Arc<dyn IdGen>) -> Self {
+        let audit = Arc::new(MemoryAuditLog::new());
         Self {
             backend: Backend::Memory,
-            audit: Arc::new(MemoryAuditLog::new()),
+            conversations: Arc::new(MemoryConversationStore::new(audit.clone())),
+            channel: Arc::new(LoopbackChannel::new()),
+            audit,
             clock,
             ids,
             keys: Arc::new(keys),
@@ -90,6 +99,8 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            conversations: Arc::new(PgConversationStore::new(pool.clone())),
+            channel: Arc::new(LoopbackChannel::new()),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

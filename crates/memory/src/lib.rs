@@ -10,11 +10,13 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod channel;
 mod conversation;
 pub mod embedding;
 pub mod llm;
 
 pub use audit::MemoryAuditLog;
+pub use channel::LoopbackChannel;
 pub use conversation::MemoryConversationStore;
 pub use embedding::HashingEmbedder;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};

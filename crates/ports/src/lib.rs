@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod channel;
 pub mod clock;
 pub mod conversation;
 pub mod embedding;
@@ -18,6 +19,7 @@ pub mod error;
 pub mod llm;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
+pub use channel::{Channel, Outbound};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use conversation::{Applied, ConversationStore, ListFilter};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
