@@ -63,6 +63,9 @@ pub struct ServeConfig {
     /// feature-hashing embedder is used.
     #[arg(long, env = "PARLANCE_EMBEDDING_MODEL")]
     pub embedding_model: Option<String>,
+    /// Run no task worker inside the service (run `parlance worker` instead).
+    #[arg(long)]
+    pub no_worker: bool,
 }
 
 impl ServeConfig {
@@ -79,6 +82,7 @@ impl ServeConfig {
             llm_api_key_env: "OPENAI_API_KEY".to_owned(),
             llm_timeout: 60,
             embedding_model: None,
+            no_worker: false,
         }
     }
 }

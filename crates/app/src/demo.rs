@@ -23,6 +23,7 @@ const DEMO_KEY: &str = "pk_demo";
 /// Drives the service and writes what happens.
 pub struct Demo<W: Write> {
     app: Router,
+    state: AppState,
     clock: Arc<ManualClock>,
     out: W,
 }
@@ -34,7 +35,8 @@ impl<W: Write> Demo<W> {
         let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
         let state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
         Self {
-            app: router(state),
+            app: router(state.clone()),
+            state,
             clock,
             out,
         }
@@ -43,6 +45,11 @@ impl<W: Write> Demo<W> {
     /// The clock the scenes move.
     pub fn clock(&self) -> &ManualClock {
         &self.clock
+    }
+
+    /// The service's state, for scenes that drive a port directly.
+    pub fn state(&self) -> &AppState {
+        &self.state
     }
 
     /// Starts a scene with a heading.
@@ -93,6 +100,7 @@ impl<W: Write> Demo<W> {
 pub async fn run(out: impl Write) -> anyhow::Result<()> {
     let mut demo = Demo::new(out);
     service_scene(&mut demo).await?;
+    queue_scene(&mut demo).await?;
     Ok(())
 }
 
@@ -112,5 +120,67 @@ async fn service_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         s == StatusCode::UNAUTHORIZED,
         "unauthenticated call answered {s}"
     );
+    Ok(())
+}
+
+/// The task queue: a DAG with a fan-out, run by a worker one step at a time.
+async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
+    use crate::worker::{Handlers, RECORD_KIND, Worker, WorkerConfig, register_test_handlers};
+    use parlance_ports::{DagSpec, NodeSpec, WorkerId};
+
+    demo.scene("task queue: a DAG with a fan-out, run by a worker")?;
+    let state = demo.state().clone();
+    let node = |key: &str, label: &str| {
+        NodeSpec::new(key, RECORD_KIND, serde_json::json!({})).label(label)
+    };
+    let dag = DagSpec::new(ProductId::default_product())
+        .node(node("outline", "outlining"))
+        .node(node("draft-a", "drafting"))
+        .node(node("draft-b", "drafting"))
+        .node(node("merge", "merging"))
+        .edge("outline", "draft-a")
+        .edge("outline", "draft-b")
+        .edge("draft-a", "merge")
+        .edge("draft-b", "merge");
+    let id = state.queue.enqueue_dag(&dag).await?;
+    let status = state.queue.dag_status(id).await?;
+    demo.say(&format!(
+        "enqueued: {}/{} done, now {:?}",
+        status.done, status.total, status.labels
+    ))?;
+    let mut handlers = Handlers::new();
+    register_test_handlers(&mut handlers);
+    let worker = Worker::new(
+        WorkerId(state.ids.new_uuid()),
+        state.queue.clone(),
+        handlers,
+        state.clock.clone(),
+        WorkerConfig {
+            slots: 2,
+            ..WorkerConfig::default()
+        },
+    );
+    loop {
+        let step = worker.step().await?;
+        if step.claimed == 0 {
+            break;
+        }
+        let status = state.queue.dag_status(id).await?;
+        demo.say(&format!(
+            "worker step ran {} task(s): {}/{} done, now {:?}",
+            step.completed, status.done, status.total, status.labels
+        ))?;
+    }
+    let status = state.queue.dag_status(id).await?;
+    anyhow::ensure!(status.state.is_finished(), "the DAG did not finish");
+    let merged = state
+        .queue
+        .dag_results(id)
+        .await?
+        .into_iter()
+        .find(|n| n.key == "merge")
+        .and_then(|n| n.result)
+        .unwrap_or_default();
+    demo.say(&format!("{:?}; merge saw {merged}", status.state))?;
     Ok(())
 }

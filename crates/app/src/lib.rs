@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod auth;
 pub mod config;
 pub mod conversation;
@@ -17,6 +18,7 @@ pub mod models;
 pub mod serve;
 pub mod state;
 pub mod telemetry;
+pub mod worker;
 
 pub use config::{LogFormat, ServeConfig};
 pub use state::AppState;

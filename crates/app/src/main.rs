@@ -1,4 +1,5 @@
-//! The `parlance` command line: `serve`, `migrate`, `demo`.
+//! The `parlance` command line: `serve`, `worker`, `tasks`, `migrate`,
+//! `demo`.
 
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,10 @@ struct Cli {
 enum Command {
     /// Run the HTTP service (in memory unless a database URL is given).
     Serve(ServeConfig),
+    /// Run queued tasks from PostgreSQL until SIGINT or SIGTERM.
+    Worker(parlance_app::worker::command::WorkerArgs),
+    /// Inspect and retry dead-lettered tasks.
+    Tasks(parlance_app::worker::command::TasksArgs),
     /// Apply database migrations and exit.
     Migrate {
         /// PostgreSQL URL.
@@ -40,6 +45,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(config) => {
             telemetry::init(cli.log_format);
             serve::run(config).await
+        }
+        Command::Worker(args) => {
+            telemetry::init(cli.log_format);
+            parlance_app::worker::command::run(args).await
+        }
+        Command::Tasks(args) => {
+            telemetry::init(cli.log_format);
+            parlance_app::worker::command::tasks(args, std::io::stdout().lock()).await
         }
         Command::Migrate { database_url } => {
             telemetry::init(cli.log_format);

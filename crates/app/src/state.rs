@@ -4,13 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parlance_memory::{
-    HashingEmbedder, LoopbackChannel, MemoryAuditLog, MemoryConversationStore, OfflineLlm,
+    HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryConversationStore,
+    MemoryTaskQueue, OfflineLlm,
 };
 use parlance_ports::{
-    AuditLog, Channel, Clock, ConversationStore, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult, SystemClock,
-    UuidV7Ids,
+    AdoptionStore, AuditLog, Channel, Clock, ConversationStore, EmbeddingProvider, IdGen,
+    LlmClient, PortError, PortResult, QueueConfig, SystemClock, TaskQueue, UuidV7Ids,
 };
-use parlance_postgres::{PgAuditLog, PgConversationStore, PgPool};
+use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgConversationStore, PgPool, PgTaskQueue};
 
 use crate::auth::ApiKeys;
 
@@ -54,6 +55,10 @@ pub struct AppState {
     pub backend: Backend,
     /// Every transition, with its cause.
     pub audit: Arc<dyn AuditLog>,
+    /// User adoption records, onboarding plans and tour catalogs.
+    pub adoption: Arc<dyn AdoptionStore>,
+    /// The durable task queue.
+    pub queue: Arc<dyn TaskQueue>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -86,6 +91,8 @@ impl AppState {
             conversations: Arc::new(MemoryConversationStore::new(audit.clone())),
             channel: Arc::new(LoopbackChannel::new()),
             audit,
+            adoption: Arc::new(MemoryAdoptionStore::new()),
+            queue: Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default())),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -101,6 +108,12 @@ impl AppState {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
             conversations: Arc::new(PgConversationStore::new(pool.clone())),
             channel: Arc::new(LoopbackChannel::new()),
+            adoption: Arc::new(PgAdoptionStore::new(pool.clone())),
+            queue: Arc::new(PgTaskQueue::new(
+                pool.clone(),
+                Arc::new(SystemClock),
+                QueueConfig::default(),
+            )),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

@@ -9,9 +9,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod conversation;
 pub mod id;
 pub mod outcome;
+pub mod queue;
 pub mod structured;
 pub mod table;
 pub mod time;

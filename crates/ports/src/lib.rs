@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod audit;
 pub mod channel;
 pub mod clock;
@@ -17,7 +18,9 @@ pub mod conversation;
 pub mod embedding;
 pub mod error;
 pub mod llm;
+pub mod queue;
 
+pub use adoption::{AdoptionStore, StoredAdoption};
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use channel::{Channel, Outbound};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
@@ -28,4 +31,9 @@ pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,
     ToolChoice, ToolDefinition, Usage, chunks_of,
+};
+pub use queue::{
+    DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome, Lease,
+    LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport,
+    TaskId, TaskQueue, TaskSpec, WorkerId,
 };

@@ -9,14 +9,18 @@
 
 #![forbid(unsafe_code)]
 
+mod adoption;
 mod audit;
 mod conversation;
 pub mod error;
 mod pool;
+mod queue;
 pub mod testing;
 mod time;
 
+pub use adoption::PgAdoptionStore;
 pub use audit::PgAuditLog;
 pub use conversation::PgConversationStore;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
+pub use queue::PgTaskQueue;
 pub use sqlx::PgPool;

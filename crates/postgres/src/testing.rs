@@ -5,7 +5,7 @@
 //! `PARLANCE_REQUIRE_POSTGRES` is set (as `cargo xtask ci` does) a missing
 //! database fails the test instead. Each call creates its own database named
 //! `parlance_test_<pid>_<n>` and applies the migrations; databases left by
-//! test processes that are no longer running are dropped on first use.
+//! test processes that are no longer running are dropped in the background.
 
 use std::io::Write as _;
 use std::sync::Once;
@@ -20,7 +20,7 @@ pub const REQUIRE_ENV: &str = "PARLANCE_REQUIRE_POSTGRES";
 const PREFIX: &str = "parlance_test_";
 
 static SKIP_NOTICE: Once = Once::new();
-static CLEANUP: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+static CLEANUP: Once = Once::new();
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A pool on a new database with every migration applied, or `None` when no
@@ -50,9 +50,16 @@ pub async fn test_pool() -> Option<PgPool> {
     let mut admin = PgConnection::connect_with(&admin_opts)
         .await
         .unwrap_or_else(|e| panic!("cannot connect to DATABASE_URL: {e}"));
-    CLEANUP
-        .get_or_init(|| async { drop_stale_databases(&mut admin).await })
-        .await;
+    // In the background: dropping many databases is slow, and no test needs
+    // to wait for it (a later process finishes what this one leaves).
+    CLEANUP.call_once(|| {
+        let opts = admin_opts.clone();
+        tokio::spawn(async move {
+            if let Ok(mut conn) = PgConnection::connect_with(&opts).await {
+                drop_stale_databases(&mut conn).await;
+            }
+        });
+    });
     let name = format!(
         "{PREFIX}{}_{}",
         std::process::id(),

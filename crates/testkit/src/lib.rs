@@ -9,10 +9,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adoption;
 pub mod audit;
 pub mod conversation;
 pub mod embedding;
 pub mod llm;
+pub mod queue;
 
 pub use parlance_ports::{ManualClock, SequentialIds};
 

@@ -1,19 +1,19 @@
 //! The conversation agent: one turn reads the objective, the todos and the
 //! transcript, asks the model for exactly one action and applies it.
 
+use parlance_core::ProductId;
 use parlance_core::conversation::{ConversationState, Instance, InstanceId, Message, Role, Todo};
 use parlance_core::structured;
-use parlance_core::ProductId;
 use parlance_ports::{
-    Lease, PortError, TaskSpec, CompletionRequest, CompletionResponse, LlmError, Message as LlmMessage, ToolChoice,
-    ToolDefinition,
+    CompletionRequest, CompletionResponse, Lease, LlmError, Message as LlmMessage, PortError,
+    TaskSpec, ToolChoice, ToolDefinition,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::service;
-use crate::worker::{Handlers, TaskError, TaskHandler};
 use crate::state::AppState;
+use crate::worker::{Handlers, TaskError, TaskHandler};
 
 /// How many `update_todos` calls one turn may make before it must act.
 const MAX_TODO_UPDATES: usize = 3;
@@ -115,7 +115,8 @@ fn tools(follow_up: bool) -> Vec<ToolDefinition> {
         },
         ToolDefinition {
             name: "update_todos".into(),
-            description: "Rewrite the checklist (mark items done), then choose another action.".into(),
+            description: "Rewrite the checklist (mark items done), then choose another action."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -139,7 +140,11 @@ fn tools(follow_up: bool) -> Vec<ToolDefinition> {
 }
 
 /// The request for one decision.
-pub fn request_for(instance: &Instance, transcript: &[Message], follow_up: bool) -> CompletionRequest {
+pub fn request_for(
+    instance: &Instance,
+    transcript: &[Message],
+    follow_up: bool,
+) -> CompletionRequest {
     let todos = if instance.todos.is_empty() {
         "(none)".to_owned()
     } else {
@@ -177,7 +182,9 @@ pub fn request_for(instance: &Instance, transcript: &[Message], follow_up: bool)
         });
     }
     if transcript.is_empty() {
-        messages.push(LlmMessage::user("(the conversation has not started; write the first message)"));
+        messages.push(LlmMessage::user(
+            "(the conversation has not started; write the first message)",
+        ));
     }
     let mut request = CompletionRequest::new(messages)
         .with_prompt_name(if follow_up {
@@ -260,13 +267,20 @@ async fn act(
     state: &AppState,
     product: &ProductId,
     id: InstanceId,
-    command: impl FnOnce(&mut Instance, parlance_core::Timestamp) -> Result<parlance_core::conversation::Outcome, parlance_core::conversation::ConversationError>
-    + Send
+    command: impl FnOnce(
+        &mut Instance,
+        parlance_core::Timestamp,
+    ) -> Result<
+        parlance_core::conversation::Outcome,
+        parlance_core::conversation::ConversationError,
+    > + Send
     + 'static,
 ) -> Result<TurnResult, AgentError> {
     Ok(match service::apply(state, product, id, command).await? {
         Ok(applied) => TurnResult::Applied(applied.instance.state),
-        Err(parlance_core::conversation::ConversationError::NotAllowed { state, .. }) => TurnResult::Skipped(state),
+        Err(parlance_core::conversation::ConversationError::NotAllowed { state, .. }) => {
+            TurnResult::Skipped(state)
+        }
         Err(other) => return Err(AgentError::Unusable(other.to_string())),
     })
 }
@@ -278,13 +292,19 @@ async fn act(
 ///
 /// A model failure or an unusable answer (the task retries), or a store
 /// failure.
-pub async fn run_turn(state: &AppState, product: &ProductId, id: InstanceId) -> Result<TurnResult, AgentError> {
+pub async fn run_turn(
+    state: &AppState,
+    product: &ProductId,
+    id: InstanceId,
+) -> Result<TurnResult, AgentError> {
     let Some(instance) = state.conversations.get(product, id).await? else {
         return Ok(TurnResult::Skipped(ConversationState::Failed));
     };
     match instance.state {
         ConversationState::Created | ConversationState::WaitingForAgent => {
-            if let TurnResult::Skipped(other) = act(state, product, id, |i, now| i.begin_agent_turn(now)).await? {
+            if let TurnResult::Skipped(other) =
+                act(state, product, id, |i, now| i.begin_agent_turn(now)).await?
+            {
                 return Ok(TurnResult::Skipped(other));
             }
         }
@@ -299,7 +319,10 @@ pub async fn run_turn(state: &AppState, product: &ProductId, id: InstanceId) -> 
             return Ok(TurnResult::Skipped(instance.state));
         }
         let transcript = state.conversations.transcript(product, id).await?;
-        let response = state.llm.complete(&request_for(&instance, &transcript, false)).await?;
+        let response = state
+            .llm
+            .complete(&request_for(&instance, &transcript, false))
+            .await?;
         return match parse_action(&response)? {
             Action::UpdateTodos { todos } => {
                 match act(state, product, id, move |i, now| i.update_todos(todos, now)).await? {
@@ -307,14 +330,26 @@ pub async fn run_turn(state: &AppState, product: &ProductId, id: InstanceId) -> 
                     skipped => Ok(skipped),
                 }
             }
-            Action::SendMessage { text, next_heartbeat_s } => {
-                act(state, product, id, move |i, now| i.agent_send(text, next_heartbeat_s, now)).await
+            Action::SendMessage {
+                text,
+                next_heartbeat_s,
+            } => {
+                act(state, product, id, move |i, now| {
+                    i.agent_send(text, next_heartbeat_s, now)
+                })
+                .await
             }
             Action::EndConversation { outcome } => {
-                act(state, product, id, move |i, now| i.end_conversation(outcome, now)).await
+                act(state, product, id, move |i, now| {
+                    i.end_conversation(outcome, now)
+                })
+                .await
             }
             Action::RequestHuman { reason } => {
-                act(state, product, id, move |i, now| i.request_human(reason, now)).await
+                act(state, product, id, move |i, now| {
+                    i.request_human(reason, now)
+                })
+                .await
             }
         };
     }
@@ -330,7 +365,11 @@ pub async fn run_turn(state: &AppState, product: &ProductId, id: InstanceId) -> 
 ///
 /// A model failure or an unusable answer (the task retries), or a store
 /// failure.
-pub async fn run_follow_up(state: &AppState, product: &ProductId, id: InstanceId) -> Result<TurnResult, AgentError> {
+pub async fn run_follow_up(
+    state: &AppState,
+    product: &ProductId,
+    id: InstanceId,
+) -> Result<TurnResult, AgentError> {
     let Some(instance) = state.conversations.get(product, id).await? else {
         return Ok(TurnResult::Skipped(ConversationState::Failed));
     };
@@ -338,11 +377,21 @@ pub async fn run_follow_up(state: &AppState, product: &ProductId, id: InstanceId
         return Ok(TurnResult::Skipped(instance.state));
     }
     let transcript = state.conversations.transcript(product, id).await?;
-    let response = state.llm.complete(&request_for(&instance, &transcript, true)).await?;
-    let Action::SendMessage { text, next_heartbeat_s } = parse_action(&response)? else {
+    let response = state
+        .llm
+        .complete(&request_for(&instance, &transcript, true))
+        .await?;
+    let Action::SendMessage {
+        text,
+        next_heartbeat_s,
+    } = parse_action(&response)?
+    else {
         return Err(AgentError::Unusable("a follow-up must be a message".into()));
     };
-    act(state, product, id, move |i, now| i.send_follow_up(text, next_heartbeat_s, now)).await
+    act(state, product, id, move |i, now| {
+        i.send_follow_up(text, next_heartbeat_s, now)
+    })
+    .await
 }
 
 /// Task kind of an agent turn.
@@ -352,7 +401,11 @@ pub const FOLLOW_UP_KIND: &str = "conversation.follow_up";
 
 /// Queues the agent work an effect asks for. One pending task per instance
 /// and kind: a second request while one waits is folded into it.
-pub async fn schedule(state: &AppState, instance: &Instance, effect: &parlance_core::conversation::Effect) {
+pub async fn schedule(
+    state: &AppState,
+    instance: &Instance,
+    effect: &parlance_core::conversation::Effect,
+) {
     use parlance_core::conversation::Effect;
     let kind = match effect {
         Effect::EnqueueAgentTurn => TURN_KIND,
@@ -410,9 +463,13 @@ impl TaskHandler for AgentTaskHandler {
                 };
                 if task.attempt >= task.max_attempts {
                     let reason = message.clone();
-                    let failed = service::apply(&self.state, product, id, move |i, now| i.fail(reason, now)).await;
+                    let failed =
+                        service::apply(&self.state, product, id, move |i, now| i.fail(reason, now))
+                            .await;
                     if let Err(store) = failed {
-                        return Err(TaskError::retryable(format!("{message}; marking the conversation failed: {store}")));
+                        return Err(TaskError::retryable(format!(
+                            "{message}; marking the conversation failed: {store}"
+                        )));
                     }
                     return Err(TaskError::permanent(message));
                 }
@@ -424,6 +481,12 @@ impl TaskHandler for AgentTaskHandler {
 
 /// Registers the conversation agent's task kinds.
 pub fn register(handlers: &mut Handlers, state: &AppState) {
-    handlers.register(TURN_KIND, std::sync::Arc::new(AgentTaskHandler::new(state.clone(), false)));
-    handlers.register(FOLLOW_UP_KIND, std::sync::Arc::new(AgentTaskHandler::new(state.clone(), true)));
+    handlers.register(
+        TURN_KIND,
+        std::sync::Arc::new(AgentTaskHandler::new(state.clone(), false)),
+    );
+    handlers.register(
+        FOLLOW_UP_KIND,
+        std::sync::Arc::new(AgentTaskHandler::new(state.clone(), true)),
+    );
 }

@@ -99,7 +99,9 @@ pub fn parse_duration_s(s: &str) -> Result<u64, String> {
         Some((i, _)) => s.split_at(i),
         None => (s, "s"),
     };
-    let n: u64 = number.parse().map_err(|_| format!("not a duration: {s:?}"))?;
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?}"))?;
     let factor = match unit {
         "s" => 1,
         "m" => 60,
@@ -119,7 +121,11 @@ pub fn parse_duration_s(s: &str) -> Result<u64, String> {
 /// # Errors
 ///
 /// When the server cannot be reached or answers with an error.
-pub async fn run(client: ClientArgs, command: ConversationCommand, mut out: impl Write) -> anyhow::Result<()> {
+pub async fn run(
+    client: ClientArgs,
+    command: ConversationCommand,
+    mut out: impl Write,
+) -> anyhow::Result<()> {
     let base = format!(
         "{}/v1/products/{}",
         client.server.trim_end_matches('/'),
@@ -145,7 +151,11 @@ pub async fn run(client: ClientArgs, command: ConversationCommand, mut out: impl
             if let Some(c) = channel {
                 body["channel"] = json!(c);
             }
-            (reqwest::Method::POST, "/conversations".to_owned(), Some(body))
+            (
+                reqwest::Method::POST,
+                "/conversations".to_owned(),
+                Some(body),
+            )
         }
         ConversationCommand::List { contact, state } => {
             let mut query = Vec::new();
@@ -155,35 +165,66 @@ pub async fn run(client: ClientArgs, command: ConversationCommand, mut out: impl
             if let Some(s) = state {
                 query.push(format!("state={}", urlencode(s)));
             }
-            let q = if query.is_empty() { String::new() } else { format!("?{}", query.join("&")) };
+            let q = if query.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", query.join("&"))
+            };
             (reqwest::Method::GET, format!("/conversations{q}"), None)
         }
-        ConversationCommand::Get { id } | ConversationCommand::Transcript { id } => {
-            (reqwest::Method::GET, format!("/conversations/{}", urlencode(id)), None)
-        }
-        ConversationCommand::Pause { id } => (reqwest::Method::POST, format!("/conversations/{}/pause", urlencode(id)), None),
-        ConversationCommand::Resume { id } => (reqwest::Method::POST, format!("/conversations/{}/resume", urlencode(id)), None),
-        ConversationCommand::Cancel { id } => (reqwest::Method::POST, format!("/conversations/{}/cancel", urlencode(id)), None),
+        ConversationCommand::Get { id } | ConversationCommand::Transcript { id } => (
+            reqwest::Method::GET,
+            format!("/conversations/{}", urlencode(id)),
+            None,
+        ),
+        ConversationCommand::Pause { id } => (
+            reqwest::Method::POST,
+            format!("/conversations/{}/pause", urlencode(id)),
+            None,
+        ),
+        ConversationCommand::Resume { id } => (
+            reqwest::Method::POST,
+            format!("/conversations/{}/resume", urlencode(id)),
+            None,
+        ),
+        ConversationCommand::Cancel { id } => (
+            reqwest::Method::POST,
+            format!("/conversations/{}/cancel", urlencode(id)),
+            None,
+        ),
         ConversationCommand::Send { id, text } => (
             reqwest::Method::POST,
             format!("/conversations/{}/send", urlencode(id)),
             Some(json!({"text": text})),
         ),
     };
-    let mut request = http.request(method, format!("{base}{path}")).bearer_auth(&client.api_key);
+    let mut request = http
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(&client.api_key);
     if let Some(b) = &body {
         request = request.json(b);
     }
-    let response = request.send().await.with_context(|| format!("cannot reach {}", client.server))?;
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {}", client.server))?;
     let status = response.status();
     let answer: Value = response.json().await.unwrap_or(Value::Null);
     if !status.is_success() {
-        let detail = answer.get("detail").and_then(Value::as_str).unwrap_or("no detail");
+        let detail = answer
+            .get("detail")
+            .and_then(Value::as_str)
+            .unwrap_or("no detail");
         bail!("server answered {status}: {detail}");
     }
     if let ConversationCommand::Transcript { .. } = command {
         for m in answer["transcript"].as_array().into_iter().flatten() {
-            writeln!(out, "{}: {}", m["role"].as_str().unwrap_or("?"), m["text"].as_str().unwrap_or(""))?;
+            writeln!(
+                out,
+                "{}: {}",
+                m["role"].as_str().unwrap_or("?"),
+                m["text"].as_str().unwrap_or("")
+            )?;
         }
     } else {
         writeln!(out, "{}", serde_json::to_string_pretty(&answer)?)?;
@@ -195,7 +236,9 @@ pub async fn run(client: ClientArgs, command: ConversationCommand, mut out: impl
 fn urlencode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use super::service::{self, refusal};
+use super::service;
 use crate::auth::Tenant;
 use crate::http::{ApiError, ApiJson};
 use crate::state::AppState;
@@ -154,7 +154,8 @@ async fn create(
     Tenant(product): Tenant,
     ApiJson(body): ApiJson<CreateBody>,
 ) -> Result<(StatusCode, ApiJson<View>), ApiError> {
-    let instance_id = InstanceId::from_uuid(body.instance_id.unwrap_or_else(|| state.ids.new_uuid()));
+    let instance_id =
+        InstanceId::from_uuid(body.instance_id.unwrap_or_else(|| state.ids.new_uuid()));
     let new = NewInstance {
         product_id: product,
         instance_id,
@@ -278,7 +279,11 @@ async fn pause(
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(ApiJson(service::run(&state, &product, id, |i, now| i.pause(now)).await?.into()))
+    Ok(ApiJson(
+        service::run(&state, &product, id, |i, now| i.pause(now))
+            .await?
+            .into(),
+    ))
 }
 
 async fn resume(
@@ -287,7 +292,11 @@ async fn resume(
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(ApiJson(service::run(&state, &product, id, |i, now| i.resume(now)).await?.into()))
+    Ok(ApiJson(
+        service::run(&state, &product, id, |i, now| i.resume(now))
+            .await?
+            .into(),
+    ))
 }
 
 async fn cancel(
@@ -296,7 +305,11 @@ async fn cancel(
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(ApiJson(service::run(&state, &product, id, |i, now| i.cancel(now)).await?.into()))
+    Ok(ApiJson(
+        service::run(&state, &product, id, |i, now| i.cancel(now))
+            .await?
+            .into(),
+    ))
 }
 
 async fn send(
@@ -336,12 +349,12 @@ mod tests {
     #[test]
     fn refusals_map_to_409_and_422() {
         use parlance_core::conversation::ConversationError;
-        let e = refusal(ConversationError::NotAllowed {
+        let e = service::refusal(ConversationError::NotAllowed {
             command: "pause",
             state: ConversationState::Paused,
         });
         assert_eq!(e.status(), StatusCode::CONFLICT);
-        let e = refusal(ConversationError::Invalid {
+        let e = service::refusal(ConversationError::Invalid {
             field: "text",
             reason: "must not be empty".into(),
         });

@@ -37,7 +37,11 @@ pub fn refusal(e: ConversationError) -> ApiError {
 /// is down.
 pub async fn create(state: &AppState, new: NewInstance) -> Result<Instance, ApiError> {
     let now = state.clock.now();
-    let (instance, outcome) = state.conversations.create(new, now).await?.map_err(refusal)?;
+    let (instance, outcome) = state
+        .conversations
+        .create(new, now)
+        .await?
+        .map_err(refusal)?;
     execute(state, &instance, &outcome).await;
     Ok(instance)
 }
@@ -52,7 +56,9 @@ pub async fn apply(
     state: &AppState,
     product: &ProductId,
     id: InstanceId,
-    command: impl FnOnce(&mut Instance, Timestamp) -> Result<Outcome, ConversationError> + Send + 'static,
+    command: impl FnOnce(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>
+    + Send
+    + 'static,
 ) -> PortResult<Result<Applied, ConversationError>> {
     let now = state.clock.now();
     let boxed: Command = Box::new(move |i| command(i, now));
@@ -77,7 +83,9 @@ pub async fn run(
     state: &AppState,
     product: &ProductId,
     id: InstanceId,
-    command: impl FnOnce(&mut Instance, Timestamp) -> Result<Outcome, ConversationError> + Send + 'static,
+    command: impl FnOnce(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>
+    + Send
+    + 'static,
 ) -> Result<Applied, ApiError> {
     apply(state, product, id, command).await?.map_err(refusal)
 }
@@ -120,7 +128,12 @@ async fn deliver(
     let now = state.clock.now();
     let first = match state
         .conversations
-        .record_delivery(&instance.product_id, instance.instance_id, outbound_seq, now)
+        .record_delivery(
+            &instance.product_id,
+            instance.instance_id,
+            outbound_seq,
+            now,
+        )
         .await
     {
         Ok(first) => first,

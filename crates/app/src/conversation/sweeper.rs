@@ -26,9 +26,12 @@ pub async fn sweep_once(state: &AppState) -> parlance_ports::PortResult<usize> {
         let due = state.conversations.claim_due(now, BATCH, LEASE).await?;
         let claimed = due.len();
         for instance in due {
-            let applied = service::apply(state, &instance.product_id, instance.instance_id, |i, now| {
-                i.fire_heartbeat(now)
-            })
+            let applied = service::apply(
+                state,
+                &instance.product_id,
+                instance.instance_id,
+                |i, now| i.fire_heartbeat(now),
+            )
             .await?;
             fired += usize::from(applied.is_ok());
         }

@@ -78,3 +78,27 @@ mod embedding {
         Some(Arc::new(HashingEmbedder::default()) as parlance_testkit::embedding::Subject)
     });
 }
+
+mod adoption {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryAdoptionStore;
+
+    parlance_testkit::adoption_store_suite!(async {
+        Some(Arc::new(MemoryAdoptionStore::new()) as parlance_testkit::adoption::Subject)
+    });
+}
+
+mod queue {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryTaskQueue;
+    use parlance_testkit::ManualClock;
+    use parlance_testkit::queue::{Subject, config};
+
+    parlance_testkit::task_queue_suite!(async {
+        let clock = Arc::new(ManualClock::new());
+        let queue = Arc::new(MemoryTaskQueue::new(clock.clone(), config()));
+        Some(Subject::new(queue, clock))
+    });
+}

@@ -26,3 +26,30 @@ mod conversation {
         })
     });
 }
+
+mod adoption {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgAdoptionStore, testing::test_pool};
+
+    parlance_testkit::adoption_store_suite!(async {
+        test_pool()
+            .await
+            .map(|pool| Arc::new(PgAdoptionStore::new(pool)) as parlance_testkit::adoption::Subject)
+    });
+}
+
+mod queue {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgTaskQueue, testing::test_pool};
+    use parlance_testkit::ManualClock;
+    use parlance_testkit::queue::{Subject, config};
+
+    parlance_testkit::task_queue_suite!(async {
+        let pool = test_pool().await?;
+        let clock = Arc::new(ManualClock::new());
+        let queue = Arc::new(PgTaskQueue::new(pool, clock.clone(), config()));
+        Some(Subject::new(queue, clock))
+    });
+}

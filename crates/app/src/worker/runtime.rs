@@ -1,0 +1,390 @@
+//! The worker: slots, the claim/execute/finish cycle and its driver loop.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parlance_ports::{
+    Clock, FailOutcome, Lease, PortError, PortResult, TaskId, TaskQueue, WorkerId,
+};
+use tokio::task::JoinSet;
+use tracing::Instrument as _;
+
+use super::{Handlers, TaskError};
+
+/// Tuning of one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The queue to claim from.
+    pub queue: String,
+    /// Tasks run at once; the worker never claims more than its free slots.
+    pub slots: usize,
+    /// The deadline of an attempt whose task sets no timeout.
+    pub lease: Duration,
+    /// How often the worker says it is alive.
+    pub heartbeat_every: Duration,
+    /// The longest wait between claims when no hint arrives.
+    pub poll_every: Duration,
+    /// How often this worker sweeps expired leases (every worker does; the
+    /// sweep is safe to run concurrently).
+    pub sweep_every: Duration,
+    /// Finished tasks and runs older than this are deleted.
+    pub retention: Duration,
+    /// On shutdown, how long running tasks may take before their leases
+    /// are released.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for WorkerConfig {
+    /// Queue `default`, 4 slots, 5 min leases, heartbeat and sweep every 5 s,
+    /// poll every second, 24 h retention, 10 s grace.
+    fn default() -> Self {
+        Self {
+            queue: parlance_ports::queue::DEFAULT_QUEUE.to_owned(),
+            slots: 4,
+            lease: Duration::from_secs(300),
+            heartbeat_every: Duration::from_secs(5),
+            poll_every: Duration::from_secs(1),
+            sweep_every: Duration::from_secs(5),
+            retention: Duration::from_secs(24 * 3600),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What one [`Worker::step`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StepReport {
+    /// Tasks claimed.
+    pub claimed: usize,
+    /// Tasks completed.
+    pub completed: usize,
+    /// Failed attempts that will be retried.
+    pub retried: usize,
+    /// Tasks discarded (dead-lettered).
+    pub discarded: usize,
+    /// Failed tasks cancelled instead of retried (their DAG is over).
+    pub cancelled: usize,
+    /// Results dropped because the lease was lost meanwhile.
+    pub lost: usize,
+}
+
+impl StepReport {
+    fn add(&mut self, finish: Finish) {
+        match finish {
+            Finish::Completed => self.completed += 1,
+            Finish::Retried => self.retried += 1,
+            Finish::Discarded => self.discarded += 1,
+            Finish::Cancelled => self.cancelled += 1,
+            Finish::Lost => self.lost += 1,
+        }
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    Completed,
+    Retried,
+    Discarded,
+    Cancelled,
+    Lost,
+}
+
+/// Runs tasks from one queue with registered handlers.
+#[derive(Clone)]
+pub struct Worker {
+    id: WorkerId,
+    queue: Arc<dyn TaskQueue>,
+    handlers: Arc<Handlers>,
+    clock: Arc<dyn Clock>,
+    config: WorkerConfig,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.id)
+            .field("handlers", &self.handlers)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// A worker named `id` on `queue`.
+    pub fn new(
+        id: WorkerId,
+        queue: Arc<dyn TaskQueue>,
+        handlers: Handlers,
+        clock: Arc<dyn Clock>,
+        config: WorkerConfig,
+    ) -> Self {
+        Self {
+            id,
+            queue,
+            handlers: Arc::new(handlers),
+            clock,
+            config,
+        }
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> WorkerId {
+        self.id
+    }
+
+    /// Claims up to one task per slot, runs them concurrently and records
+    /// each outcome. Returns at once when nothing is runnable.
+    ///
+    /// # Errors
+    ///
+    /// When the claim itself fails; a failure to record one task's outcome
+    /// is logged and leaves that task to the lease sweeper.
+    pub async fn step(&self) -> PortResult<StepReport> {
+        let leases = self.claim(self.config.slots.max(1)).await?;
+        let mut report = StepReport {
+            claimed: leases.len(),
+            ..StepReport::default()
+        };
+        let mut set = JoinSet::new();
+        for lease in leases {
+            let this = self.clone();
+            set.spawn(async move { this.execute(lease).await });
+        }
+        while let Some(done) = set.join_next().await {
+            if let Ok(Some(finish)) = done {
+                report.add(finish);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs until `shutdown` resolves, then stops claiming, waits up to the
+    /// grace period for running tasks and releases the leases still held.
+    ///
+    /// # Errors
+    ///
+    /// Never for a queue error (those are logged and retried after the poll
+    /// interval); the `Result` is for future fatal conditions.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> PortResult<()> {
+        tracing::info!(
+            worker = %self.id,
+            queue = %self.config.queue,
+            slots = self.config.slots,
+            kinds = ?self.handlers.kinds(),
+            "worker started"
+        );
+        let background = tokio::spawn(self.clone().background());
+        let mut running: JoinSet<(TaskId, Option<Finish>)> = JoinSet::new();
+        let mut held: HashMap<TaskId, Lease> = HashMap::new();
+        tokio::pin!(shutdown);
+        loop {
+            let free = self.config.slots.max(1).saturating_sub(running.len());
+            let mut claimed = 0;
+            if free > 0 {
+                match self.claim(free).await {
+                    Ok(leases) => {
+                        claimed = leases.len();
+                        for lease in leases {
+                            held.insert(lease.task_id, lease.clone());
+                            let this = self.clone();
+                            running.spawn(async move {
+                                let id = lease.task_id;
+                                (id, this.execute(lease).await)
+                            });
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "claim failed; retrying after the poll"),
+                }
+            }
+            if claimed > 0 && claimed == free {
+                // Full batch: there may be more; loop once a slot frees.
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    Some(done) = running.join_next() => forget(&mut held, done),
+                }
+                continue;
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                Some(done) = running.join_next(), if !running.is_empty() => forget(&mut held, done),
+                () = self.queue.wait_for_work(&self.config.queue, self.config.poll_every), if free > 0 => {}
+            }
+        }
+        tracing::info!(worker = %self.id, running = running.len(), "worker stopping");
+        let grace = tokio::time::sleep(self.config.shutdown_grace);
+        tokio::pin!(grace);
+        while !running.is_empty() {
+            tokio::select! {
+                () = &mut grace => break,
+                Some(done) = running.join_next() => forget(&mut held, done),
+            }
+        }
+        running.abort_all();
+        while let Some(done) = running.join_next().await {
+            forget(&mut held, done);
+        }
+        for lease in held.values() {
+            match self.queue.release(lease).await {
+                Ok(()) => tracing::info!(task_id = %lease.task_id, "lease released"),
+                Err(e) if e.is_lease_lost() => {}
+                Err(e) => tracing::warn!(task_id = %lease.task_id, error = %e, "release failed"),
+            }
+        }
+        background.abort();
+        tracing::info!(worker = %self.id, "worker stopped");
+        Ok(())
+    }
+
+    async fn claim(&self, max: usize) -> PortResult<Vec<Lease>> {
+        self.queue
+            .claim(&self.id, &self.config.queue, max, self.config.lease)
+            .await
+    }
+
+    /// Heartbeats, sweeps and purges until aborted.
+    async fn background(self) {
+        let mut heartbeat = tokio::time::interval(self.config.heartbeat_every);
+        let mut sweep = tokio::time::interval(self.config.sweep_every);
+        let purge_every = Duration::from_secs(3600).min(self.config.retention);
+        let mut purge = tokio::time::interval(purge_every.max(Duration::from_secs(1)));
+        loop {
+            tokio::select! {
+                _ = heartbeat.tick() => {
+                    if let Err(e) = self.queue.heartbeat(&self.id).await {
+                        tracing::warn!(error = %e, "heartbeat failed");
+                    }
+                }
+                _ = sweep.tick() => match self.queue.recover_expired().await {
+                    Ok(r) if r.requeued + r.discarded + r.cancelled > 0 => tracing::info!(
+                        requeued = r.requeued,
+                        discarded = r.discarded,
+                        cancelled = r.cancelled,
+                        "expired leases recovered"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
+                },
+                _ = purge.tick() => {
+                    let before = self.clock.now() - self.config.retention;
+                    match self.queue.purge_finished(before).await {
+                        Ok(n) if n > 0 => tracing::info!(rows = n, "finished rows purged"),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "purge failed"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one attempt and records its outcome; `None` when recording
+    /// failed for a reason other than a lost lease (the sweeper will return
+    /// the task).
+    async fn execute(&self, lease: Lease) -> Option<Finish> {
+        let span = tracing::info_span!(
+            "task",
+            task_id = %lease.task_id,
+            kind = %lease.kind,
+            attempt = lease.attempt,
+            dag_id = lease.dag.as_ref().map(|d| d.dag_id.0),
+            node = lease.dag.as_ref().map(|d| d.node.as_str()),
+        );
+        async move {
+            let outcome = self.invoke(&lease).await;
+            let recorded = match outcome {
+                Ok(result) => match self.queue.complete(&lease, result).await {
+                    Ok(()) => Ok(Finish::Completed),
+                    // The queue refused the result itself (a map node that
+                    // did not return a list): no retry can fix that.
+                    Err(e) if e.kind == parlance_ports::ErrorKind::Invalid => {
+                        self.fail(&lease, &TaskError::permanent(e.message)).await
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(err) => self.fail(&lease, &err).await,
+            };
+            match recorded {
+                Ok(finish) => {
+                    tracing::debug!(?finish, "task finished");
+                    Some(finish)
+                }
+                Err(e) if e.is_lease_lost() => {
+                    tracing::info!("lease lost; result dropped");
+                    Some(Finish::Lost)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not record the task's outcome");
+                    None
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn fail(&self, lease: &Lease, err: &TaskError) -> Result<Finish, PortError> {
+        match self.queue.fail(lease, &err.message, err.retryable).await? {
+            FailOutcome::Retrying { run_at } => {
+                tracing::info!(error = %err, %run_at, "attempt failed; will retry");
+                Ok(Finish::Retried)
+            }
+            FailOutcome::Discarded => {
+                tracing::warn!(error = %err, "task discarded");
+                Ok(Finish::Discarded)
+            }
+            FailOutcome::Cancelled => {
+                tracing::info!(error = %err, "attempt failed; its DAG is over");
+                Ok(Finish::Cancelled)
+            }
+        }
+    }
+
+    /// Calls the handler within the attempt's deadline, on its own task so a
+    /// panic is contained.
+    async fn invoke(&self, lease: &Lease) -> Result<serde_json::Value, TaskError> {
+        let Some(handler) = self.handlers.get(&lease.kind).cloned() else {
+            return Err(TaskError::permanent(format!(
+                "no handler for task kind {:?}",
+                lease.kind
+            )));
+        };
+        let budget = lease.expires_at.saturating_duration_since(self.clock.now());
+        let task = lease.clone();
+        let mut run = AbortOnDrop(tokio::spawn(
+            async move { handler.run(&task).await }.instrument(tracing::Span::current()),
+        ));
+        match tokio::time::timeout(budget, &mut run.0).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(TaskError::retryable(if join.is_panic() {
+                "handler panicked"
+            } else {
+                "handler was cancelled"
+            })),
+            Err(_) => Err(TaskError::retryable(format!(
+                "timed out after {} ms",
+                budget.as_millis()
+            ))),
+        }
+    }
+}
+
+fn forget(
+    held: &mut HashMap<TaskId, Lease>,
+    done: Result<(TaskId, Option<Finish>), tokio::task::JoinError>,
+) {
+    if let Ok((id, _)) = done {
+        held.remove(&id);
+    }
+}
+
+/// Aborts the handler's task when the attempt is abandoned (timed out, or
+/// the worker shutting down aborted it).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

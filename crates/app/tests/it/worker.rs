@@ -1,0 +1,480 @@
+//! The worker runtime: `step()` on the in-memory queue, shutdown, and a real
+//! `parlance worker` process killed in the middle of a DAG on PostgreSQL.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use parlance_app::worker::{
+    Handlers, RECORD_KIND, SLEEP_KIND, TaskError, TaskHandler, Worker, WorkerConfig,
+    register_test_handlers,
+};
+use parlance_core::ProductId;
+use parlance_memory::MemoryTaskQueue;
+use parlance_ports::{
+    DagId, DagSpec, DagState, Lease, ManualClock, MapSpec, NodeSpec, QueueConfig, SystemClock,
+    TaskQueue, TaskSpec, WorkerId,
+};
+use parlance_postgres::PgTaskQueue;
+use parlance_postgres::testing::test_pool;
+use serde_json::{Value, json};
+
+fn product() -> ProductId {
+    ProductId::parse("acme").unwrap()
+}
+
+fn memory_queue() -> (Arc<dyn TaskQueue>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new());
+    let queue = Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default()));
+    (queue, clock)
+}
+
+fn worker(queue: Arc<dyn TaskQueue>, clock: Arc<ManualClock>, handlers: Handlers) -> Worker {
+    let config = WorkerConfig {
+        slots: 3,
+        shutdown_grace: Duration::from_millis(100),
+        ..WorkerConfig::default()
+    };
+    Worker::new(WorkerId(uuid_from(1)), queue, handlers, clock, config)
+}
+
+fn uuid_from(n: u128) -> uuid::Uuid {
+    uuid::Uuid::from_u128(n)
+}
+
+fn test_handlers() -> Handlers {
+    let mut h = Handlers::new();
+    register_test_handlers(&mut h);
+    h
+}
+
+/// `{"node": key, "inputs": [...]}`, what the test handlers answer.
+fn r(node: &str, inputs: Vec<Value>) -> Value {
+    json!({"node": node, "inputs": inputs})
+}
+
+/// A chain into a fan-out of sleepers and a map, joined, then one more step:
+/// `start -> s0..s{n-1} -> join -> end` and `start -> list (map over 4) -> join`.
+fn mixed_dag(sleepers: usize, ms: u64, file: Option<&str>) -> DagSpec {
+    let extra = |mut v: Value| {
+        if let Some(f) = file {
+            v["file"] = json!(f);
+        }
+        v
+    };
+    let mut dag = DagSpec::new(product())
+        .node(NodeSpec::new("start", RECORD_KIND, extra(json!({}))))
+        .node(
+            NodeSpec::new("list", RECORD_KIND, extra(json!({"result": [1, 2, 3, 4]}))).map(
+                MapSpec {
+                    kind: SLEEP_KIND.to_owned(),
+                    payload: extra(json!({"ms": ms})),
+                    label: Some("mapping".to_owned()),
+                },
+            ),
+        )
+        .node(NodeSpec::new("join", RECORD_KIND, extra(json!({}))))
+        .node(NodeSpec::new("end", RECORD_KIND, extra(json!({}))))
+        .edge("start", "list");
+    for i in 0..sleepers {
+        dag = dag
+            .node(
+                NodeSpec::new(format!("s{i}"), SLEEP_KIND, extra(json!({"ms": ms})))
+                    .label("sleeping"),
+            )
+            .edge("start", format!("s{i}"))
+            .edge(format!("s{i}"), "join");
+    }
+    dag.edge("list", "join").edge("join", "end")
+}
+
+/// The result `end` must have when every node ran once with its inputs.
+fn mixed_expected(sleepers: usize) -> Value {
+    let start = r("start", vec![]);
+    let mut join_inputs: Vec<Value> = (0..sleepers)
+        .map(|i| r(&format!("s{i}"), vec![start.clone()]))
+        .collect();
+    let mapped: Vec<Value> = (0..4)
+        .map(|i| r(&format!("list[{i}]"), vec![json!(i + 1)]))
+        .collect();
+    join_inputs.push(Value::Array(mapped));
+    r("end", vec![r("join", join_inputs)])
+}
+
+/// Total nodes once the map has expanded: declared + 4 elements + combine.
+fn mixed_total(sleepers: usize) -> u32 {
+    u32::try_from(4 + sleepers + 4 + 1).unwrap()
+}
+
+async fn final_result(queue: &dyn TaskQueue, id: DagId) -> Value {
+    queue
+        .dag_results(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|n| n.key == "end")
+        .and_then(|n| n.result)
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn step_drains_a_dag_on_memory() {
+    let (queue, clock) = memory_queue();
+    let w = worker(queue.clone(), clock, test_handlers());
+    let id = queue.enqueue_dag(&mixed_dag(3, 0, None)).await.unwrap();
+    let mut steps = 0;
+    loop {
+        let report = w.step().await.unwrap();
+        if report.claimed == 0 {
+            break;
+        }
+        assert_eq!(report.completed, report.claimed, "{report:?}");
+        assert!(report.claimed <= 3, "never more than the slots");
+        steps += 1;
+    }
+    assert!(steps >= 5, "a DAG runs in dependency waves: {steps}");
+    let st = queue.dag_status(id).await.unwrap();
+    assert_eq!(st.state, DagState::Completed);
+    assert_eq!((st.done, st.total), (mixed_total(3), mixed_total(3)));
+    assert_eq!(final_result(queue.as_ref(), id).await, mixed_expected(3));
+}
+
+struct Flaky {
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl TaskHandler for Flaky {
+    async fn run(&self, _task: &Lease) -> Result<Value, TaskError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(TaskError::retryable("upstream 503"))
+    }
+}
+
+#[tokio::test]
+async fn step_retries_with_back_off_then_discards() {
+    let (queue, clock) = memory_queue();
+    let flaky = Arc::new(Flaky {
+        calls: AtomicUsize::new(0),
+    });
+    let mut handlers = Handlers::new();
+    handlers.register("flaky", flaky.clone());
+    let w = worker(queue.clone(), clock.clone(), handlers);
+    queue
+        .enqueue(&[
+            TaskSpec::new(product(), "flaky", json!({})).max_attempts(2),
+            TaskSpec::new(product(), "nobody-handles-this", json!({})),
+        ])
+        .await
+        .unwrap();
+    let first = w.step().await.unwrap();
+    assert_eq!(
+        (first.claimed, first.retried, first.discarded),
+        (2, 1, 1),
+        "an unknown kind is discarded at once: {first:?}"
+    );
+    assert_eq!(w.step().await.unwrap().claimed, 0, "backing off");
+    clock.advance(Duration::from_secs(3));
+    let second = w.step().await.unwrap();
+    assert_eq!((second.claimed, second.discarded), (1, 1));
+    assert_eq!(flaky.calls.load(Ordering::SeqCst), 2);
+}
+
+#[derive(Default)]
+struct Slow {
+    started: AtomicUsize,
+}
+
+#[async_trait]
+impl TaskHandler for Slow {
+    async fn run(&self, _task: &Lease) -> Result<Value, TaskError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok(json!("never"))
+    }
+}
+
+#[tokio::test]
+async fn a_handler_past_its_deadline_fails_retryably() {
+    let (queue, clock) = memory_queue();
+    let mut handlers = Handlers::new();
+    handlers.register("slow", Arc::new(Slow::default()));
+    let w = worker(queue.clone(), clock, handlers);
+    queue
+        .enqueue(&[TaskSpec::new(product(), "slow", json!({})).timeout(Duration::from_millis(50))])
+        .await
+        .unwrap();
+    let report = w.step().await.unwrap();
+    assert_eq!((report.claimed, report.retried), (1, 1), "{report:?}");
+}
+
+#[tokio::test]
+async fn shutdown_releases_the_leases_still_held() {
+    let (queue, clock) = memory_queue();
+    let slow = Arc::new(Slow::default());
+    let mut handlers = Handlers::new();
+    handlers.register("slow", slow.clone());
+    let w = worker(queue.clone(), clock, handlers);
+    queue
+        .enqueue(&[
+            TaskSpec::new(product(), "slow", json!({})).max_attempts(1),
+            TaskSpec::new(product(), "slow", json!({})).max_attempts(1),
+        ])
+        .await
+        .unwrap();
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(w.run(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    wait_until("both tasks to start", Duration::from_secs(5), || {
+        let n = slow.started.load(Ordering::SeqCst);
+        async move { n == 2 }
+    })
+    .await;
+    let other = WorkerId(uuid_from(2));
+    let probe = queue
+        .claim(&other, "default", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(probe.is_empty(), "the worker holds both tasks");
+    stop.send(true).unwrap();
+    run.await.unwrap().unwrap();
+    let back = queue
+        .claim(&other, "default", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(back.len(), 2, "released, not lost");
+    assert!(
+        back.iter().all(|l| l.attempt == 1),
+        "a released attempt does not count"
+    );
+}
+
+/// `DATABASE_URL` pointed at the test pool's own database.
+fn url_for(pool: &parlance_postgres::PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").unwrap();
+    let db = pool.connect_options().get_database().unwrap().to_owned();
+    let (head, _) = base.split_once('?').unwrap_or((&base, ""));
+    let (server, _) = head.rsplit_once('/').unwrap();
+    format!("{server}/{db}")
+}
+
+fn spawn_worker(url: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_parlance"))
+        .args([
+            "worker",
+            "--slots",
+            "3",
+            "--heartbeat-ms",
+            "200",
+            "--stale-after-secs",
+            "2",
+            "--sweep-ms",
+            "250",
+            "--test-handlers",
+        ])
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start parlance worker")
+}
+
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_process_loses_no_dag_node() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let url = url_for(&pool);
+    let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
+    let dir = std::env::temp_dir().join(format!("parlance-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("record.jsonl");
+    let _ = std::fs::remove_file(&file);
+    const SLEEPERS: usize = 6;
+    let id = queue
+        .enqueue_dag(&mixed_dag(SLEEPERS, 600, file.to_str()))
+        .await
+        .unwrap();
+
+    let mut first = spawn_worker(&url);
+    // Kill it while sleepers run and some nodes are already done.
+    wait_until(
+        "nodes to finish and sleepers to run",
+        Duration::from_secs(30),
+        || {
+            let (q, p) = (&queue, pool.clone());
+            async move {
+                let st = q.dag_status(id).await.unwrap();
+                let running = sqlx_count(
+                    &p,
+                    "SELECT count(*) FROM jobs WHERE dag_run_id = $1 AND state = 1",
+                    id,
+                )
+                .await;
+                st.done >= 1 && running >= 2
+            }
+        },
+    )
+    .await;
+    first.kill().expect("SIGKILL the worker");
+    first.wait().unwrap();
+    let cut: Vec<i64> = sqlx_ids(
+        &pool,
+        "SELECT node_id FROM jobs WHERE dag_run_id = $1 AND state = 1",
+        id,
+    )
+    .await;
+    assert!(!cut.is_empty(), "the kill interrupted running nodes");
+    let done_at_kill = queue.dag_status(id).await.unwrap().done;
+    assert!(done_at_kill < mixed_total(SLEEPERS), "killed mid-DAG");
+
+    let mut second = spawn_worker(&url);
+    wait_until("the DAG to finish", Duration::from_secs(60), || {
+        let q = &queue;
+        async move { q.dag_status(id).await.unwrap().state.is_finished() }
+    })
+    .await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+
+    let st = queue.dag_status(id).await.unwrap();
+    assert_eq!(st.state, DagState::Completed, "{st:?}");
+    assert_eq!(
+        (st.done, st.total),
+        (mixed_total(SLEEPERS), mixed_total(SLEEPERS))
+    );
+    assert_eq!(final_result(&queue, id).await, mixed_expected(SLEEPERS));
+    // Each node's result was recorded by exactly one completed job.
+    let per_node: Vec<(i64, i64, i32)> = sqlx::query_as(
+        "SELECT node_id, count(*) FILTER (WHERE state = 2), max(attempt) \
+         FROM jobs WHERE dag_run_id = $1 GROUP BY node_id",
+    )
+    .bind(id.0)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        per_node.len(),
+        mixed_total(SLEEPERS) as usize - 1,
+        "every node but the combine ran as a job"
+    );
+    for (node, completed, attempts) in &per_node {
+        assert_eq!(*completed, 1, "node {node} completed {completed} times");
+        if cut.contains(node) {
+            assert_eq!(*attempts, 2, "node {node} was re-run after the kill");
+        } else {
+            assert_eq!(*attempts, 1, "node {node} ran once");
+        }
+    }
+    // The handlers' own records: every node ran; only interrupted ones twice.
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    for line in std::fs::read_to_string(&file).unwrap().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        *runs
+            .entry(v["node"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    let keys: HashMap<i64, String> = sqlx::query_as::<_, (i64, String)>(
+        "SELECT id, key FROM dag_nodes WHERE dag_run_id = $1 AND role = 0",
+    )
+    .bind(id.0)
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    for (node, key) in &keys {
+        let n = runs.get(key).copied().unwrap_or(0);
+        if cut.contains(node) {
+            assert!((1..=2).contains(&n), "{key} recorded {n} times");
+        } else {
+            assert_eq!(n, 1, "{key} recorded {n} times");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn sqlx_count(pool: &parlance_postgres::PgPool, sql: &str, id: DagId) -> i64 {
+    sqlx::query_scalar(sql)
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn sqlx_ids(pool: &parlance_postgres::PgPool, sql: &str, id: DagId) -> Vec<i64> {
+    sqlx::query_scalar(sql)
+        .bind(id.0)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn operators_list_and_retry_dead_letters() {
+    use parlance_app::worker::command::{TasksAction, TasksArgs, tasks};
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let url = url_for(&pool);
+    let queue = PgTaskQueue::new(pool, Arc::new(SystemClock), QueueConfig::default());
+    let id = queue
+        .enqueue(&[TaskSpec::new(product(), "doomed", json!({}))])
+        .await
+        .unwrap()[0]
+        .unwrap();
+    let lease = queue
+        .claim(
+            &WorkerId(uuid_from(1)),
+            "default",
+            1,
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    queue.fail(&lease, "bad input", false).await.unwrap();
+    let run = |action| {
+        let args = TasksArgs {
+            database_url: url.clone(),
+            action,
+        };
+        async move {
+            let mut out = Vec::new();
+            tasks(args, &mut out)
+                .await
+                .map(|()| String::from_utf8(out).unwrap())
+        }
+    };
+    let listed = run(TasksAction::Discarded {
+        queue: "default".to_owned(),
+        limit: 10,
+    })
+    .await
+    .unwrap();
+    let line: Value = serde_json::from_str(listed.trim()).unwrap();
+    assert_eq!(line["id"], json!(id.0));
+    assert_eq!(line["last_error"], json!("bad input"));
+    let retried = run(TasksAction::Retry { id: id.0 }).await.unwrap();
+    assert_eq!(retried.trim(), format!("task {} is available again", id.0));
+    let err = run(TasksAction::Retry { id: id.0 }).await.unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+}

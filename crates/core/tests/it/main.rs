@@ -1,0 +1,3 @@
+//! Integration tests of parlance-core: reference conformance replays.
+
+mod adoption_conformance;

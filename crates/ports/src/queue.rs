@@ -1,0 +1,665 @@
+//! The durable task queue: tasks, leases, DAGs of tasks, and their workers.
+//!
+//! Delivery is at least once. A claim hands out a [`Lease`] carrying a
+//! fencing token; every [`TaskQueue::complete`], [`TaskQueue::fail`] and
+//! [`TaskQueue::release`] is checked against that token, so a worker whose
+//! lease expired, whose process was declared dead, or whose DAG was cancelled
+//! gets a *lease lost* error ([`PortError::is_lease_lost`]) and changes
+//! nothing. Handlers must therefore be idempotent towards the outside world;
+//! the queue guarantees that each task's result is *recorded* once.
+//!
+//! Lower `priority` values run first; among equals, earlier `run_at`, then
+//! enqueue order. Time comes from the adapter's clock.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parlance_core::{ProductId, Timestamp};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::{ErrorKind, PortError, PortResult};
+
+/// A task's id, unique per queue store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct TaskId(pub i64);
+
+/// A DAG run's id, unique per queue store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct DagId(pub i64);
+
+/// A worker process (or an embedded worker): the unit of liveness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct WorkerId(pub Uuid);
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for DagId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The queue every task lands on unless told otherwise.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// A task to enqueue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    /// The tenant the task works for.
+    pub product_id: ProductId,
+    /// Which handler runs it.
+    pub kind: String,
+    /// Which queue it waits on; workers claim from one queue.
+    pub queue: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// Lower runs first. Default 0.
+    pub priority: i16,
+    /// Not before this time; `None` means now.
+    pub run_at: Option<Timestamp>,
+    /// Attempts before the task is discarded (at least 1). Default 5.
+    pub max_attempts: u32,
+    /// The hard deadline of one attempt; `None` takes the claim's lease.
+    pub timeout: Option<Duration>,
+    /// While a task with this key is available or running, enqueueing
+    /// another with the same key does nothing.
+    pub dedup_key: Option<String>,
+}
+
+impl TaskSpec {
+    /// A task of `kind` with defaults: queue `default`, priority 0, now, 5
+    /// attempts, the claim's lease as timeout, no dedup key.
+    pub fn new(product_id: ProductId, kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            product_id,
+            kind: kind.into(),
+            queue: DEFAULT_QUEUE.to_owned(),
+            payload,
+            priority: 0,
+            run_at: None,
+            max_attempts: 5,
+            timeout: None,
+            dedup_key: None,
+        }
+    }
+
+    /// On `queue`.
+    #[must_use]
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// With `priority` (lower first).
+    #[must_use]
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Not before `at`.
+    #[must_use]
+    pub fn run_at(mut self, at: Timestamp) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// At most `n` attempts.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Each attempt must finish within `timeout`.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Deduplicated on `key` while live.
+    #[must_use]
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// Checks what the adapters cannot store.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` for an empty kind or queue, or zero attempts.
+    pub fn validate(&self) -> PortResult<()> {
+        if self.kind.is_empty() || self.queue.is_empty() {
+            return Err(PortError::invalid("task kind and queue must not be empty"));
+        }
+        if self.max_attempts == 0 {
+            return Err(PortError::invalid("max_attempts must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// The output of a parent node, as a child node receives it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeInput {
+    /// The parent's key (for an element of a map: the map node's key).
+    pub from: String,
+    /// The parent's result (for an element of a map: the element).
+    pub value: Value,
+}
+
+/// Where a claimed task sits in its DAG.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DagTask {
+    /// The run.
+    pub dag_id: DagId,
+    /// The node's key (`map[3]` for the fourth element of node `map`).
+    pub node: String,
+    /// Parent results in edge order (the element, for a map element).
+    pub inputs: Vec<NodeInput>,
+    /// This node maps over its result: it must complete with an array.
+    pub is_map: bool,
+}
+
+/// A claimed task: the right, until `expires_at`, to finish it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Lease {
+    /// The task.
+    pub task_id: TaskId,
+    /// The fencing token: finishing the task requires it to still match.
+    pub token: i64,
+    /// Who holds the lease.
+    pub worker: WorkerId,
+    /// The tenant.
+    pub product_id: ProductId,
+    /// The handler kind.
+    pub kind: String,
+    /// The queue it came from.
+    pub queue: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// This attempt's number, 1 for the first.
+    pub attempt: u32,
+    /// Attempts allowed in all.
+    pub max_attempts: u32,
+    /// The hard deadline of this attempt.
+    pub expires_at: Timestamp,
+    /// The DAG context, for a DAG node.
+    pub dag: Option<DagTask>,
+}
+
+/// A node of a DAG to enqueue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSpec {
+    /// Unique within the DAG; `[`, `]` and `#` are reserved.
+    pub key: String,
+    /// Which handler runs it.
+    pub kind: String,
+    /// The handler's input (parent results arrive in [`DagTask::inputs`]).
+    pub payload: Value,
+    /// Shown in [`DagStatus::labels`] while the node is queued or running.
+    pub label: Option<String>,
+    /// Lower runs first.
+    pub priority: i16,
+    /// Attempts before the node, and so the DAG, fails.
+    pub max_attempts: u32,
+    /// The hard deadline of one attempt; `None` takes the claim's lease.
+    pub timeout: Option<Duration>,
+    /// Makes this node a dynamic fan-out: see [`MapSpec`].
+    pub map: Option<MapSpec>,
+}
+
+impl NodeSpec {
+    /// A node with defaults: no label, priority 0, 5 attempts, no map.
+    pub fn new(key: impl Into<String>, kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            key: key.into(),
+            kind: kind.into(),
+            payload,
+            label: None,
+            priority: 0,
+            max_attempts: 5,
+            timeout: None,
+            map: None,
+        }
+    }
+
+    /// With a progress label.
+    #[must_use]
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// At most `n` attempts.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Each attempt must finish within `timeout`.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// A dynamic fan-out over the list this node returns.
+    #[must_use]
+    pub fn map(mut self, map: MapSpec) -> Self {
+        self.map = Some(map);
+        self
+    }
+}
+
+/// Dynamic fan-out: the node's own task must return a JSON array; when it
+/// completes, the queue adds one node per element (`key[i]`, running
+/// `kind` with `payload` and the element as its only input) and one combine
+/// node (`key#combine`) whose result is the list of the element results in
+/// order. The map node's children wait for the combine node instead, and
+/// `total` grows by the number of elements plus one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapSpec {
+    /// The handler for each element.
+    pub kind: String,
+    /// The payload of each element's task.
+    pub payload: Value,
+    /// The label of the element nodes.
+    pub label: Option<String>,
+}
+
+/// A DAG of tasks to enqueue in one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DagSpec {
+    /// The tenant.
+    pub product_id: ProductId,
+    /// The queue every node's task waits on.
+    pub queue: String,
+    /// The nodes, in a stable order (results are listed in it).
+    pub nodes: Vec<NodeSpec>,
+    /// `(parent key, child key)`: the child runs once every parent has
+    /// completed and receives their results in this declared order.
+    pub edges: Vec<(String, String)>,
+}
+
+impl DagSpec {
+    /// An empty DAG on the default queue.
+    pub fn new(product_id: ProductId) -> Self {
+        Self {
+            product_id,
+            queue: DEFAULT_QUEUE.to_owned(),
+            nodes: Vec::new(),
+            edges: Vec::new(),
+        }
+    }
+
+    /// Adds a node.
+    #[must_use]
+    pub fn node(mut self, node: NodeSpec) -> Self {
+        self.nodes.push(node);
+        self
+    }
+
+    /// Adds an edge: `child` waits for `parent`.
+    #[must_use]
+    pub fn edge(mut self, parent: impl Into<String>, child: impl Into<String>) -> Self {
+        self.edges.push((parent.into(), child.into()));
+        self
+    }
+
+    /// Checks the shape against `limits` and the nodes' own fields.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid`, naming the problem.
+    pub fn plan(
+        &self,
+        limits: &parlance_core::queue::DagLimits,
+    ) -> PortResult<parlance_core::queue::DagPlan> {
+        if self.queue.is_empty() {
+            return Err(PortError::invalid("dag queue must not be empty"));
+        }
+        for n in &self.nodes {
+            if n.kind.is_empty() || n.map.as_ref().is_some_and(|m| m.kind.is_empty()) {
+                return Err(PortError::invalid(format!(
+                    "node {:?} has an empty kind",
+                    n.key
+                )));
+            }
+            if n.max_attempts == 0 {
+                return Err(PortError::invalid(format!(
+                    "node {:?} needs max_attempts of at least 1",
+                    n.key
+                )));
+            }
+        }
+        let keys: Vec<&str> = self.nodes.iter().map(|n| n.key.as_str()).collect();
+        let edges: Vec<(&str, &str)> = self
+            .edges
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        parlance_core::queue::plan_dag(&keys, &edges, limits)
+            .map_err(|e| PortError::invalid(format!("dag rejected: {e}")))
+    }
+}
+
+/// Where a DAG run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DagState {
+    /// Nodes are waiting or running.
+    Running,
+    /// Every node completed.
+    Completed,
+    /// A node was discarded; queued nodes were cancelled.
+    Failed,
+    /// Cancelled from outside.
+    Cancelled,
+}
+
+impl DagState {
+    /// Whether the run is over.
+    pub fn is_finished(self) -> bool {
+        self != DagState::Running
+    }
+}
+
+/// Why a DAG failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DagFailure {
+    /// The node that failed.
+    pub node: String,
+    /// Its last error.
+    pub message: String,
+}
+
+/// Progress of a DAG run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DagStatus {
+    /// The run.
+    pub id: DagId,
+    /// The tenant.
+    pub product_id: ProductId,
+    /// Where it stands.
+    pub state: DagState,
+    /// Nodes in the run so far (maps add theirs when they expand).
+    pub total: u32,
+    /// Nodes completed.
+    pub done: u32,
+    /// Labels of the nodes queued or running now, in node order, without
+    /// repeats.
+    pub labels: Vec<String>,
+    /// Set when the run failed.
+    pub error: Option<DagFailure>,
+}
+
+/// Where a DAG node stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Waiting for parents.
+    Pending,
+    /// Its task is available or running.
+    Queued,
+    /// Finished with a result.
+    Completed,
+    /// Its task was discarded.
+    Failed,
+    /// Will not run: the run failed or was cancelled.
+    Cancelled,
+}
+
+/// A node of a run and its result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeResult {
+    /// The node's key.
+    pub key: String,
+    /// Where it stands.
+    pub state: NodeState,
+    /// Its result, once completed.
+    pub result: Option<Value>,
+}
+
+/// What became of a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// The task is available again from this time.
+    Retrying {
+        /// When it may run again.
+        run_at: Timestamp,
+    },
+    /// No attempts left or not retryable: the task is `discarded`.
+    Discarded,
+    /// Retryable, but its DAG has already failed or been cancelled: the
+    /// task is cancelled instead of retried.
+    Cancelled,
+}
+
+/// A dead-lettered task, for the operator.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DiscardedTask {
+    /// The task.
+    pub id: TaskId,
+    /// The tenant.
+    pub product_id: ProductId,
+    /// The handler kind.
+    pub kind: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// When it was discarded.
+    pub discarded_at: Timestamp,
+    /// Its run, for a DAG node (retry the run, not the task).
+    pub dag_id: Option<DagId>,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecoverReport {
+    /// Running tasks returned to `available`.
+    pub requeued: u64,
+    /// Running tasks with no attempts left, now `discarded`.
+    pub discarded: u64,
+    /// Running tasks of DAGs that already failed or were cancelled, now
+    /// `cancelled` instead of requeued.
+    pub cancelled: u64,
+}
+
+/// Tuning shared by the adapters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueConfig {
+    /// A worker not heard from for this long is dead: its tasks go back.
+    pub worker_stale_after: Duration,
+    /// Back-off between attempts.
+    pub backoff: parlance_core::queue::Backoff,
+    /// Shape limits for DAGs.
+    pub dag_limits: parlance_core::queue::DagLimits,
+}
+
+impl Default for QueueConfig {
+    /// Workers are dead after 30 s of silence; default back-off and limits.
+    fn default() -> Self {
+        Self {
+            worker_stale_after: Duration::from_secs(30),
+            backoff: parlance_core::queue::Backoff::default(),
+            dag_limits: parlance_core::queue::DagLimits::default(),
+        }
+    }
+}
+
+/// The marker source of a lost-lease [`PortError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseLost {
+    /// The task.
+    pub task_id: TaskId,
+    /// The token that no longer matches.
+    pub token: i64,
+}
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fencing token {} no longer matches", self.token)
+    }
+}
+
+impl StdError for LeaseLost {}
+
+impl PortError {
+    /// The error a fenced operation returns when its lease is gone (expired
+    /// and re-claimed, its worker declared dead, or its DAG cancelled). Kind
+    /// `Conflict`; tell it apart from other conflicts with
+    /// [`PortError::is_lease_lost`].
+    pub fn lease_lost(lease: &Lease) -> Self {
+        let marker = LeaseLost {
+            task_id: lease.task_id,
+            token: lease.token,
+        };
+        PortError::new(
+            ErrorKind::Conflict,
+            format!("lease of task {} lost", lease.task_id),
+        )
+        .with_source(marker)
+    }
+
+    /// True when a fenced operation found its lease gone: drop the result.
+    pub fn is_lease_lost(&self) -> bool {
+        self.source
+            .as_deref()
+            .is_some_and(|s| s.downcast_ref::<LeaseLost>().is_some())
+    }
+}
+
+/// A durable queue of tasks and DAGs of tasks.
+#[async_trait]
+pub trait TaskQueue: Send + Sync + 'static {
+    /// Enqueues tasks atomically. For each, the new id, or `None` when its
+    /// dedup key matched a live task (earlier in this call included).
+    async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>>;
+
+    /// Validates and enqueues a DAG atomically; its root nodes are runnable
+    /// at once.
+    async fn enqueue_dag(&self, dag: &DagSpec) -> PortResult<DagId>;
+
+    /// Claims up to `max` runnable tasks of `queue` for `worker`, best first;
+    /// each attempt's deadline is its task's timeout, or `lease` when it has
+    /// none. Claiming also counts as a heartbeat of `worker`.
+    async fn claim(
+        &self,
+        worker: &WorkerId,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+    ) -> PortResult<Vec<Lease>>;
+
+    /// Records the result. For a DAG node this also frees its children
+    /// (a join fires exactly once) and expands a map. Lease lost: error,
+    /// nothing changed. `Invalid` (nothing changed) when a map node's result
+    /// is not an array.
+    async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()>;
+
+    /// Completes several tasks, one outcome per item in order, as
+    /// [`TaskQueue::complete`] would; adapters may record tasks outside any
+    /// DAG with one statement. `Err` only when nothing could be recorded.
+    async fn complete_many(&self, done: &[(Lease, Value)]) -> PortResult<Vec<PortResult<()>>> {
+        let mut out = Vec::with_capacity(done.len());
+        for (lease, result) in done {
+            out.push(self.complete(lease, result.clone()).await);
+        }
+        Ok(out)
+    }
+
+    /// Records a failed attempt: retried with back-off when `retryable` and
+    /// attempts remain (cancelled instead when its DAG is over), else
+    /// discarded (failing its DAG, which cancels the DAG's queued nodes).
+    /// Lease lost: error, nothing changed.
+    async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome>;
+
+    /// Gives the task back untouched (available now, the attempt not
+    /// counted): for a worker shutting down. Lease lost: error.
+    async fn release(&self, lease: &Lease) -> PortResult<()>;
+
+    /// Marks `worker` alive now.
+    async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()>;
+
+    /// Returns to `available` (or `discarded`, attempts exhausted; or
+    /// `cancelled`, its DAG over) every running task past its deadline or
+    /// held by a worker silent for longer than the configured staleness.
+    /// Safe to run from many processes.
+    async fn recover_expired(&self) -> PortResult<RecoverReport>;
+
+    /// Stops a run: its queued and running tasks are cancelled (their
+    /// leases lost), pending nodes never run. A finished run is unchanged.
+    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus>;
+
+    /// The run's progress. `NotFound` for an unknown id.
+    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus>;
+
+    /// Every node of the run in node order (declared first, then added by
+    /// maps), with results. `NotFound` for an unknown id.
+    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>>;
+
+    /// The operator's retry of a dead-lettered task: `discarded` becomes
+    /// `available` now with a fresh attempt budget. `NotFound` unless the
+    /// task is discarded; `Invalid` for a DAG node (re-run the DAG instead).
+    async fn retry_discarded(&self, id: TaskId) -> PortResult<()>;
+
+    /// Dead-lettered tasks of `queue`, most recently discarded first, at
+    /// most `limit`.
+    async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>>;
+
+    /// Deletes completed and cancelled tasks and finished DAG runs that
+    /// finished before `before`; discarded tasks stay for the operator.
+    /// Returns how many tasks and runs were deleted.
+    async fn purge_finished(&self, before: Timestamp) -> PortResult<u64>;
+
+    /// Resolves when work may have arrived on `queue` (a hint: a task was
+    /// enqueued or freed) or after `timeout`, whichever is first. Polling
+    /// stays the source of truth.
+    async fn wait_for_work(&self, queue: &str, timeout: Duration);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_lost_is_a_distinguishable_conflict() {
+        let lease = Lease {
+            task_id: TaskId(7),
+            token: 42,
+            worker: WorkerId(Uuid::nil()),
+            product_id: ProductId::parse("p").unwrap(),
+            kind: "k".into(),
+            queue: DEFAULT_QUEUE.into(),
+            payload: Value::Null,
+            attempt: 1,
+            max_attempts: 1,
+            expires_at: Timestamp::UNIX_EPOCH,
+            dag: None,
+        };
+        let e = PortError::lease_lost(&lease);
+        assert!(e.is_conflict());
+        assert!(e.is_lease_lost());
+        assert_eq!(e.to_string(), "conflict: lease of task 7 lost");
+        assert!(!PortError::conflict("stale version").is_lease_lost());
+    }
+}

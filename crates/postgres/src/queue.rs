@@ -1,0 +1,1314 @@
+//! The task queue in the `jobs`, `dag_runs`, `dag_nodes`, `dag_edges` and
+//! `workers` tables.
+//!
+//! Claims are one statement: a batched `FOR UPDATE SKIP LOCKED` select over
+//! the partial claim index feeding an `UPDATE … RETURNING` that hands out
+//! fresh fencing tokens. Every completion, failure and release is fenced by
+//! `state = running AND lease_token = $token`. A DAG node's completion runs in
+//! one transaction that first locks the run row, then applies the fenced
+//! update, stores the result, decrements the children's remaining-dependency
+//! counters and inserts jobs for the children that reached zero, so a join
+//! fires exactly once. Every operation that touches a run locks the run row
+//! before any of its jobs, which keeps lock order acyclic. Time comes from the
+//! injected clock (bound as a parameter), never from `now()`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parlance_core::queue::{
+    RetryDecision, decide_retry, jitter_from_seed, map_combine_key, map_element_key,
+};
+use parlance_core::{ProductId, Timestamp};
+use parlance_ports::{
+    Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
+    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, RecoverReport,
+    TaskId, TaskQueue, TaskSpec, WorkerId,
+};
+use serde_json::{Value, json};
+use sqlx::postgres::PgListener;
+use sqlx::{PgConnection, PgPool, Row as _};
+use tokio::sync::Notify;
+
+use crate::error::pg_err;
+use crate::time::{from_pg, to_pg};
+
+/// The channel of the cross-process wake-up hint.
+const CHANNEL: &str = "parlance_jobs";
+
+/// Rows handled per statement by the sweeper and the retention purge.
+const BATCH: i64 = 1_000;
+
+mod job {
+    pub(super) const AVAILABLE: i16 = 0;
+    pub(super) const RUNNING: i16 = 1;
+    pub(super) const COMPLETED: i16 = 2;
+    pub(super) const DISCARDED: i16 = 3;
+    pub(super) const CANCELLED: i16 = 4;
+}
+
+mod run {
+    pub(super) const RUNNING: i16 = 0;
+    pub(super) const COMPLETED: i16 = 1;
+    pub(super) const FAILED: i16 = 2;
+    pub(super) const CANCELLED: i16 = 3;
+}
+
+mod node {
+    pub(super) const PENDING: i16 = 0;
+    pub(super) const QUEUED: i16 = 1;
+    pub(super) const COMPLETED: i16 = 2;
+    pub(super) const FAILED: i16 = 3;
+    pub(super) const CANCELLED: i16 = 4;
+    pub(super) const ROLE_COMBINE: i16 = 1;
+}
+
+struct Shared {
+    notify: Arc<Notify>,
+    listener: OnceLock<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(h) = self.listener.get() {
+            h.abort();
+        }
+    }
+}
+
+/// The task queue, stored in PostgreSQL.
+#[derive(Clone)]
+pub struct PgTaskQueue {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+    config: QueueConfig,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PgTaskQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTaskQueue")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn to_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn run_state(s: i16) -> DagState {
+    match s {
+        run::COMPLETED => DagState::Completed,
+        run::FAILED => DagState::Failed,
+        run::CANCELLED => DagState::Cancelled,
+        _ => DagState::Running,
+    }
+}
+
+fn node_state(s: i16) -> NodeState {
+    match s {
+        node::QUEUED => NodeState::Queued,
+        node::COMPLETED => NodeState::Completed,
+        node::FAILED => NodeState::Failed,
+        node::CANCELLED => NodeState::Cancelled,
+        _ => NodeState::Pending,
+    }
+}
+
+impl PgTaskQueue {
+    /// A queue on `pool` (migrated), reading time from `clock`.
+    pub fn new(pool: PgPool, clock: Arc<dyn Clock>, config: QueueConfig) -> Self {
+        Self {
+            pool,
+            clock,
+            config,
+            shared: Arc::new(Shared {
+                notify: Arc::new(Notify::new()),
+                listener: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Enqueues tasks on `conn`, typically inside the caller's transaction so
+    /// the tasks exist exactly when the caller's change commits. Sends one
+    /// `pg_notify` (delivered at commit) when any task is runnable now.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` for a bad spec; database errors classified.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut PgConnection,
+        tasks: &[TaskSpec],
+    ) -> PortResult<Vec<Option<TaskId>>> {
+        for t in tasks {
+            t.validate()?;
+        }
+        let now = self.clock.now();
+        let mut ids: Vec<Option<TaskId>> = Vec::with_capacity(tasks.len());
+        let mut i = 0;
+        while i < tasks.len() {
+            if let Some(key) = &tasks[i].dedup_key {
+                let t = &tasks[i];
+                let id: Option<i64> = sqlx::query_scalar(
+                    "INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+                     timeout_ms, args, dedup_key, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
+                     DO NOTHING RETURNING id",
+                )
+                .bind(t.product_id.as_str())
+                .bind(&t.queue)
+                .bind(&t.kind)
+                .bind(t.priority)
+                .bind(to_pg(t.run_at.unwrap_or(now)))
+                .bind(to_i32(t.max_attempts))
+                .bind(t.timeout.map(millis))
+                .bind(&t.payload)
+                .bind(key)
+                .bind(to_pg(now))
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(pg_err("enqueue task"))?;
+                ids.push(id.map(TaskId));
+                i += 1;
+                continue;
+            }
+            let end = tasks[i..]
+                .iter()
+                .position(|t| t.dedup_key.is_some())
+                .map_or(tasks.len(), |p| i + p);
+            let batch = &tasks[i..end];
+            let mut got: Vec<i64> = sqlx::query_scalar(
+                "INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+                 timeout_ms, args, created_at) \
+                 SELECT p, q, k, pr, ra, ma, tm, a, $9 FROM UNNEST($1::text[], $2::text[], \
+                 $3::text[], $4::int2[], $5::timestamptz[], $6::int4[], $7::int8[], $8::jsonb[]) \
+                 AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id",
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|t| t.product_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|t| t.queue.as_str()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|t| t.kind.as_str()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|t| t.priority).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|t| to_pg(t.run_at.unwrap_or(now)))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|t| to_i32(t.max_attempts))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|t| t.timeout.map(millis))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|t| t.payload.clone()).collect::<Vec<_>>())
+            .bind(to_pg(now))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(pg_err("enqueue tasks"))?;
+            // Identity values follow insertion order within one statement.
+            got.sort_unstable();
+            ids.extend(got.into_iter().map(|id| Some(TaskId(id))));
+            i = end;
+        }
+        let runnable = tasks
+            .iter()
+            .zip(&ids)
+            .any(|(t, id)| id.is_some() && t.run_at.is_none_or(|r| r <= now));
+        if runnable {
+            notify(&mut *conn).await?;
+            self.shared.notify.notify_waiters();
+        }
+        Ok(ids)
+    }
+
+    fn ensure_listener(&self) {
+        self.shared.listener.get_or_init(|| {
+            let pool = self.pool.clone();
+            let notify = Arc::clone(&self.shared.notify);
+            tokio::spawn(async move {
+                loop {
+                    if let Ok(mut l) = PgListener::connect_with(&pool).await
+                        && l.listen(CHANNEL).await.is_ok()
+                    {
+                        // Whatever was sent while we were away: poll now.
+                        notify.notify_waiters();
+                        while l.recv().await.is_ok() {
+                            notify.notify_waiters();
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            })
+        });
+    }
+
+    /// Fetches the DAG context of claimed node jobs.
+    async fn dag_tasks(&self, node_ids: &[i64]) -> PortResult<Vec<(i64, DagTask)>> {
+        if node_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "SELECT n.id, n.dag_run_id, n.key, n.input_from, n.input, n.map_spec IS NOT NULL AS is_map, \
+             (SELECT coalesce(jsonb_agg(jsonb_build_array(p.key, p.result) ORDER BY e.position), \
+             '[]'::jsonb) FROM dag_edges e JOIN dag_nodes p ON p.id = e.parent_id \
+             WHERE e.child_id = n.id) AS parents \
+             FROM dag_nodes n WHERE n.id = ANY($1)",
+        )
+        .bind(node_ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("load dag inputs"))?;
+        rows.into_iter()
+            .map(|r| {
+                let from: Option<String> = r.try_get("input_from")?;
+                let inputs = match from {
+                    Some(from) => vec![NodeInput {
+                        from,
+                        value: r
+                            .try_get::<Option<Value>, _>("input")?
+                            .unwrap_or(Value::Null),
+                    }],
+                    None => {
+                        let parents: Value = r.try_get("parents")?;
+                        parents
+                            .as_array()
+                            .map(|ps| {
+                                ps.iter()
+                                    .map(|p| NodeInput {
+                                        from: p[0].as_str().unwrap_or_default().to_owned(),
+                                        value: p[1].clone(),
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                    }
+                };
+                Ok((
+                    r.try_get::<i64, _>("id")?,
+                    DagTask {
+                        dag_id: DagId(r.try_get("dag_run_id")?),
+                        node: r.try_get("key")?,
+                        inputs,
+                        is_map: r.try_get("is_map")?,
+                    },
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(pg_err("decode dag inputs"))
+    }
+
+    /// Completes DAG nodes of one run in one transaction that locks the run
+    /// first; one outcome per item. A lost lease or a map node's non-array
+    /// result refuses that item only.
+    async fn complete_in_run(
+        &self,
+        dag: DagId,
+        items: &[(&Lease, &Value)],
+    ) -> PortResult<Vec<PortResult<()>>> {
+        let now = self.clock.now();
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        lock_run(&mut tx, dag).await?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut enqueued = false;
+        for &(lease, result) in items {
+            let is_map = lease.dag.as_ref().is_some_and(|d| d.is_map);
+            if is_map && !result.is_array() {
+                let node = lease.dag.as_ref().map(|d| d.node.as_str()).unwrap_or("");
+                out.push(Err(PortError::invalid(format!(
+                    "map node {node:?} must return an array"
+                ))));
+                continue;
+            }
+            let node_id = match fenced_finish(&mut tx, lease, job::COMPLETED, None, now).await {
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    out.push(Err(PortError::other("dag task without a node")));
+                    continue;
+                }
+                Err(e) if e.is_lease_lost() => {
+                    out.push(Err(e));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if is_map {
+                let items = result.as_array().map(Vec::as_slice).unwrap_or_default();
+                if mark_done(&mut tx, dag, node_id, result, false, now).await? {
+                    let key = lease.dag.as_ref().map(|d| d.node.as_str()).unwrap_or("");
+                    enqueued |= expand_map(&mut tx, dag, node_id, key, items, now).await?;
+                }
+            } else {
+                enqueued |= finish_node(&mut tx, dag, node_id, result.clone(), now).await?;
+            }
+            out.push(Ok(()));
+        }
+        if enqueued {
+            notify(&mut tx).await?;
+        }
+        tx.commit().await.map_err(pg_err("commit"))?;
+        if enqueued {
+            self.shared.notify.notify_waiters();
+        }
+        Ok(out)
+    }
+
+    /// Discards the running job `lease` names (fenced) in its own
+    /// transaction, failing its run first-locked.
+    async fn discard(&self, lease: &Lease, error: &str) -> PortResult<()> {
+        let now = self.clock.now();
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        if let Some(dag) = &lease.dag {
+            lock_run(&mut tx, dag.dag_id).await?;
+        }
+        let node_id = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await;
+        let node_id = match node_id {
+            Ok(n) => n,
+            Err(e) => return Err(e),
+        };
+        if let (Some(dag), Some(node_id)) = (&lease.dag, node_id) {
+            fail_run(&mut tx, dag.dag_id, node_id, error, now).await?;
+        }
+        tx.commit().await.map_err(pg_err("commit"))
+    }
+
+    async fn status(&self, conn: &mut PgConnection, id: DagId) -> PortResult<DagStatus> {
+        let row = sqlx::query(
+            "SELECT r.product_id, r.state, r.total_nodes, r.done_nodes, r.error, \
+             ARRAY(SELECT label FROM dag_nodes WHERE dag_run_id = r.id AND state = $2 \
+             AND label IS NOT NULL GROUP BY label ORDER BY min(id)) AS labels \
+             FROM dag_runs r WHERE r.id = $1",
+        )
+        .bind(id.0)
+        .bind(node::QUEUED)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(pg_err("load dag status"))?
+        .ok_or_else(|| PortError::not_found(format!("dag run {id}")))?;
+        let decode = || -> Result<DagStatus, sqlx::Error> {
+            let product: String = row.try_get("product_id")?;
+            let error: Option<Value> = row.try_get("error")?;
+            Ok(DagStatus {
+                id,
+                product_id: ProductId::parse(product)
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                state: run_state(row.try_get("state")?),
+                total: u32::try_from(row.try_get::<i32, _>("total_nodes")?).unwrap_or(0),
+                done: u32::try_from(row.try_get::<i32, _>("done_nodes")?).unwrap_or(0),
+                labels: row.try_get("labels")?,
+                error: error.map(|e| DagFailure {
+                    node: e["node"].as_str().unwrap_or_default().to_owned(),
+                    message: e["message"].as_str().unwrap_or_default().to_owned(),
+                }),
+            })
+        };
+        decode().map_err(pg_err("decode dag status"))
+    }
+}
+
+/// One wake-up hint, delivered when the transaction commits.
+async fn notify(conn: &mut PgConnection) -> PortResult<()> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(CHANNEL)
+        .execute(conn)
+        .await
+        .map(|_| ())
+        .map_err(pg_err("notify workers"))
+}
+
+/// Locks the run row: every change to a run and its jobs starts here.
+async fn lock_run(conn: &mut PgConnection, dag: DagId) -> PortResult<i16> {
+    sqlx::query_scalar("SELECT state FROM dag_runs WHERE id = $1 FOR UPDATE")
+        .bind(dag.0)
+        .fetch_optional(conn)
+        .await
+        .map_err(pg_err("lock dag run"))?
+        .ok_or_else(|| PortError::not_found(format!("dag run {dag}")))
+}
+
+/// The fenced end of a lease: moves the job from running to `state`.
+/// `Ok(None)` for a task outside any DAG; lease lost is an error.
+async fn fenced_finish(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    state: i16,
+    error: Option<&str>,
+    now: Timestamp,
+) -> PortResult<Option<i64>> {
+    let row: Option<(Option<i64>,)> = sqlx::query_as(
+        "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
+         last_error = coalesce($5, last_error) \
+         WHERE id = $1 AND state = 1 AND lease_token = $2 RETURNING node_id",
+    )
+    .bind(lease.task_id.0)
+    .bind(lease.token)
+    .bind(state)
+    .bind(to_pg(now))
+    .bind(error)
+    .fetch_optional(conn)
+    .await
+    .map_err(pg_err("finish task"))?;
+    match row {
+        Some((node,)) => Ok(node),
+        None => Err(PortError::lease_lost(lease)),
+    }
+}
+
+/// Stores a node's result and counts it done, finishing the run when that
+/// was its last node (`may_finish`: a map node never is, since its
+/// expansion grows the total); says whether the run is still running (only
+/// then do children move).
+async fn mark_done(
+    conn: &mut PgConnection,
+    dag: DagId,
+    node_id: i64,
+    result: &Value,
+    may_finish: bool,
+    now: Timestamp,
+) -> PortResult<bool> {
+    let state: i16 = sqlx::query_scalar(
+        "WITH n AS (UPDATE dag_nodes SET state = $3, result = $4 WHERE id = $2) \
+         UPDATE dag_runs SET done_nodes = done_nodes + 1, \
+         state = CASE WHEN $5 AND state = $6 AND done_nodes + 1 = total_nodes \
+         THEN $7 ELSE state END, \
+         finished_at = CASE WHEN $5 AND state = $6 AND done_nodes + 1 = total_nodes \
+         THEN $8 ELSE finished_at END \
+         WHERE id = $1 RETURNING state",
+    )
+    .bind(dag.0)
+    .bind(node_id)
+    .bind(node::COMPLETED)
+    .bind(result)
+    .bind(may_finish)
+    .bind(run::RUNNING)
+    .bind(run::COMPLETED)
+    .bind(to_pg(now))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(pg_err("store node result"))?;
+    Ok(state == run::RUNNING)
+}
+
+/// Completes `node_id` with `result` and frees its children: one statement
+/// decrements their counters and enqueues those that reached zero; combine
+/// nodes that reached zero resolve in the same transaction. Says whether
+/// any job was enqueued.
+async fn finish_node(
+    conn: &mut PgConnection,
+    dag: DagId,
+    node_id: i64,
+    result: Value,
+    now: Timestamp,
+) -> PortResult<bool> {
+    let mut work = vec![(node_id, result)];
+    let mut enqueued = false;
+    while let Some((n, result)) = work.pop() {
+        if !mark_done(conn, dag, n, &result, true, now).await? {
+            continue;
+        }
+        let (jobs, combines): (i64, Vec<i64>) = sqlx::query_as(
+            "WITH d AS (UPDATE dag_nodes SET remaining_deps = remaining_deps - 1, \
+             state = CASE WHEN remaining_deps = 1 AND role = 0 THEN $2 ELSE state END \
+             WHERE id IN (SELECT child_id FROM dag_edges WHERE parent_id = $1) \
+             AND remaining_deps > 0 \
+             RETURNING id, role, remaining_deps, kind, priority, max_attempts, timeout_ms, \
+             payload, dag_run_id), \
+             ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+             timeout_ms, dag_run_id, node_id, args, created_at) \
+             SELECT r.product_id, r.queue, d.kind, d.priority, $3, d.max_attempts, d.timeout_ms, \
+             r.id, d.id, d.payload, $3 FROM d JOIN dag_runs r ON r.id = d.dag_run_id \
+             WHERE d.remaining_deps = 0 AND d.role = 0 ORDER BY d.id RETURNING 1) \
+             SELECT (SELECT count(*) FROM ins), \
+             coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.remaining_deps = 0 \
+             AND d.role = $4), '{}') FROM d",
+        )
+        .bind(n)
+        .bind(node::QUEUED)
+        .bind(to_pg(now))
+        .bind(node::ROLE_COMBINE)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(pg_err("free child nodes"))?;
+        enqueued |= jobs > 0;
+        for child in combines {
+            let list: Value = sqlx::query_scalar(
+                "SELECT coalesce(jsonb_agg(p.result ORDER BY e.position), '[]'::jsonb) \
+                 FROM dag_edges e JOIN dag_nodes p ON p.id = e.parent_id \
+                 WHERE e.child_id = $1",
+            )
+            .bind(child)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(pg_err("combine results"))?;
+            work.push((child, list));
+        }
+    }
+    Ok(enqueued)
+}
+
+/// Inserts jobs for nodes whose parents are all done.
+async fn enqueue_nodes(conn: &mut PgConnection, nodes: &[i64], now: Timestamp) -> PortResult<bool> {
+    if nodes.is_empty() {
+        return Ok(false);
+    }
+    sqlx::query(
+        "WITH n AS (UPDATE dag_nodes SET state = $2 WHERE id = ANY($1) RETURNING *) \
+         INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, timeout_ms, \
+         dag_run_id, node_id, args, created_at) \
+         SELECT r.product_id, r.queue, n.kind, n.priority, $3, n.max_attempts, n.timeout_ms, \
+         r.id, n.id, n.payload, $3 FROM n JOIN dag_runs r ON r.id = n.dag_run_id ORDER BY n.id",
+    )
+    .bind(nodes)
+    .bind(node::QUEUED)
+    .bind(to_pg(now))
+    .execute(conn)
+    .await
+    .map_err(pg_err("enqueue dag nodes"))?;
+    Ok(true)
+}
+
+/// Replaces map node `node_id`'s outgoing edges by a combine node fed by one
+/// new node per element, and enqueues the elements.
+async fn expand_map(
+    conn: &mut PgConnection,
+    dag: DagId,
+    node_id: i64,
+    key: &str,
+    items: &[Value],
+    now: Timestamp,
+) -> PortResult<bool> {
+    let keys: Vec<String> = (0..items.len()).map(|i| map_element_key(key, i)).collect();
+    let mut elements: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO dag_nodes (dag_run_id, key, kind, label, payload, input_from, input, \
+         priority, max_attempts, timeout_ms, remaining_deps) \
+         SELECT m.dag_run_id, k, m.map_spec->>'kind', m.map_spec->>'label', \
+         m.map_spec->'payload', m.key, v, m.priority, m.max_attempts, m.timeout_ms, 0 \
+         FROM dag_nodes m, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(k, v, ord) \
+         WHERE m.id = $1 AND m.dag_run_id = $2 ORDER BY ord RETURNING id",
+    )
+    .bind(node_id)
+    .bind(dag.0)
+    .bind(&keys)
+    .bind(items)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(pg_err("add map elements"))?;
+    elements.sort_unstable();
+    let combine: i64 = sqlx::query_scalar(
+        "INSERT INTO dag_nodes (dag_run_id, key, kind, role, payload, priority, max_attempts, \
+         timeout_ms, remaining_deps) \
+         SELECT dag_run_id, $2, '', $3, 'null'::jsonb, priority, max_attempts, timeout_ms, $4 \
+         FROM dag_nodes WHERE id = $1 RETURNING id",
+    )
+    .bind(node_id)
+    .bind(map_combine_key(key))
+    .bind(node::ROLE_COMBINE)
+    .bind(i32::try_from(items.len()).unwrap_or(i32::MAX))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(pg_err("add map combine node"))?;
+    sqlx::query("UPDATE dag_edges SET parent_id = $2 WHERE parent_id = $1")
+        .bind(node_id)
+        .bind(combine)
+        .execute(&mut *conn)
+        .await
+        .map_err(pg_err("re-point map edges"))?;
+    sqlx::query(
+        "INSERT INTO dag_edges (dag_run_id, parent_id, child_id, position) \
+         SELECT $1, p, $2, ord - 1 FROM UNNEST($3::int8[]) WITH ORDINALITY AS t(p, ord)",
+    )
+    .bind(dag.0)
+    .bind(combine)
+    .bind(&elements)
+    .execute(&mut *conn)
+    .await
+    .map_err(pg_err("add map edges"))?;
+    sqlx::query("UPDATE dag_runs SET total_nodes = total_nodes + $2 WHERE id = $1")
+        .bind(dag.0)
+        .bind(i32::try_from(items.len() + 1).unwrap_or(i32::MAX))
+        .execute(&mut *conn)
+        .await
+        .map_err(pg_err("grow dag total"))?;
+    if items.is_empty() {
+        return finish_node(conn, dag, combine, json!([]), now).await;
+    }
+    enqueue_nodes(conn, &elements, now).await
+}
+
+/// Marks `node_id` failed and, if the run is still running, fails it with
+/// the node's error and cancels its queued jobs and waiting nodes. The run
+/// row must be locked.
+async fn fail_run(
+    conn: &mut PgConnection,
+    dag: DagId,
+    node_id: i64,
+    error: &str,
+    now: Timestamp,
+) -> PortResult<()> {
+    let key: String =
+        sqlx::query_scalar("UPDATE dag_nodes SET state = $2 WHERE id = $1 RETURNING key")
+            .bind(node_id)
+            .bind(node::FAILED)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(pg_err("fail dag node"))?;
+    let failure = json!({"node": key, "message": error});
+    stop_run(
+        conn,
+        dag,
+        run::FAILED,
+        Some(failure),
+        &[job::AVAILABLE],
+        now,
+    )
+    .await
+}
+
+/// Ends a running run in `state`, cancelling its jobs in `job_states` and
+/// every node that has not finished.
+async fn stop_run(
+    conn: &mut PgConnection,
+    dag: DagId,
+    state: i16,
+    error: Option<Value>,
+    job_states: &[i16],
+    now: Timestamp,
+) -> PortResult<()> {
+    let stopped = sqlx::query(
+        "UPDATE dag_runs SET state = $2, error = $3, finished_at = $4 \
+         WHERE id = $1 AND state = $5",
+    )
+    .bind(dag.0)
+    .bind(state)
+    .bind(error)
+    .bind(to_pg(now))
+    .bind(run::RUNNING)
+    .execute(&mut *conn)
+    .await
+    .map_err(pg_err("stop dag run"))?
+    .rows_affected();
+    if stopped == 0 {
+        return Ok(());
+    }
+    sqlx::query(
+        "WITH c AS (UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL \
+         WHERE dag_run_id = $1 AND state = ANY($2) RETURNING node_id) \
+         UPDATE dag_nodes SET state = $5 \
+         WHERE id IN (SELECT node_id FROM c) OR (dag_run_id = $1 AND state = $6)",
+    )
+    .bind(dag.0)
+    .bind(job_states)
+    .bind(job::CANCELLED)
+    .bind(to_pg(now))
+    .bind(node::CANCELLED)
+    .bind(node::PENDING)
+    .execute(conn)
+    .await
+    .map_err(pg_err("cancel dag jobs"))?;
+    Ok(())
+}
+
+#[async_trait]
+impl TaskQueue for PgTaskQueue {
+    #[tracing::instrument(level = "debug", skip_all, fields(tasks = tasks.len()))]
+    async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>> {
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        let ids = self.enqueue_in(&mut tx, tasks).await?;
+        tx.commit().await.map_err(pg_err("commit"))?;
+        Ok(ids)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(product_id = %spec.product_id, nodes = spec.nodes.len()))]
+    async fn enqueue_dag(&self, spec: &DagSpec) -> PortResult<DagId> {
+        let plan = spec.plan(&self.config.dag_limits)?;
+        let now = self.clock.now();
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO dag_runs (product_id, queue, total_nodes, created_at) \
+             VALUES ($1, $2, $3, $4) RETURNING id",
+        )
+        .bind(spec.product_id.as_str())
+        .bind(&spec.queue)
+        .bind(i32::try_from(spec.nodes.len()).unwrap_or(i32::MAX))
+        .bind(to_pg(now))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(pg_err("insert dag run"))?;
+        let n = &spec.nodes;
+        let map_specs: Vec<Option<Value>> = n
+            .iter()
+            .map(|x| {
+                x.map
+                    .as_ref()
+                    .map(|m| json!({"kind": m.kind, "payload": m.payload, "label": m.label}))
+            })
+            .collect();
+        let mut node_ids: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO dag_nodes (dag_run_id, key, kind, label, payload, map_spec, priority, \
+             max_attempts, timeout_ms, remaining_deps) \
+             SELECT $1, k, kd, l, p, m, pr, ma, tm, rd FROM UNNEST($2::text[], $3::text[], \
+             $4::text[], $5::jsonb[], $6::jsonb[], $7::int2[], $8::int4[], $9::int8[], \
+             $10::int4[]) WITH ORDINALITY AS t(k, kd, l, p, m, pr, ma, tm, rd, ord) \
+             ORDER BY ord RETURNING id",
+        )
+        .bind(id)
+        .bind(n.iter().map(|x| x.key.as_str()).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.kind.as_str()).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.label.as_deref()).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.payload.clone()).collect::<Vec<_>>())
+        .bind(map_specs)
+        .bind(n.iter().map(|x| x.priority).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| to_i32(x.max_attempts)).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.timeout.map(millis)).collect::<Vec<_>>())
+        .bind(
+            plan.remaining_deps
+                .iter()
+                .map(|&d| to_i32(d))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(pg_err("insert dag nodes"))?;
+        node_ids.sort_unstable();
+        if !plan.edges.is_empty() {
+            sqlx::query(
+                "INSERT INTO dag_edges (dag_run_id, parent_id, child_id, position) \
+                 SELECT $1, p, c, pos FROM UNNEST($2::int8[], $3::int8[], $4::int4[]) \
+                 AS t(p, c, pos)",
+            )
+            .bind(id)
+            .bind(plan.edges.iter().map(|e| node_ids[e.0]).collect::<Vec<_>>())
+            .bind(plan.edges.iter().map(|e| node_ids[e.1]).collect::<Vec<_>>())
+            .bind(
+                plan.edges
+                    .iter()
+                    .map(|e| i32::try_from(e.2).unwrap_or(i32::MAX))
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_err("insert dag edges"))?;
+        }
+        let roots: Vec<i64> = plan.roots.iter().map(|&r| node_ids[r]).collect();
+        enqueue_nodes(&mut tx, &roots, now).await?;
+        notify(&mut tx).await?;
+        tx.commit().await.map_err(pg_err("commit"))?;
+        self.shared.notify.notify_waiters();
+        Ok(DagId(id))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(worker = %worker, queue = %queue, max = max))]
+    async fn claim(
+        &self,
+        worker: &WorkerId,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+    ) -> PortResult<Vec<Lease>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now();
+        // Claiming is a heartbeat too, written at most once a second.
+        let rows = sqlx::query(
+            "WITH w AS (INSERT INTO workers (id, started_at, last_seen) VALUES ($1, $2, $2) \
+             ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
+             WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
+             c AS (SELECT id FROM jobs WHERE state = 0 AND queue = $3 AND run_at <= $2 \
+             ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
+             lease_token = nextval('job_lease_tokens'), leased_by = $1, \
+             lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
+             FROM c WHERE j.id = c.id \
+             RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
+             j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at",
+        )
+        .bind(worker.0)
+        .bind(to_pg(now))
+        .bind(queue)
+        .bind(i64::try_from(max).unwrap_or(i64::MAX))
+        .bind(millis(lease))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("claim tasks"))?;
+        let mut leases = Vec::with_capacity(rows.len());
+        let mut order = Vec::with_capacity(rows.len());
+        let mut nodes = Vec::new();
+        for r in rows {
+            let decoded = (|| -> Result<_, sqlx::Error> {
+                let product: String = r.try_get("product_id")?;
+                let node: Option<i64> = r.try_get("node_id")?;
+                let lease = Lease {
+                    task_id: TaskId(r.try_get("id")?),
+                    token: r.try_get("lease_token")?,
+                    worker: *worker,
+                    product_id: ProductId::parse(product)
+                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    kind: r.try_get("kind")?,
+                    queue: queue.to_owned(),
+                    payload: r.try_get("args")?,
+                    attempt: u32::try_from(r.try_get::<i32, _>("attempt")?).unwrap_or(0),
+                    max_attempts: u32::try_from(r.try_get::<i32, _>("max_attempts")?).unwrap_or(1),
+                    expires_at: from_pg(r.try_get("lease_expires_at")?),
+                    dag: None,
+                };
+                let key = (
+                    r.try_get::<i16, _>("priority")?,
+                    from_pg(r.try_get("run_at")?),
+                    lease.task_id,
+                );
+                Ok((lease, node, key))
+            })()
+            .map_err(pg_err("decode claimed tasks"))?;
+            if let Some(n) = decoded.1 {
+                nodes.push(n);
+            }
+            order.push((decoded.2, leases.len(), decoded.1));
+            leases.push(decoded.0);
+        }
+        let mut contexts: std::collections::HashMap<i64, DagTask> =
+            self.dag_tasks(&nodes).await?.into_iter().collect();
+        for (_, i, node) in &order {
+            if let Some(n) = node {
+                leases[*i].dag = contexts.remove(n);
+            }
+        }
+        order.sort_by_key(|(k, _, _)| *k);
+        let mut slots: Vec<Option<Lease>> = leases.into_iter().map(Some).collect();
+        Ok(order
+            .into_iter()
+            .filter_map(|(_, i, _)| slots[i].take())
+            .collect())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %lease.task_id))]
+    async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
+        if let Some(dag) = &lease.dag {
+            return self
+                .complete_in_run(dag.dag_id, &[(lease, &result)])
+                .await?
+                .pop()
+                .unwrap_or(Ok(()));
+        }
+        let now = self.clock.now();
+        let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
+        fenced_finish(&mut conn, lease, job::COMPLETED, None, now)
+            .await
+            .map(|_| ())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(tasks = done.len()))]
+    async fn complete_many(&self, done: &[(Lease, Value)]) -> PortResult<Vec<PortResult<()>>> {
+        let now = self.clock.now();
+        let plain: Vec<&Lease> = done
+            .iter()
+            .map(|(l, _)| l)
+            .filter(|l| l.dag.is_none())
+            .collect();
+        let mut recorded = std::collections::HashSet::new();
+        if !plain.is_empty() {
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL \
+                 FROM UNNEST($1::int8[], $2::int8[]) AS t(id, tok) \
+                 WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok RETURNING j.id",
+            )
+            .bind(plain.iter().map(|l| l.task_id.0).collect::<Vec<_>>())
+            .bind(plain.iter().map(|l| l.token).collect::<Vec<_>>())
+            .bind(to_pg(now))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("complete tasks"))?;
+            recorded.extend(ids);
+        }
+        // DAG nodes: one transaction per run, in the order given.
+        let mut runs: Vec<DagId> = Vec::new();
+        for (lease, _) in done {
+            if let Some(d) = &lease.dag
+                && !runs.contains(&d.dag_id)
+            {
+                runs.push(d.dag_id);
+            }
+        }
+        let mut dag_out: HashMap<(i64, i64), PortResult<()>> = HashMap::new();
+        for run in runs {
+            let items: Vec<(&Lease, &Value)> = done
+                .iter()
+                .filter(|(l, _)| l.dag.as_ref().is_some_and(|d| d.dag_id == run))
+                .map(|(l, v)| (l, v))
+                .collect();
+            match self.complete_in_run(run, &items).await {
+                Ok(results) => {
+                    for ((l, _), r) in items.iter().zip(results) {
+                        dag_out.insert((l.task_id.0, l.token), r);
+                    }
+                }
+                Err(e) => {
+                    for (l, _) in &items {
+                        let copy = PortError::new(e.kind, e.message.clone());
+                        dag_out.insert((l.task_id.0, l.token), Err(copy));
+                    }
+                }
+            }
+        }
+        Ok(done
+            .iter()
+            .map(|(lease, _)| match &lease.dag {
+                Some(_) => dag_out
+                    .remove(&(lease.task_id.0, lease.token))
+                    .unwrap_or_else(|| Err(PortError::lease_lost(lease))),
+                None if recorded.contains(&lease.task_id.0) => Ok(()),
+                None => Err(PortError::lease_lost(lease)),
+            })
+            .collect())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %lease.task_id, retryable = retryable))]
+    async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {
+        let now = self.clock.now();
+        let decision = decide_retry(
+            lease.attempt,
+            lease.max_attempts,
+            retryable,
+            &self.config.backoff,
+            jitter_from_seed(lease.token.unsigned_abs()),
+        );
+        match decision {
+            RetryDecision::RetryAfter(delay) => {
+                let run_at = now + delay;
+                let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+                if let Some(dag) = &lease.dag
+                    && lock_run(&mut tx, dag.dag_id).await? != run::RUNNING
+                {
+                    let node =
+                        fenced_finish(&mut tx, lease, job::CANCELLED, Some(error), now).await?;
+                    sqlx::query("UPDATE dag_nodes SET state = $2 WHERE id = $1")
+                        .bind(node)
+                        .bind(node::CANCELLED)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(pg_err("cancel dag node"))?;
+                    tx.commit().await.map_err(pg_err("commit"))?;
+                    return Ok(FailOutcome::Cancelled);
+                }
+                let n = sqlx::query(
+                    "UPDATE jobs SET state = 0, run_at = $3, leased_by = NULL, last_error = $4 \
+                     WHERE id = $1 AND state = 1 AND lease_token = $2",
+                )
+                .bind(lease.task_id.0)
+                .bind(lease.token)
+                .bind(to_pg(run_at))
+                .bind(error)
+                .execute(&mut *tx)
+                .await
+                .map_err(pg_err("retry task"))?
+                .rows_affected();
+                if n == 0 {
+                    return Err(PortError::lease_lost(lease));
+                }
+                tx.commit().await.map_err(pg_err("commit"))?;
+                Ok(FailOutcome::Retrying { run_at })
+            }
+            RetryDecision::Discard => {
+                self.discard(lease, error).await?;
+                Ok(FailOutcome::Discarded)
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> PortResult<()> {
+        let now = self.clock.now();
+        let n = sqlx::query(
+            "UPDATE jobs SET state = 0, attempt = greatest(attempt - 1, 0), run_at = $3, \
+             leased_by = NULL WHERE id = $1 AND state = 1 AND lease_token = $2",
+        )
+        .bind(lease.task_id.0)
+        .bind(lease.token)
+        .bind(to_pg(now))
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("release task"))?
+        .rows_affected();
+        if n == 0 {
+            return Err(PortError::lease_lost(lease));
+        }
+        self.shared.notify.notify_waiters();
+        Ok(())
+    }
+
+    async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()> {
+        let now = self.clock.now();
+        sqlx::query(
+            "INSERT INTO workers (id, started_at, last_seen) VALUES ($1, $2, $2) \
+             ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen",
+        )
+        .bind(worker.0)
+        .bind(to_pg(now))
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+        .map_err(pg_err("heartbeat"))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn recover_expired(&self) -> PortResult<RecoverReport> {
+        let now = self.clock.now();
+        let stale = now - self.config.worker_stale_after;
+        let lost = "state = 1 AND (lease_expires_at <= $1 OR NOT EXISTS (SELECT 1 FROM workers w \
+                    WHERE w.id = jobs.leased_by AND w.last_seen >= $2))";
+        let mut report = RecoverReport::default();
+        let live_run = "(dag_run_id IS NULL OR EXISTS (SELECT 1 FROM dag_runs r \
+                        WHERE r.id = jobs.dag_run_id AND r.state = 0))";
+        // Tasks of runs that are over are cancelled, not retried.
+        loop {
+            let n = sqlx::query(&format!(
+                "WITH c AS (UPDATE jobs j SET state = 4, finished_at = $1, leased_by = NULL \
+                 FROM (SELECT id FROM jobs WHERE {lost} AND NOT {live_run} \
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c WHERE j.id = c.id \
+                 RETURNING j.node_id) \
+                 UPDATE dag_nodes SET state = 4 WHERE id IN (SELECT node_id FROM c)"
+            ))
+            .bind(to_pg(now))
+            .bind(to_pg(stale))
+            .bind(BATCH)
+            .execute(&self.pool)
+            .await
+            .map_err(pg_err("cancel expired tasks"))?
+            .rows_affected();
+            report.cancelled += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
+        // Tasks with attempts left go back, in batches.
+        loop {
+            let n = sqlx::query(&format!(
+                "UPDATE jobs j SET state = 0, run_at = $1, leased_by = NULL, \
+                 last_error = 'lease expired' \
+                 FROM (SELECT id FROM jobs WHERE {lost} AND attempt < max_attempts \
+                 AND {live_run} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c WHERE j.id = c.id"
+            ))
+            .bind(to_pg(now))
+            .bind(to_pg(stale))
+            .bind(BATCH)
+            .execute(&self.pool)
+            .await
+            .map_err(pg_err("requeue expired tasks"))?
+            .rows_affected();
+            report.requeued += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
+        // Exhausted ones are discarded, each fenced on the token seen, so a
+        // completion racing with the sweep wins or loses cleanly.
+        let exhausted: Vec<(i64, i64, Option<i64>, Option<String>)> = sqlx::query_as(&format!(
+            "SELECT j.id, j.lease_token, j.dag_run_id, \
+             (SELECT key FROM dag_nodes WHERE id = j.node_id) \
+             FROM jobs j WHERE {} AND attempt >= max_attempts ORDER BY id LIMIT $3",
+            lost.replace("jobs.leased_by", "j.leased_by")
+        ))
+        .bind(to_pg(now))
+        .bind(to_pg(stale))
+        .bind(BATCH)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("find exhausted tasks"))?;
+        for (id, token, dag, key) in exhausted {
+            let lease = Lease {
+                task_id: TaskId(id),
+                token,
+                worker: WorkerId(Default::default()),
+                product_id: ProductId::default_product(),
+                kind: String::new(),
+                queue: String::new(),
+                payload: Value::Null,
+                attempt: 0,
+                max_attempts: 0,
+                expires_at: now,
+                dag: dag.map(|d| DagTask {
+                    dag_id: DagId(d),
+                    node: key.unwrap_or_default(),
+                    inputs: Vec::new(),
+                    is_map: false,
+                }),
+            };
+            match self
+                .discard(&lease, "lease expired with no attempts left")
+                .await
+            {
+                Ok(()) => report.discarded += 1,
+                Err(e) if e.is_lease_lost() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        sqlx::query("DELETE FROM workers WHERE last_seen < $1")
+            .bind(to_pg(stale))
+            .execute(&self.pool)
+            .await
+            .map_err(pg_err("forget dead workers"))?;
+        if report.requeued > 0 {
+            notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
+            self.shared.notify.notify_waiters();
+        }
+        Ok(report)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(dag_id = %id))]
+    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus> {
+        let now = self.clock.now();
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        lock_run(&mut tx, id).await?;
+        stop_run(
+            &mut tx,
+            id,
+            run::CANCELLED,
+            None,
+            &[job::AVAILABLE, job::RUNNING],
+            now,
+        )
+        .await?;
+        let status = self.status(&mut tx, id).await?;
+        tx.commit().await.map_err(pg_err("commit"))?;
+        Ok(status)
+    }
+
+    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus> {
+        let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
+        self.status(&mut conn, id).await
+    }
+
+    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>> {
+        let rows: Vec<(String, i16, Option<Value>)> = sqlx::query_as(
+            "SELECT key, state, result FROM dag_nodes WHERE dag_run_id = $1 ORDER BY id",
+        )
+        .bind(id.0)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("load dag results"))?;
+        if rows.is_empty() {
+            return Err(PortError::not_found(format!("dag run {id}")));
+        }
+        Ok(rows
+            .into_iter()
+            .map(|(key, state, result)| NodeResult {
+                key,
+                state: node_state(state),
+                result,
+            })
+            .collect())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %id))]
+    async fn retry_discarded(&self, id: TaskId) -> PortResult<()> {
+        let now = self.clock.now();
+        let retried = sqlx::query(
+            "UPDATE jobs SET state = 0, attempt = 0, run_at = $2, finished_at = NULL \
+             WHERE id = $1 AND state = $3 AND dag_run_id IS NULL",
+        )
+        .bind(id.0)
+        .bind(to_pg(now))
+        .bind(job::DISCARDED)
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("retry discarded task"))?
+        .rows_affected();
+        if retried == 0 {
+            let in_dag: Option<bool> = sqlx::query_scalar(
+                "SELECT dag_run_id IS NOT NULL FROM jobs WHERE id = $1 AND state = $2",
+            )
+            .bind(id.0)
+            .bind(job::DISCARDED)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(pg_err("load discarded task"))?;
+            return Err(match in_dag {
+                Some(true) => {
+                    PortError::invalid(format!("task {id} is a dag node: re-run its dag"))
+                }
+                _ => PortError::not_found(format!("discarded task {id}")),
+            });
+        }
+        notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
+        self.shared.notify.notify_waiters();
+        Ok(())
+    }
+
+    async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>> {
+        let rows = sqlx::query(
+            "SELECT id, product_id, kind, attempt, last_error, finished_at, dag_run_id \
+             FROM jobs WHERE state = $1 AND queue = $2 \
+             ORDER BY finished_at DESC, id DESC LIMIT $3",
+        )
+        .bind(job::DISCARDED)
+        .bind(queue)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("list discarded tasks"))?;
+        rows.into_iter()
+            .map(|r| {
+                let product: String = r.try_get("product_id")?;
+                let finished: Option<time::OffsetDateTime> = r.try_get("finished_at")?;
+                Ok(DiscardedTask {
+                    id: TaskId(r.try_get("id")?),
+                    product_id: ProductId::parse(product)
+                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    kind: r.try_get("kind")?,
+                    attempts: u32::try_from(r.try_get::<i32, _>("attempt")?).unwrap_or(0),
+                    last_error: r.try_get("last_error")?,
+                    discarded_at: finished.map_or(Timestamp::UNIX_EPOCH, from_pg),
+                    dag_id: r.try_get::<Option<i64>, _>("dag_run_id")?.map(DagId),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(pg_err("decode discarded tasks"))
+    }
+
+    async fn purge_finished(&self, before: Timestamp) -> PortResult<u64> {
+        let mut total = 0;
+        for sql in [
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN (2, 4) \
+             AND finished_at < $1 LIMIT $2)",
+            "DELETE FROM dag_runs WHERE id IN (SELECT id FROM dag_runs \
+             WHERE finished_at < $1 LIMIT $2)",
+        ] {
+            loop {
+                let n = sqlx::query(sql)
+                    .bind(to_pg(before))
+                    .bind(BATCH)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(pg_err("purge finished rows"))?
+                    .rows_affected();
+                total += n;
+                if n < BATCH as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    async fn wait_for_work(&self, _queue: &str, timeout: Duration) {
+        self.ensure_listener();
+        let _ = tokio::time::timeout(timeout, self.shared.notify.notified()).await;
+    }
+}
