@@ -11,6 +11,7 @@
 pub mod adoption;
 pub mod auth;
 pub mod config;
+pub mod conversation;
 pub mod demo;
 pub mod http;
 pub mod models;

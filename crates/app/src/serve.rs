@@ -73,15 +73,25 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     );
     tracing::info!(%addr, backend = state.backend.name(), "parlance listening");
     let worker = (!config.no_worker).then(|| crate::worker::EmbeddedWorker::start(&state));
+    let sweepers = spawn_sweepers(&state);
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serve")?;
+    for sweeper in sweepers {
+        sweeper.abort();
+    }
     if let Some(worker) = worker {
         worker.stop().await;
     }
     tracing::info!("parlance stopped");
     Ok(())
+}
+
+/// Starts the timer sweepers `serve` and `worker` run: each claims only
+/// what is due, so any number of processes can run them on one database.
+pub fn spawn_sweepers(state: &AppState) -> Vec<tokio::task::JoinHandle<()>> {
+    vec![crate::conversation::sweeper::spawn(state.clone())]
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -4,13 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parlance_memory::{
-    HashingEmbedder, MemoryAdoptionStore, MemoryAuditLog, MemoryTaskQueue, OfflineLlm,
+    HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryConversationStore,
+    MemoryTaskQueue, OfflineLlm,
 };
 use parlance_ports::{
-    AdoptionStore, AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult,
-    QueueConfig, SystemClock, TaskQueue, UuidV7Ids,
+    AdoptionStore, AuditLog, Channel, Clock, ConversationStore, EmbeddingProvider, IdGen,
+    LlmClient, PortError, PortResult, QueueConfig, SystemClock, TaskQueue, UuidV7Ids,
 };
-use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgPool, PgTaskQueue};
+use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgConversationStore, PgPool, PgTaskQueue};
 
 use crate::auth::ApiKeys;
 
@@ -70,6 +71,10 @@ pub struct AppState {
     pub llm: Arc<dyn LlmClient>,
     /// The embedder (feature hashing unless configured).
     pub embedder: Arc<dyn EmbeddingProvider>,
+    /// Conversation instances, transcripts and delivery keys.
+    pub conversations: Arc<dyn ConversationStore>,
+    /// Where outbound conversation messages go.
+    pub channel: Arc<dyn Channel>,
 }
 
 impl AppState {
@@ -80,9 +85,12 @@ impl AppState {
 
     /// State on the in-memory adapters with the given clock and ids.
     pub fn memory_with(keys: ApiKeys, clock: Arc<dyn Clock>, ids: Arc<dyn IdGen>) -> Self {
+        let audit = Arc::new(MemoryAuditLog::new());
         Self {
             backend: Backend::Memory,
-            audit: Arc::new(MemoryAuditLog::new()),
+            conversations: Arc::new(MemoryConversationStore::new(audit.clone())),
+            channel: Arc::new(LoopbackChannel::new()),
+            audit,
             adoption: Arc::new(MemoryAdoptionStore::new()),
             queue: Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default())),
             clock,
@@ -98,6 +106,8 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            conversations: Arc::new(PgConversationStore::new(pool.clone())),
+            channel: Arc::new(LoopbackChannel::new()),
             adoption: Arc::new(PgAdoptionStore::new(pool.clone())),
             queue: Arc::new(PgTaskQueue::new(
                 pool.clone(),

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adoption;
+pub mod conversation;
 pub mod id;
 pub mod outcome;
 pub mod queue;

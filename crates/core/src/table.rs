@@ -43,12 +43,17 @@ impl TransitionTable {
         self.edges.iter().any(|e| e.from == from && e.to == to)
     }
 
-    /// A Mermaid `stateDiagram-v2` of the table: the initial state first,
+    /// A Mermaid `stateDiagram-v2` of the table: the initial state first
+    /// (or the edges from `[*]`, when the table names how states are created),
     /// terminal states to `[*]`, one line per edge with its cause, edges that
     /// share endpoints merged into one label.
     pub fn to_mermaid(&self) -> String {
         let mut out = String::from("stateDiagram-v2\n");
-        if let Some(first) = self.states.first() {
+        // Tables that name their creation edges (from `[*]`) label them;
+        // the others start at their first state.
+        if !self.edges.iter().any(|e| e.from == "[*]")
+            && let Some(first) = self.states.first()
+        {
             let _ = writeln!(out, "    [*] --> {}", mermaid_id(first));
         }
         let mut seen: Vec<(&str, &str, Vec<&str>)> = Vec::new();
@@ -78,8 +83,12 @@ impl TransitionTable {
     }
 }
 
-/// Mermaid state ids may not contain spaces or dashes.
+/// Mermaid state ids may not contain spaces or dashes; `[*]` (the start)
+/// stays as it is.
 fn mermaid_id(state: &str) -> String {
+    if state == "[*]" {
+        return state.to_owned();
+    }
     state
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })

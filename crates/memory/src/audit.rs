@@ -17,11 +17,10 @@ impl MemoryAuditLog {
     pub fn new() -> Self {
         Self::default()
     }
-}
 
-#[async_trait]
-impl AuditLog for MemoryAuditLog {
-    async fn append(&self, entries: &[AuditEntry]) -> PortResult<()> {
+    /// Appends without awaiting, so other in-memory adapters can write their
+    /// audit entries while holding their own lock (atomically with the change).
+    pub fn push(&self, entries: &[AuditEntry]) {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         for entry in entries {
             let seq = records.last().map_or(1, |r| r.seq + 1);
@@ -30,6 +29,13 @@ impl AuditLog for MemoryAuditLog {
                 entry: entry.clone(),
             });
         }
+    }
+}
+
+#[async_trait]
+impl AuditLog for MemoryAuditLog {
+    async fn append(&self, entries: &[AuditEntry]) -> PortResult<()> {
+        self.push(entries);
         Ok(())
     }
 

@@ -11,12 +11,16 @@
 
 mod adoption;
 mod audit;
+mod channel;
+mod conversation;
 pub mod embedding;
 pub mod llm;
 mod queue;
 
 pub use adoption::MemoryAdoptionStore;
 pub use audit::MemoryAuditLog;
+pub use channel::LoopbackChannel;
+pub use conversation::MemoryConversationStore;
 pub use embedding::HashingEmbedder;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};
 pub use queue::MemoryTaskQueue;

@@ -12,7 +12,9 @@
 
 pub mod adoption;
 pub mod audit;
+pub mod channel;
 pub mod clock;
+pub mod conversation;
 pub mod embedding;
 pub mod error;
 pub mod llm;
@@ -20,7 +22,9 @@ pub mod queue;
 
 pub use adoption::{AdoptionStore, StoredAdoption};
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
+pub use channel::{Channel, Outbound};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
+pub use conversation::{Applied, ConversationStore, ListFilter};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
 pub use llm::{

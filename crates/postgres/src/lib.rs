@@ -11,6 +11,7 @@
 
 mod adoption;
 mod audit;
+mod conversation;
 pub mod error;
 mod pool;
 mod queue;
@@ -19,6 +20,7 @@ mod time;
 
 pub use adoption::PgAdoptionStore;
 pub use audit::PgAuditLog;
+pub use conversation::PgConversationStore;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use queue::PgTaskQueue;
 pub use sqlx::PgPool;

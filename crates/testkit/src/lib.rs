@@ -11,6 +11,7 @@
 
 pub mod adoption;
 pub mod audit;
+pub mod conversation;
 pub mod embedding;
 pub mod llm;
 pub mod queue;

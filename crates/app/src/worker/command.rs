@@ -8,7 +8,7 @@ use clap::Args;
 use parlance_ports::{IdGen as _, QueueConfig, SystemClock, UuidV7Ids, WorkerId};
 use parlance_postgres::{DatabaseUrl, PgTaskQueue, PoolOptions};
 
-use super::{Handlers, Worker, WorkerConfig, register_test_handlers};
+use super::{Worker, WorkerConfig, register_test_handlers};
 use crate::serve::shutdown_signal;
 
 /// Options of `parlance worker`.
@@ -89,8 +89,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         ..QueueConfig::default()
     };
     let clock = Arc::new(SystemClock);
-    let queue = Arc::new(PgTaskQueue::new(pool, clock.clone(), config));
-    let mut handlers = Handlers::new();
+    let queue = Arc::new(PgTaskQueue::new(pool.clone(), clock.clone(), config));
+    let mut state = crate::state::AppState::postgres(pool, crate::auth::ApiKeys::new());
+    state.queue = queue.clone();
+    let mut handlers = super::standard_handlers(&state);
     if args.test_handlers {
         register_test_handlers(&mut handlers);
     }
@@ -101,7 +103,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         clock,
         args.worker_config(),
     );
-    worker.run(shutdown_signal()).await?;
+    let sweepers = crate::serve::spawn_sweepers(&state);
+    let result = worker.run(shutdown_signal()).await;
+    for sweeper in sweepers {
+        sweeper.abort();
+    }
+    result?;
     Ok(())
 }
 

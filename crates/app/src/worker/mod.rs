@@ -100,8 +100,10 @@ impl Handlers {
 
 /// The handlers the service's own workers run. Each machine that queues
 /// work registers its kinds here.
-pub fn standard_handlers(_state: &AppState) -> Handlers {
-    Handlers::new()
+pub fn standard_handlers(state: &AppState) -> Handlers {
+    let mut handlers = Handlers::new();
+    crate::conversation::agent::register(&mut handlers, state);
+    handlers
 }
 
 /// A worker running inside `parlance serve`, on the service's own queue.

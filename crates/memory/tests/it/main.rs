@@ -10,6 +10,21 @@ mod audit {
     });
 }
 
+mod conversation {
+    use std::sync::Arc;
+
+    use parlance_memory::{MemoryAuditLog, MemoryConversationStore};
+    use parlance_testkit::conversation::Subject;
+
+    parlance_testkit::conversation_store_suite!(async {
+        let audit = Arc::new(MemoryAuditLog::new());
+        Some(Subject {
+            store: Arc::new(MemoryConversationStore::new(audit.clone())),
+            audit,
+        })
+    });
+}
+
 mod llm {
     use std::sync::Arc;
 

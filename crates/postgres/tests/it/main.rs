@@ -13,6 +13,20 @@ mod audit {
     });
 }
 
+mod conversation {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgAuditLog, PgConversationStore, testing::test_pool};
+    use parlance_testkit::conversation::Subject;
+
+    parlance_testkit::conversation_store_suite!(async {
+        test_pool().await.map(|pool| Subject {
+            store: Arc::new(PgConversationStore::new(pool.clone())),
+            audit: Arc::new(PgAuditLog::new(pool)),
+        })
+    });
+}
+
 mod adoption {
     use std::sync::Arc;
 
