@@ -31,9 +31,12 @@ pub struct Demo<W: Write> {
 impl<W: Write> Demo<W> {
     /// A fresh service on the in-memory adapters at [`ManualClock::START`].
     pub fn new(out: W) -> Self {
-        let clock = Arc::new(ManualClock::new());
-        let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
-        let state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+        let (state, clock) = demo_state();
+        Self::with_state(state, clock, out)
+    }
+
+    /// A demo on `state`, whose clock is `clock`.
+    pub fn with_state(state: AppState, clock: Arc<ManualClock>, out: W) -> Self {
         Self {
             app: router(state.clone()),
             state,
@@ -45,6 +48,11 @@ impl<W: Write> Demo<W> {
     /// The clock the scenes move.
     pub fn clock(&self) -> &ManualClock {
         &self.clock
+    }
+
+    /// Writes to the transcript's output.
+    pub fn out(&mut self) -> &mut W {
+        &mut self.out
     }
 
     /// The service's state, for scenes that drive a port directly.
@@ -71,6 +79,28 @@ impl<W: Write> Demo<W> {
         body: Option<Value>,
         auth: bool,
     ) -> anyhow::Result<(StatusCode, Value)> {
+        self.exchange(method, path, body, auth, true).await
+    }
+
+    /// Like [`Demo::call`] with the key, printing the status but not the
+    /// answer's body (scenes summarise it themselves).
+    pub async fn request(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(StatusCode, Value)> {
+        self.exchange(method, path, body, true, false).await
+    }
+
+    async fn exchange(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        auth: bool,
+        show_answer: bool,
+    ) -> anyhow::Result<(StatusCode, Value)> {
         let mut req = Request::builder().method(method.clone()).uri(path);
         if auth {
             req = req.header("authorization", format!("Bearer {DEMO_KEY}"));
@@ -87,9 +117,22 @@ impl<W: Write> Demo<W> {
         let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let sent = body.map(|b| format!(" {b}")).unwrap_or_default();
         writeln!(self.out, "-> {method} {path}{sent}")?;
-        writeln!(self.out, "<- {} {json}", status.as_u16())?;
+        if show_answer {
+            writeln!(self.out, "<- {} {json}", status.as_u16())?;
+        } else {
+            writeln!(self.out, "<- {}", status.as_u16())?;
+        }
         Ok((status, json))
     }
+}
+
+/// A service on the in-memory adapters with sequential ids and a manual
+/// clock at [`ManualClock::START`], opened by the demo key.
+pub(crate) fn demo_state() -> (AppState, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new());
+    let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
+    let state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+    (state, clock)
 }
 
 /// Plays every scene into `out`.
@@ -102,6 +145,7 @@ pub async fn run(out: impl Write) -> anyhow::Result<()> {
     service_scene(&mut demo).await?;
     queue_scene(&mut demo).await?;
     adoption_scene(&mut demo).await?;
+    crate::conversation::demo::scene(&mut demo).await?;
     Ok(())
 }
 
@@ -243,16 +287,9 @@ fn adoption_model() -> parlance_memory::OfflineLlm {
 async fn adoption_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
     use parlance_ports::Clock as _;
     use serde_json::json;
-    let clock = Arc::new(ManualClock::new());
-    let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
-    let mut state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+    let (mut state, clock) = demo_state();
     state.llm = Arc::new(adoption_model());
-    let mut d = Demo {
-        app: router(state.clone()),
-        state,
-        clock,
-        out: &mut demo.out,
-    };
+    let mut d = Demo::with_state(state, clock, &mut demo.out);
     let base = "/v1/products/default";
     let user = format!("{base}/users/maya/adoption");
     d.scene("adoption: a new user, the explore-first gate, a welcome, a tour, the judge")?;

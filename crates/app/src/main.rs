@@ -36,6 +36,13 @@ enum Command {
     },
     /// Play a scripted scenario through every machine and print the transcript.
     Demo,
+    /// Operate conversations on a running server.
+    Conversation {
+        #[command(flatten)]
+        client: parlance_app::conversation::cli::ClientArgs,
+        #[command(subcommand)]
+        command: parlance_app::conversation::cli::ConversationCommand,
+    },
 }
 
 #[tokio::main]
@@ -65,5 +72,8 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo => demo::run(std::io::stdout().lock()).await,
+        Command::Conversation { client, command } => {
+            parlance_app::conversation::cli::run(client, command, std::io::stdout().lock()).await
+        }
     }
 }

@@ -83,7 +83,7 @@ fn tools(follow_up: bool) -> Vec<ToolDefinition> {
             "type": "object",
             "properties": {
                 "text": {"type": "string", "minLength": 1},
-                "next_heartbeat_s": {"type": "integer", "minimum": 1}
+                "next_heartbeat_s": {"type": ["integer", "null"], "minimum": 1}
             },
             "required": ["text"],
             "additionalProperties": false

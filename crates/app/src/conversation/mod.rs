@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod cli;
+pub mod demo;
 pub mod routes;
 pub mod service;
 pub mod sweeper;

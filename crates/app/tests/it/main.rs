@@ -2,6 +2,7 @@
 
 mod adoption;
 mod adoption_llm;
+mod conversation;
 mod service;
 mod support;
 mod worker;

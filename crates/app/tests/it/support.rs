@@ -1,6 +1,7 @@
 //! A service on a real listener (port 0) and a client for it.
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use parlance_app::auth::{ApiKey, ApiKeys};
@@ -78,3 +79,26 @@ impl TestServer {
 pub(crate) fn keys() -> ApiKeys {
     ApiKeys::single(&ApiKey::new(KEY), ProductId::parse("acme").unwrap())
 }
+
+/// `DATABASE_URL` pointed at the test pool's own database.
+pub(crate) fn url_for(pool: &parlance_postgres::PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").unwrap();
+    let db = pool.connect_options().get_database().unwrap().to_owned();
+    let (head, _) = base.split_once('?').unwrap_or((&base, ""));
+    let (server, _) = head.rsplit_once('/').unwrap();
+    format!("{server}/{db}")
+}
+
+/// Polls `check` until it holds, failing after `timeout`.
+pub(crate) async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parlance_app::worker::{
@@ -21,6 +21,8 @@ use parlance_ports::{
 use parlance_postgres::PgTaskQueue;
 use parlance_postgres::testing::test_pool;
 use serde_json::{Value, json};
+
+use crate::support::{url_for, wait_until};
 
 fn product() -> ProductId {
     ProductId::parse("acme").unwrap()
@@ -253,15 +255,6 @@ async fn shutdown_releases_the_leases_still_held() {
     );
 }
 
-/// `DATABASE_URL` pointed at the test pool's own database.
-fn url_for(pool: &parlance_postgres::PgPool) -> String {
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let db = pool.connect_options().get_database().unwrap().to_owned();
-    let (head, _) = base.split_once('?').unwrap_or((&base, ""));
-    let (server, _) = head.rsplit_once('/').unwrap();
-    format!("{server}/{db}")
-}
-
 fn spawn_worker(url: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_parlance"))
         .args([
@@ -282,18 +275,6 @@ fn spawn_worker(url: &str) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("start parlance worker")
-}
-
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

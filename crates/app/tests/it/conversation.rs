@@ -1,0 +1,369 @@
+//! Conversations over HTTP: a full conversation driven by a manual clock,
+//! queueing per contact, operator commands, a human hand-off, and two real
+//! worker processes sharing the heartbeats on PostgreSQL.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parlance_app::AppState;
+use parlance_app::conversation::sweeper::sweep_once;
+use parlance_app::worker::{Worker, WorkerConfig, standard_handlers};
+use parlance_core::ProductId;
+use parlance_core::conversation::{ConversationState, InstanceId, Role};
+use parlance_memory::{LoopbackChannel, OfflineLlm, Reply, When};
+use parlance_ports::WorkerId;
+use parlance_postgres::testing::test_pool;
+use parlance_testkit::{ManualClock, SequentialIds};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::{TestServer, keys, url_for, wait_until};
+
+const BASE: &str = "/v1/products/acme/conversations";
+
+/// A service on the in-memory adapters with a manual clock, a loopback
+/// channel the test can read, and a worker the test steps.
+struct Fixture {
+    server: TestServer,
+    state: AppState,
+    channel: Arc<LoopbackChannel>,
+    worker: Worker,
+}
+
+impl Fixture {
+    async fn new(llm: OfflineLlm) -> Self {
+        let clock = Arc::new(ManualClock::new());
+        let mut state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+        let channel = Arc::new(LoopbackChannel::new());
+        state.channel = channel.clone();
+        state.llm = Arc::new(llm);
+        let worker = Worker::new(
+            WorkerId(uuid::Uuid::from_u128(u128::MAX)),
+            state.queue.clone(),
+            standard_handlers(&state),
+            state.clock.clone(),
+            WorkerConfig::default(),
+        );
+        Self {
+            server: TestServer::start(state.clone(), clock).await,
+            state,
+            channel,
+            worker,
+        }
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let (status, _, json) = self.server.send(method, path, body.as_ref(), true).await;
+        (status, json)
+    }
+
+    /// Runs queued agent work until none is left.
+    async fn drain(&self) -> usize {
+        let mut ran = 0;
+        loop {
+            let report = self.worker.step().await.expect("worker step");
+            if report.claimed == 0 {
+                return ran;
+            }
+            ran += report.claimed;
+        }
+    }
+
+    async fn state_of(&self, id: &str) -> (String, Value) {
+        let (status, body) = self.send(Method::GET, &format!("{BASE}/{id}"), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        (body["conversation"]["state"].as_str().unwrap().to_owned(), body)
+    }
+
+    async fn create(&self, contact: &str, extra: Value) -> Value {
+        let mut body = json!({"contact_id": contact, "objective": "book a demo call", "todos": ["ask for a day"]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, created) = self.send(Method::POST, BASE, Some(body)).await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        created
+    }
+}
+
+fn id_of(v: &Value) -> String {
+    v["conversation"]["instance_id"].as_str().unwrap().to_owned()
+}
+
+/// Replaces a value that varies between runs, keeping `null` visible.
+fn varying(label: &'static str) -> insta::internals::Redaction {
+    insta::dynamic_redaction(move |value, _| {
+        if value.is_nil() { value } else { label.into() }
+    })
+}
+
+macro_rules! snapshot {
+    ($name:expr, $value:expr) => {
+        insta::assert_json_snapshot!($name, $value, {
+            ".**.instance_id" => varying("[id]"),
+            ".**.entity_id" => varying("[id]"),
+            ".**.created_at" => varying("[time]"),
+            ".**.updated_at" => varying("[time]"),
+            ".**.ended_at" => varying("[time]"),
+            ".**.heartbeat_due_at" => varying("[time]"),
+            ".**.at" => varying("[time]"),
+            ".**.seq" => varying("[seq]"),
+        });
+    };
+}
+
+#[tokio::test]
+async fn a_silent_contact_is_followed_up_then_abandoned() {
+    let f = Fixture::new(OfflineLlm::new()).await;
+    let created = f
+        .create("+15550001", json!({"heartbeat_interval_s": 60, "max_follow_ups": 2}))
+        .await;
+    snapshot!("conversation_created", &created);
+    let id = id_of(&created);
+    assert_eq!(created["conversation"]["state"], "CREATED");
+
+    assert_eq!(f.drain().await, 1, "one agent turn");
+    let (state, _) = f.state_of(&id).await;
+    assert_eq!(state, "WAITING_FOR_REPLY");
+
+    for n in 1..=2 {
+        f.server.clock.advance(Duration::from_secs(59));
+        assert_eq!(sweep_once(&f.state).await.unwrap(), 0, "not due before the interval");
+        f.server.clock.advance(Duration::from_secs(1));
+        assert_eq!(sweep_once(&f.state).await.unwrap(), 1, "heartbeat {n} fires");
+        assert_eq!(f.state_of(&id).await.0, "HEARTBEAT_SCHEDULED");
+        assert_eq!(f.drain().await, 1, "one follow-up");
+        let (state, body) = f.state_of(&id).await;
+        assert_eq!(state, "WAITING_FOR_REPLY");
+        assert_eq!(body["conversation"]["follow_ups_sent"], n);
+    }
+    f.server.clock.advance(Duration::from_secs(60));
+    assert_eq!(sweep_once(&f.state).await.unwrap(), 1);
+    assert_eq!(sweep_once(&f.state).await.unwrap(), 0, "a heartbeat fires once");
+    let (state, body) = f.state_of(&id).await;
+    assert_eq!(state, "ABANDONED");
+    assert_eq!(body["conversation"]["end_reason"], "abandoned");
+    let transcript = body["transcript"].as_array().unwrap();
+    assert_eq!(transcript.len(), 3);
+    assert!(transcript.iter().all(|m| m["role"] == "agent"));
+    let sent = f.channel.sent();
+    assert_eq!(sent.iter().map(|m| m.outbound_seq).collect::<Vec<_>>(), [1, 2, 3]);
+
+    let (status, audit) = f.send(Method::GET, &format!("{BASE}/{id}/audit"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let steps: Vec<_> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} -> {} ({})", r["from"].as_str().unwrap_or("-"), r["to"].as_str().unwrap(), r["cause"].as_str().unwrap()))
+        .collect();
+    insta::assert_debug_snapshot!("conversation_abandoned_audit", steps);
+}
+
+#[tokio::test]
+async fn one_contact_one_active_conversation_and_operator_commands() {
+    let f = Fixture::new(OfflineLlm::new()).await;
+    let first = id_of(&f.create("+15550002", json!({})).await);
+    let queued = f.create("+15550002", json!({})).await;
+    snapshot!("conversation_queued", &queued);
+    let second = id_of(&queued);
+    f.drain().await;
+    assert_eq!(f.state_of(&first).await.0, "WAITING_FOR_REPLY");
+    assert_eq!(f.state_of(&second).await.0, "QUEUED");
+
+    let (status, replied) = f
+        .send(Method::POST, &format!("{BASE}/{first}/replies"), Some(json!({"text": "which day?"})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    snapshot!("conversation_reply", &replied);
+    f.drain().await;
+    assert_eq!(f.state_of(&first).await.0, "WAITING_FOR_REPLY");
+
+    let (status, paused) = f.send(Method::POST, &format!("{BASE}/{first}/pause"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    snapshot!("conversation_paused", &paused);
+    let (status, refused) = f.send(Method::POST, &format!("{BASE}/{first}/pause"), None).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(refused["state"], "PAUSED");
+    snapshot!("conversation_invalid_transition", &refused);
+    let (status, _) = f.send(Method::POST, &format!("{BASE}/{first}/resume"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(f.state_of(&first).await.0, "WAITING_FOR_REPLY");
+
+    let (status, sent) = f
+        .send(Method::POST, &format!("{BASE}/{first}/send"), Some(json!({"text": "Hi, a human here."})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{sent}");
+    assert_eq!(f.channel.sent().last().unwrap().role, Role::Human);
+
+    let (status, cancelled) = f.send(Method::POST, &format!("{BASE}/{first}/cancel"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    snapshot!("conversation_cancelled", &cancelled);
+    assert_eq!(cancelled["conversation"]["end_reason"], "cancelled");
+    assert_eq!(cancelled["promoted"]["instance_id"].as_str(), Some(second.as_str()));
+    assert_eq!(f.state_of(&second).await.0, "CREATED");
+
+    let (status, late) = f
+        .send(Method::POST, "/v1/products/acme/contacts/+15550002/replies", Some(json!({"text": "hello?"})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(late["conversation"]["instance_id"].as_str(), Some(second.as_str()), "goes to the holder");
+
+    let (status, list) = f.send(Method::GET, &format!("{BASE}?contact_id=%2B15550002&state=FAILED"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn bad_requests_are_4xx_and_change_nothing() {
+    let f = Fixture::new(OfflineLlm::new()).await;
+    let (status, body) = f.send(Method::POST, BASE, Some(json!({"contact_id": "x"}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    snapshot!("conversation_missing_field", &body);
+    let (status, _) = f
+        .send(Method::POST, BASE, Some(json!({"contact_id": "x", "objective": "  "})))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let unknown = InstanceId::from_uuid(uuid::Uuid::from_u128(42));
+    let (status, body) = f.send(Method::GET, &format!("{BASE}/{unknown}"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    snapshot!("conversation_not_found", &body);
+    let (status, _) = f.send(Method::POST, &format!("{BASE}/not-a-uuid/pause"), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let id = id_of(&f.create("+15550003", json!({})).await);
+    let (status, _) = f
+        .send(Method::GET, &format!("/v1/products/other/conversations/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another product's path is not found");
+    let (status, _) = f
+        .send(Method::POST, &format!("{BASE}/{id}/replies"), Some(json!({"text": ""})))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, list) = f.send(Method::GET, BASE, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "only the valid create stored anything");
+}
+
+#[tokio::test]
+async fn the_agent_hands_off_to_a_human_and_completes() {
+    // Rules are tried in order: the last contact message decides, except
+    // that once the operator has refunded, the agent moves on.
+    let llm = OfflineLlm::new()
+        .with_rule(
+            When::UserContains("tuesday".into()),
+            Reply::tool_call("end_conversation", json!({"outcome": "demo booked for Tuesday"})),
+        )
+        .with_rule(
+            When::Contains("refund done".into()),
+            Reply::tool_call("send_message", json!({"text": "Glad that is sorted. Which day suits you?"})),
+        )
+        .with_rule(
+            When::UserContains("refund".into()),
+            Reply::tool_call("request_human", json!({"reason": "asks for a refund"})),
+        );
+    let f = Fixture::new(llm).await;
+    let id = id_of(&f.create("+15550004", json!({})).await);
+    f.drain().await;
+    f.send(Method::POST, &format!("{BASE}/{id}/replies"), Some(json!({"text": "I want a refund first"})))
+        .await;
+    f.drain().await;
+    let (state, body) = f.state_of(&id).await;
+    assert_eq!(state, "NEEDS_HUMAN_INTERVENTION");
+    assert_eq!(body["conversation"]["human_reason"], "asks for a refund");
+    let (status, _) = f
+        .send(Method::POST, &format!("{BASE}/{id}/send"), Some(json!({"text": "Refund done."})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    f.drain().await;
+    assert_eq!(f.state_of(&id).await.0, "WAITING_FOR_REPLY", "the agent went on after the operator");
+    f.send(Method::POST, &format!("{BASE}/{id}/replies"), Some(json!({"text": "Tuesday works"})))
+        .await;
+    f.drain().await;
+    let (state, body) = f.state_of(&id).await;
+    assert_eq!(state, "COMPLETED");
+    assert_eq!(body["conversation"]["outcome"], "demo booked for Tuesday");
+    let roles: Vec<_> = body["transcript"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(roles, ["agent", "contact", "human", "agent", "contact"]);
+}
+
+#[tokio::test]
+async fn an_agent_out_of_retries_fails_the_conversation() {
+    let llm = OfflineLlm::new().with_rule(
+        When::Any,
+        Reply::Error(parlance_ports::LlmError::from_status(503, None, "down")),
+    );
+    let f = Fixture::new(llm).await;
+    let id = id_of(&f.create("+15550005", json!({})).await);
+    for _ in 0..10 {
+        f.drain().await;
+        f.server.clock.advance(Duration::from_secs(3600));
+    }
+    let (state, body) = f.state_of(&id).await;
+    assert_eq!(state, "FAILED");
+    assert!(body["conversation"]["end_reason"].as_str().unwrap().contains("model call failed"), "{body}");
+}
+
+fn spawn_worker(url: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_parlance"))
+        .args(["worker", "--heartbeat-ms", "200", "--sweep-ms", "250"])
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start parlance worker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_worker_processes_share_the_heartbeats_on_postgres() {
+    let Some(pool) = test_pool().await else { return };
+    let url = url_for(&pool);
+    let state = AppState::postgres(pool, keys());
+    let product = ProductId::parse("acme").unwrap();
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let new = parlance_core::conversation::NewInstance {
+            product_id: product.clone(),
+            instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(1000 + n)),
+            contact_id: parlance_core::conversation::ContactId::parse(format!("+1555100{n}")).unwrap(),
+            channel: "loopback".into(),
+            objective: "book a demo call".into(),
+            todos: vec![],
+            heartbeat_interval_s: 1,
+            max_follow_ups: 2,
+            metadata: serde_json::Map::new(),
+        };
+        ids.push(parlance_app::conversation::service::create(&state, new).await.unwrap().instance_id);
+    }
+    let mut workers = [spawn_worker(&url), spawn_worker(&url)];
+    let store = state.conversations.clone();
+    let all_abandoned = || {
+        let store = store.clone();
+        let product = product.clone();
+        let ids = ids.clone();
+        async move {
+            for id in ids {
+                let i = store.get(&product, id).await.unwrap().unwrap();
+                if i.state != ConversationState::Abandoned {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    wait_until("every conversation to be abandoned", Duration::from_secs(60), all_abandoned).await;
+    for w in &mut workers {
+        w.kill().unwrap();
+        w.wait().unwrap();
+    }
+    for id in ids {
+        let transcript = store.transcript(&product, id).await.unwrap();
+        let seqs: Vec<_> = transcript.iter().map(|m| m.outbound_seq).collect();
+        assert_eq!(seqs, [Some(1), Some(2), Some(3)], "first message and two follow-ups, once each");
+        let audit = state.audit.list(&product, "conversation", &id.to_string(), None, 100).await.unwrap();
+        let fired = audit
+            .iter()
+            .filter(|r| r.entry.cause == "timer_fired" && r.entry.to == "HEARTBEAT_SCHEDULED")
+            .count();
+        assert_eq!(fired, 3, "each armed heartbeat fired exactly once");
+    }
+}
