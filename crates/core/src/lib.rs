@@ -13,6 +13,7 @@ pub mod id;
 pub mod outcome;
 pub mod table;
 pub mod time;
+pub mod turn;
 
 pub use id::{IdError, ProductId};
 pub use outcome::{Outcome, Transition};
