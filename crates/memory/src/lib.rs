@@ -10,5 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod turn;
 
 pub use audit::MemoryAuditLog;
+pub use turn::{MemoryCheckpointer, MemoryMemoryStore};

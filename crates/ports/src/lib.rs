@@ -12,7 +12,9 @@
 pub mod audit;
 pub mod clock;
 pub mod error;
+pub mod turn;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use error::{ErrorKind, PortError, PortResult};
+pub use turn::{Checkpointer, Committed, MemoryStore};

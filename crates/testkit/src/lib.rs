@@ -10,6 +10,8 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod checkpoint;
+pub mod memory_store;
 
 pub use parlance_ports::{ManualClock, SequentialIds};
 
