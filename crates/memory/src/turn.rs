@@ -100,8 +100,8 @@ impl MemoryStore for MemoryMemoryStore {
         }
         let list = entries.entry(key(product_id, &record.owner)).or_default();
         list.push(record.clone());
-        // Oldest first; equal times keep insertion order.
-        list.sort_by_key(|r| r.at);
+        // Oldest first, then by id, as PostgreSQL lists them.
+        list.sort_by_key(|r| (r.at, r.id));
         Ok(())
     }
 

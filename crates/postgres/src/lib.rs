@@ -14,7 +14,9 @@ pub mod error;
 mod pool;
 pub mod testing;
 mod time;
+mod turn;
 
 pub use audit::PgAuditLog;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use sqlx::PgPool;
+pub use turn::{PgCheckpointer, PgMemoryStore};
