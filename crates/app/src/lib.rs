@@ -15,6 +15,7 @@ pub mod http;
 pub mod serve;
 pub mod state;
 pub mod telemetry;
+pub mod turn;
 
 pub use config::{LogFormat, ServeConfig};
 pub use state::AppState;

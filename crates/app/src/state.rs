@@ -3,9 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_memory::MemoryAuditLog;
-use parlance_ports::{AuditLog, Clock, IdGen, PortError, PortResult, SystemClock, UuidV7Ids};
-use parlance_postgres::{PgAuditLog, PgPool};
+use parlance_memory::{MemoryAuditLog, MemoryCheckpointer, MemoryMemoryStore};
+use parlance_ports::{
+    AuditLog, Checkpointer, Clock, IdGen, MemoryStore, PortError, PortResult, SystemClock,
+    UuidV7Ids,
+};
+use parlance_postgres::{PgAuditLog, PgCheckpointer, PgMemoryStore, PgPool};
 
 use crate::auth::ApiKeys;
 
@@ -49,6 +52,10 @@ pub struct AppState {
     pub backend: Backend,
     /// Every transition, with its cause.
     pub audit: Arc<dyn AuditLog>,
+    /// Turn checkpoints per thread.
+    pub checkpointer: Arc<dyn Checkpointer>,
+    /// Long-term memory per owner.
+    pub memory_store: Arc<dyn MemoryStore>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -70,6 +77,8 @@ impl AppState {
         Self {
             backend: Backend::Memory,
             audit: Arc::new(MemoryAuditLog::new()),
+            checkpointer: Arc::new(MemoryCheckpointer::new()),
+            memory_store: Arc::new(MemoryMemoryStore::new()),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -81,6 +90,8 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            checkpointer: Arc::new(PgCheckpointer::new(pool.clone())),
+            memory_store: Arc::new(PgMemoryStore::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),
