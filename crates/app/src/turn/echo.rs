@@ -77,7 +77,8 @@ pub fn crisis_reply(_: &SupportState) -> SupportDelta {
     }
 }
 
-/// Finalization: the assistant turn appended to history and transcript.
+/// Finalization: the assistant turn appended to the transcript (and so to
+/// the history window over it).
 pub fn finalize_turn(s: &SupportState) -> SupportDelta {
     let turn = Message {
         role: Role::Assistant,
@@ -85,7 +86,6 @@ pub fn finalize_turn(s: &SupportState) -> SupportDelta {
         response_style: s.response_style.clone(),
     };
     SupportDelta {
-        history: vec![turn.clone()],
         transcript: vec![turn],
         ..SupportDelta::default()
     }

@@ -150,7 +150,7 @@ where
             graph,
             stages: HashMap::new(),
             checkpointer,
-            window: LoadWindow::all(),
+            window: S::load_window(),
             max_attempts: 8,
         }
     }
@@ -161,7 +161,8 @@ where
         self
     }
 
-    /// Which lists to load only in part (e.g. the last N history entries).
+    /// Which lists to load only in part (default: what the state's `window`
+    /// fields need, see `TurnState::load_window`).
     pub fn window(mut self, window: LoadWindow) -> Self {
         self.window = window;
         self

@@ -38,7 +38,10 @@
 /// ```
 ///
 /// Reducers are `append` (the field must be a `Vec`; its delta slot is a
-/// `Vec` of new entries), `merge` (the type implements
+/// `Vec` of new entries), `window(source, N)` (a reducer field holding the
+/// last `N` entries of the `append` field `source`, which must not be
+/// renamed: it is served from the source's stored entries, never stored
+/// itself, and follows every write to the source), `merge` (the type implements
 /// [`Merge`](crate::turn::Merge); the slot is an `Option`) and `last` (the
 /// slot is an `Option`; two writers in one step are an error). Reducer
 /// fields must be serde-serializable and `Default`; turn-scoped fields
@@ -55,7 +58,7 @@ macro_rules! turn_state {
                 $( $(#[doc = $ldoc:literal])* $lfield:ident : $lty:ty $(as $lwire:literal)? => $lred:ident , by [$($lw:literal),* $(,)?] ; )*
             }
             reducer {
-                $( $(#[doc = $rdoc:literal])* $rfield:ident : $rty:ty $(as $rwire:literal)? => $rred:ident , by [$($rw:literal),* $(,)?] ; )*
+                $( $(#[doc = $rdoc:literal])* $rfield:ident : $rty:ty $(as $rwire:literal)? => $rred:ident $(($rsrc:ident, $rn:literal))? , by [$($rw:literal),* $(,)?] ; )*
             }
             turn_scoped {
                 $( $(#[doc = $tdoc:literal])* $tfield:ident : $tty:ty $(as $twire:literal)? => $tred:ident , by [$($tw:literal),* $(,)?] ; )*
@@ -108,6 +111,7 @@ macro_rules! turn_state {
                             ty: stringify!($ity),
                             lifecycle: $crate::turn::Lifecycle::Input,
                             reducer: None,
+                            view_of: None,
                             writers: &[$($iw),*],
                             doc: &[$($idoc),*],
                         }, )*
@@ -116,6 +120,7 @@ macro_rules! turn_state {
                             ty: stringify!($lty),
                             lifecycle: $crate::turn::Lifecycle::Loaded,
                             reducer: Some($crate::turn::Reducer::__from_ident(stringify!($lred))),
+                            view_of: None,
                             writers: &[$($lw),*],
                             doc: &[$($ldoc),*],
                         }, )*
@@ -124,6 +129,7 @@ macro_rules! turn_state {
                             ty: stringify!($rty),
                             lifecycle: $crate::turn::Lifecycle::Reducer,
                             reducer: Some($crate::turn::Reducer::__from_ident(stringify!($rred))),
+                            view_of: $crate::__turn_view_of!($(($rsrc, $rn))?),
                             writers: &[$($rw),*],
                             doc: &[$($rdoc),*],
                         }, )*
@@ -132,6 +138,7 @@ macro_rules! turn_state {
                             ty: stringify!($tty),
                             lifecycle: $crate::turn::Lifecycle::TurnScoped,
                             reducer: Some($crate::turn::Reducer::__from_ident(stringify!($tred))),
+                            view_of: None,
                             writers: &[$($tw),*],
                             doc: &[$($tdoc),*],
                         }, )*
@@ -151,7 +158,7 @@ macro_rules! turn_state {
                     $( $ifield: input.$ifield, )*
                     $( $lfield: loaded.$lfield, )*
                     $( $rfield: $crate::__turn_restore!(
-                        $rred, checkpoint, $crate::__turn_wire!($rfield $(, $rwire)?), &mut book
+                        $rred $(($rsrc, $rn))?, checkpoint, $crate::__turn_wire!($rfield $(, $rwire)?), &mut book
                     )?, )*
                     $( $tfield: ::std::default::Default::default(), )*
                     __book: book,
@@ -167,6 +174,8 @@ macro_rules! turn_state {
                 $( $crate::__turn_check!($rred, &writes, $crate::__turn_wire!($rfield $(, $rwire)?), $rfield); )*
                 $( $crate::__turn_check!($tred, &writes, $crate::__turn_wire!($tfield $(, $twire)?), $tfield); )*
                 for (_stage, d) in writes {
+                    // Windows follow their source list before it is moved.
+                    $( $crate::__turn_view!($rred $(($rsrc, $rn))?, &mut self.$rfield, &d); )*
                     $( $crate::__turn_apply!($lred, &mut self.$lfield, d.$lfield); )*
                     $(
                         if $crate::__turn_apply!($rred, &mut self.$rfield, d.$rfield) {
@@ -195,6 +204,12 @@ macro_rules! turn_state {
             fn book(&self) -> &$crate::turn::TurnBook {
                 &self.__book
             }
+
+            fn load_window() -> $crate::turn::LoadWindow {
+                let mut window = $crate::turn::LoadWindow::all();
+                $( $crate::__turn_load_window!($rred $(($rsrc, $rn))?, &mut window); )*
+                window
+            }
         }
     };
 }
@@ -214,6 +229,7 @@ macro_rules! __turn_wire {
 #[macro_export]
 macro_rules! __turn_slot {
     (append, $t:ty) => { $t };
+    (window, $t:ty) => { $crate::turn::ViewOnly };
     (merge, $t:ty) => { ::std::option::Option<$t> };
     (last, $t:ty) => { ::std::option::Option<$t> };
 }
@@ -239,6 +255,39 @@ macro_rules! __turn_apply {
     (last, $target:expr, $write:expr) => {
         $crate::turn::__apply_last($target, $write)
     };
+    (window, $target:expr, $write:expr) => {{
+        let _: $crate::turn::ViewOnly = $write;
+        false
+    }};
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __turn_view {
+    (window ($src:ident, $n:literal), $target:expr, $d:expr) => {
+        $crate::turn::__sync_window($target, &$d.$src, $n)
+    };
+    ($other:ident, $target:expr, $d:expr) => {};
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __turn_view_of {
+    () => {
+        None
+    };
+    (($src:ident, $n:literal)) => {
+        Some((stringify!($src), $n))
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __turn_load_window {
+    (window ($src:ident, $n:literal), $w:expr) => {
+        $crate::turn::__widen_window($w, stringify!($src), $n)
+    };
+    ($other:ident, $w:expr) => {};
 }
 
 #[doc(hidden)]
@@ -246,6 +295,9 @@ macro_rules! __turn_apply {
 macro_rules! __turn_restore {
     (append, $cp:expr, $wire:expr, $book:expr) => {
         $crate::turn::__restore_list($cp, $wire, $book)
+    };
+    (window ($src:ident, $n:literal), $cp:expr, $wire:expr, $book:expr) => {
+        $crate::turn::__restore_window($cp, stringify!($src), $n)
     };
     ($other:ident, $cp:expr, $wire:expr, $book:expr) => {
         $crate::turn::__restore_object($cp, $wire)
@@ -257,6 +309,9 @@ macro_rules! __turn_restore {
 macro_rules! __turn_persist {
     (append, $value:expr, $wire:expr, $book:expr, $delta:expr) => {
         $crate::turn::__persist_list($value, $wire, $book, $delta)
+    };
+    (window, $value:expr, $wire:expr, $book:expr, $delta:expr) => {
+        ::std::result::Result::<(), $crate::turn::TurnError>::Ok(())
     };
     ($other:ident, $value:expr, $wire:expr, $book:expr, $delta:expr) => {
         $crate::turn::__persist_object($value, $wire, $book, $delta)

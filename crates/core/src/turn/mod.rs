@@ -173,7 +173,15 @@ pub trait TurnState: Sized {
 
     /// The runtime's bookkeeping.
     fn book(&self) -> &TurnBook;
+
+    /// What a checkpoint load needs: the last entries of each `window`
+    /// field's source, every other list whole.
+    fn load_window() -> LoadWindow;
 }
+
+/// The delta slot of a `window` field: it is written through its source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ViewOnly;
 
 /// What a state type adds by hand: the opening delta, the output view and
 /// where stage timings go.
@@ -300,6 +308,38 @@ pub fn __persist_object<T: Serialize>(
     })?;
     delta.objects.insert(field.to_owned(), v);
     Ok(())
+}
+
+#[doc(hidden)]
+pub fn __restore_window<E: DeserializeOwned>(
+    checkpoint: &Checkpoint,
+    source: &'static str,
+    last: usize,
+) -> Result<Vec<E>, TurnError> {
+    let all = checkpoint.lists.get(source).map_or(&[][..], Vec::as_slice);
+    all[all.len().saturating_sub(last)..]
+        .iter()
+        .map(|v| {
+            serde_json::from_value(v.clone()).map_err(|e| TurnError::Decode {
+                field: source,
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+#[doc(hidden)]
+pub fn __sync_window<E: Clone>(target: &mut Vec<E>, written: &[E], last: usize) {
+    target.extend(written.iter().cloned());
+    if target.len() > last {
+        target.drain(..target.len() - last);
+    }
+}
+
+#[doc(hidden)]
+pub fn __widen_window(window: &mut LoadWindow, source: &'static str, last: usize) {
+    let entry = window.tails.entry(source.to_owned()).or_insert(last);
+    *entry = (*entry).max(last);
 }
 
 #[doc(hidden)]

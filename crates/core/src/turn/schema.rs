@@ -60,6 +60,7 @@ impl Reducer {
         match ident.as_bytes() {
             b"append" => Reducer::Append,
             b"merge" => Reducer::Merge,
+            b"window" => Reducer::Append,
             _ => Reducer::LastValue,
         }
     }
@@ -77,6 +78,9 @@ pub struct FieldSpec {
     pub lifecycle: Lifecycle,
     /// How writes fold; `None` for input fields, which stages never write.
     pub reducer: Option<Reducer>,
+    /// For a window over another list: the source field and how many of
+    /// its last entries it holds.
+    pub view_of: Option<(&'static str, usize)>,
     /// Who writes it.
     pub writers: &'static [&'static str],
     /// What it holds, one line per doc line.
@@ -123,7 +127,11 @@ impl Schema {
                 f.name,
                 f.ty.replace('|', "\\|"),
                 f.lifecycle.as_str(),
-                f.reducer.map_or("—", Reducer::as_str),
+                match (f.reducer, f.view_of) {
+                    (_, Some((source, last))) => format!("window: last {last} of `{source}`"),
+                    (Some(r), None) => r.as_str().to_owned(),
+                    (None, None) => "—".to_owned(),
+                },
                 f.writers.join(", "),
                 doc.replace('|', "\\|"),
             );

@@ -165,10 +165,10 @@ crate::turn_state! {
             proactive_recall_enabled: bool as "procedural_profile.proactive_recall_enabled" => last, by ["turn memory context"];
         }
         reducer {
-            /// The prompt window: the user turn at turn start, the assistant turn at finalization.
-            history: Vec<Message> => append, by ["begin_turn", "finalize_turn"];
-            /// The full durable conversation record.
+            /// The full durable conversation record: the user turn at turn start, the assistant turn at finalization.
             transcript: Vec<Message> => append, by ["begin_turn", "finalize_turn"];
+            /// The prompt window: the last 40 entries of `transcript`, served from its rows.
+            history: Vec<Message> => window(transcript, 40), by ["begin_turn", "finalize_turn"];
             /// Summary, active concerns, open loops, current goal.
             session_memory: SessionMemory => merge, by ["turn memory context"];
             /// Turn count (from the checkpoint version) and sibling flags.
@@ -254,7 +254,6 @@ impl TurnView for SupportState {
             response_style: None,
         };
         SupportDelta {
-            history: vec![user.clone()],
             transcript: vec![user],
             session_progress: Some(SessionProgress {
                 turn_count: Some(self.book().base_version + 1),

@@ -46,7 +46,6 @@ fn run_turn(checkpoint: &Checkpoint, message: &str) -> (SupportOutput, Checkpoin
     s.apply(vec![(
         "finalize_turn",
         SupportDelta {
-            history: vec![assistant(&reply)],
             transcript: vec![assistant(&reply)],
             ..SupportDelta::default()
         },
@@ -73,6 +72,11 @@ fn schema_lists_every_leaf_field_once_with_its_lifecycle() {
     assert_eq!(
         (f.lifecycle, f.reducer),
         (Lifecycle::Reducer, Some(Reducer::Append))
+    );
+    assert_eq!(f.view_of, Some(("transcript", 40)));
+    assert_eq!(
+        SupportState::load_window(),
+        LoadWindow::all().tail("transcript", 40)
     );
     assert_eq!(f.ty, "Vec<Message>");
     assert_eq!(f.writers, ["begin_turn", "finalize_turn"]);
@@ -148,7 +152,7 @@ fn reducers_fold_a_step_in_the_order_given() {
         (
             "a",
             SupportDelta {
-                history: vec![assistant("one")],
+                transcript: vec![assistant("one")],
                 session_memory: Some(SessionMemory {
                     summary: Some("first".to_owned()),
                     current_goal: Some("sleep".to_owned()),
@@ -164,7 +168,7 @@ fn reducers_fold_a_step_in_the_order_given() {
         (
             "b",
             SupportDelta {
-                history: vec![assistant("two")],
+                transcript: vec![assistant("two")],
                 session_memory: Some(SessionMemory {
                     summary: Some("second".to_owned()),
                     ..SessionMemory::default()
@@ -219,9 +223,12 @@ fn finish_turn_returns_only_what_reducers_gained() {
     let mut cp = Checkpoint::default();
     cp.apply(&d1);
     let (_, d2) = run_turn(&cp, "again");
-    assert_eq!(d2.appends["history"].len(), 2);
-    assert_eq!(d2.appends["history"][0]["content"], json!("again"));
+    assert!(
+        !d2.appends.contains_key("history"),
+        "a window is never stored"
+    );
     assert_eq!(d2.appends["transcript"].len(), 2);
+    assert_eq!(d2.appends["transcript"][0]["content"], json!("again"));
     let keys: Vec<_> = d2.objects.keys().map(String::as_str).collect();
     assert_eq!(keys, ["session_progress"], "only written reducer objects");
     assert_eq!(d2.objects["session_progress"], json!({"turn_count": 2}));
@@ -239,16 +246,32 @@ fn checkpoint_windows_keep_the_last_entries() {
         let (_, d) = run_turn(&cp.clone(), &format!("m{i}"));
         cp.apply(&d);
     }
-    let w = cp.clone().windowed(&LoadWindow::all().tail("history", 3));
-    assert_eq!(w.lists["history"].len(), 3);
-    assert_eq!(w.lists["transcript"].len(), 10);
+    assert_eq!(cp.lists["transcript"].len(), 10);
+    let w = cp
+        .clone()
+        .windowed(&LoadWindow::all().tail("transcript", 3));
+    assert_eq!(w.lists["transcript"].len(), 3);
     let s: SupportState = begin_turn(&w, input("next"), SupportLoaded::default()).unwrap();
+    let contents: Vec<_> = s.history.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(contents, ["heard: m3", "m4", "heard: m4", "next"]);
     let (_, d) = finish_turn(s).unwrap();
     assert_eq!(
-        d.appends["history"].len(),
+        d.appends["transcript"].len(),
         1,
         "a window does not re-persist old entries"
     );
+    // The history window holds at most its last 40 entries.
+    let mut long = Checkpoint::default();
+    for i in 0..30 {
+        let (_, d) = run_turn(&long.clone(), &format!("m{i}"));
+        long.apply(&d);
+    }
+    let (_, d) = run_turn(&long.clone().windowed(&SupportState::load_window()), "last");
+    let s: SupportState = begin_turn(&long, input("after"), SupportLoaded::default()).unwrap();
+    assert_eq!(s.history.len(), 40);
+    assert_eq!(s.history.last().map(|m| m.content.as_str()), Some("after"));
+    assert_eq!(s.transcript.len(), 61);
+    assert_eq!(d.appends["transcript"].len(), 2);
 }
 
 #[test]
@@ -515,9 +538,8 @@ fn delta() -> impl Strategy<Value = SupportDelta> {
         any::<bool>(),
     )
         .prop_map(
-            |(history, transcript, step, text, route, diag, summary, persist)| SupportDelta {
-                history,
-                transcript,
+            |(first, then, step, text, route, diag, summary, persist)| SupportDelta {
+                transcript: first.into_iter().chain(then).collect(),
                 exercise_step: step,
                 response_text: text,
                 route,
