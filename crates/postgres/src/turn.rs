@@ -48,73 +48,62 @@ const COMMIT_TAIL: &str = ", ins AS ( \
 #[async_trait]
 impl Checkpointer for PgCheckpointer {
     async fn load(&self, key: &ThreadKey, window: &LoadWindow) -> PortResult<Checkpoint> {
-        let head = sqlx::query(
-            "SELECT version, objects FROM turn_thread \
-             WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3",
-        )
-        .bind(key.product_id.as_str())
-        .bind(key.owner.as_str())
-        .bind(key.thread.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(pg_err("load checkpoint"))?;
-        let Some(head) = head else {
-            return Ok(Checkpoint::default());
-        };
-        let version: i64 = head
-            .try_get("version")
-            .map_err(pg_err("decode checkpoint"))?;
-        let objects: Value = head
-            .try_get("objects")
-            .map_err(pg_err("decode checkpoint"))?;
-        let objects: BTreeMap<String, Value> = match objects {
-            Value::Object(map) => map.into_iter().collect(),
-            _ => BTreeMap::new(),
-        };
-        let mut lists: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-        // Entries of commits after the head we read are left out, so the
-        // checkpoint is consistent even if a commit lands meanwhile.
-        let windowed: Vec<&str> = window.tails.keys().map(String::as_str).collect();
+        // One round trip: the head row, then every list entry up to the
+        // head's version (so a commit landing meanwhile is left out), whole
+        // for unwindowed lists and the last entries of windowed ones.
+        let (fields, lasts): (Vec<&str>, Vec<i64>) = window
+            .tails
+            .iter()
+            .map(|(f, n)| (f.as_str(), i64::try_from(*n).unwrap_or(i64::MAX)))
+            .unzip();
         let rows = sqlx::query(
-            "SELECT field, entry FROM turn_list_entry \
-             WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version <= $4 \
-               AND NOT (field = ANY($5)) \
-             ORDER BY field, version, idx",
+            "WITH head AS ( \
+                SELECT version, objects FROM turn_thread \
+                WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+             ) \
+             SELECT 0 AS part, NULL::text AS field, objects AS value, version, 0 AS idx FROM head \
+             UNION ALL \
+             SELECT 1, e.field, e.entry, e.version, e.idx \
+             FROM head JOIN turn_list_entry e \
+               ON e.product_id = $1 AND e.owner_id = $2 AND e.thread_id = $3 \
+              AND e.version <= head.version AND NOT (e.field = ANY($4)) \
+             UNION ALL \
+             SELECT 1, w.field, x.entry, x.version, x.idx \
+             FROM head CROSS JOIN unnest($4::text[], $5::bigint[]) AS w(field, last) \
+             CROSS JOIN LATERAL ( \
+                SELECT entry, version, idx FROM turn_list_entry \
+                WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+                  AND field = w.field AND version <= head.version \
+                ORDER BY version DESC, idx DESC LIMIT w.last \
+             ) x \
+             ORDER BY part, field, version, idx",
         )
         .bind(key.product_id.as_str())
         .bind(key.owner.as_str())
         .bind(key.thread.as_str())
-        .bind(version)
-        .bind(&windowed)
+        .bind(&fields)
+        .bind(&lasts)
         .fetch_all(&self.pool)
         .await
-        .map_err(pg_err("load checkpoint lists"))?;
-        push_rows(&mut lists, rows)?;
-        for (field, last) in &window.tails {
-            let rows = sqlx::query(
-                "SELECT field, entry FROM ( \
-                   SELECT field, entry, version, idx FROM turn_list_entry \
-                   WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version <= $4 \
-                     AND field = $5 \
-                   ORDER BY version DESC, idx DESC LIMIT $6 \
-                 ) tail ORDER BY version, idx",
-            )
-            .bind(key.product_id.as_str())
-            .bind(key.owner.as_str())
-            .bind(key.thread.as_str())
-            .bind(version)
-            .bind(field)
-            .bind(i64::try_from(*last).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(pg_err("load checkpoint window"))?;
-            push_rows(&mut lists, rows)?;
+        .map_err(pg_err("load checkpoint"))?;
+        let mut checkpoint = Checkpoint::default();
+        for row in rows {
+            let part: i32 = row.try_get("part").map_err(pg_err("decode checkpoint"))?;
+            let value: Value = row.try_get("value").map_err(pg_err("decode checkpoint"))?;
+            if part == 0 {
+                let version: i64 = row
+                    .try_get("version")
+                    .map_err(pg_err("decode checkpoint"))?;
+                checkpoint.version = u64::try_from(version).unwrap_or(0);
+                if let Value::Object(map) = value {
+                    checkpoint.objects = map.into_iter().collect();
+                }
+            } else {
+                let field: String = row.try_get("field").map_err(pg_err("decode checkpoint"))?;
+                checkpoint.lists.entry(field).or_default().push(value);
+            }
         }
-        Ok(Checkpoint {
-            version: u64::try_from(version).unwrap_or(0),
-            lists,
-            objects,
-        })
+        Ok(checkpoint)
     }
 
     async fn commit(
@@ -180,15 +169,6 @@ impl Checkpointer for PgCheckpointer {
             bytes_written: usize::try_from(bytes).unwrap_or(0),
         })
     }
-}
-
-fn push_rows(lists: &mut BTreeMap<String, Vec<Value>>, rows: Vec<PgRow>) -> PortResult<()> {
-    for row in rows {
-        let field: String = row.try_get("field").map_err(pg_err("decode list entry"))?;
-        let entry: Value = row.try_get("entry").map_err(pg_err("decode list entry"))?;
-        lists.entry(field).or_default().push(entry);
-    }
-    Ok(())
 }
 
 /// The memory store in PostgreSQL: full-text token recall on a `tsvector`
