@@ -144,13 +144,23 @@ fn report(label: &str, threads: usize, r: &Run) {
     ));
 }
 
+/// Checkpoint tables' total size on disk, indexes and TOAST included.
+async fn disk_bytes(pool: &parlance_postgres::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT pg_total_relation_size('turn_list_entry') + pg_total_relation_size('turn_thread')",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("relation sizes")
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let Some(pool) = parlance_postgres::testing::test_pool().await else {
         out("turn bench: DATABASE_URL is not set; nothing measured");
         return;
     };
-    let cp: Arc<dyn Checkpointer> = Arc::new(PgCheckpointer::new(pool));
+    let cp: Arc<dyn Checkpointer> = Arc::new(PgCheckpointer::new(pool.clone()));
     // The state's own window loads the last 40 transcript entries (the
     // history window); the full load reads the whole transcript every turn.
     let modes = [
@@ -161,8 +171,15 @@ async fn main() {
     for (i, (label, window)) in modes.into_iter().enumerate() {
         let runner = Arc::new(echo::runner::<()>(Arc::clone(&cp)).window(window));
         let base = i * 1000;
+        let before = disk_bytes(&pool).await;
         let one = run(Arc::clone(&runner), 1, 200, base).await;
+        let after = disk_bytes(&pool).await;
         report(label, 1, &one);
+        out(&format!(
+            "{:<28} on disk (tables + indexes, all pages): {} B per turn over the 200 turns",
+            "",
+            (after - before) / 200
+        ));
         let many = run(Arc::clone(&runner), 16, 50, base + 100).await;
         report(label, 16, &many);
     }
