@@ -18,6 +18,7 @@ pub mod models;
 pub mod serve;
 pub mod state;
 pub mod telemetry;
+pub mod turn;
 pub mod worker;
 
 pub use config::{LogFormat, ServeConfig};

@@ -4,14 +4,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parlance_memory::{
-    HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryConversationStore,
-    MemoryTaskQueue, OfflineLlm,
+    HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryCheckpointer,
+    MemoryConversationStore, MemoryMemoryStore, MemoryTaskQueue, OfflineLlm,
 };
 use parlance_ports::{
-    AdoptionStore, AuditLog, Channel, Clock, ConversationStore, EmbeddingProvider, IdGen,
-    LlmClient, PortError, PortResult, QueueConfig, SystemClock, TaskQueue, UuidV7Ids,
+    AdoptionStore, AuditLog, Channel, Checkpointer, Clock, ConversationStore, EmbeddingProvider,
+    IdGen, LlmClient, MemoryStore, PortError, PortResult, QueueConfig, SystemClock, TaskQueue,
+    UuidV7Ids,
 };
-use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgConversationStore, PgPool, PgTaskQueue};
+use parlance_postgres::{
+    PgAdoptionStore, PgAuditLog, PgCheckpointer, PgConversationStore, PgMemoryStore, PgPool,
+    PgTaskQueue,
+};
 
 use crate::auth::ApiKeys;
 
@@ -59,6 +63,10 @@ pub struct AppState {
     pub adoption: Arc<dyn AdoptionStore>,
     /// The durable task queue.
     pub queue: Arc<dyn TaskQueue>,
+    /// Turn checkpoints per thread.
+    pub checkpointer: Arc<dyn Checkpointer>,
+    /// Long-term memory per owner.
+    pub memory_store: Arc<dyn MemoryStore>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -93,6 +101,8 @@ impl AppState {
             audit,
             adoption: Arc::new(MemoryAdoptionStore::new()),
             queue: Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default())),
+            checkpointer: Arc::new(MemoryCheckpointer::new()),
+            memory_store: Arc::new(MemoryMemoryStore::new()),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -114,6 +124,8 @@ impl AppState {
                 Arc::new(SystemClock),
                 QueueConfig::default(),
             )),
+            checkpointer: Arc::new(PgCheckpointer::new(pool.clone())),
+            memory_store: Arc::new(PgMemoryStore::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

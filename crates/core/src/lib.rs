@@ -17,6 +17,7 @@ pub mod queue;
 pub mod structured;
 pub mod table;
 pub mod time;
+pub mod turn;
 
 pub use id::{IdError, ProductId};
 pub use outcome::{Outcome, Transition};

@@ -16,6 +16,7 @@ mod conversation;
 pub mod embedding;
 pub mod llm;
 mod queue;
+mod turn;
 
 pub use adoption::MemoryAdoptionStore;
 pub use audit::MemoryAuditLog;
@@ -24,3 +25,4 @@ pub use conversation::MemoryConversationStore;
 pub use embedding::HashingEmbedder;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};
 pub use queue::MemoryTaskQueue;
+pub use turn::{MemoryCheckpointer, MemoryMemoryStore};

@@ -19,6 +19,7 @@ pub mod embedding;
 pub mod error;
 pub mod llm;
 pub mod queue;
+pub mod turn;
 
 pub use adoption::{AdoptionStore, StoredAdoption};
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
@@ -37,3 +38,4 @@ pub use queue::{
     LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport,
     TaskId, TaskQueue, TaskSpec, WorkerId,
 };
+pub use turn::{Checkpointer, Committed, MemoryStore};

@@ -17,6 +17,7 @@ mod pool;
 mod queue;
 pub mod testing;
 mod time;
+mod turn;
 
 pub use adoption::PgAdoptionStore;
 pub use audit::PgAuditLog;
@@ -24,3 +25,4 @@ pub use conversation::PgConversationStore;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use queue::PgTaskQueue;
 pub use sqlx::PgPool;
+pub use turn::{PgCheckpointer, PgMemoryStore};

@@ -11,9 +11,11 @@
 
 pub mod adoption;
 pub mod audit;
+pub mod checkpoint;
 pub mod conversation;
 pub mod embedding;
 pub mod llm;
+pub mod memory_store;
 pub mod queue;
 
 pub use parlance_ports::{ManualClock, SequentialIds};

@@ -22,7 +22,10 @@ fn model() -> OfflineLlm {
     OfflineLlm::new()
         .with_rule(
             When::UserContains("tuesday".into()),
-            Reply::tool_call("end_conversation", json!({"outcome": "demo booked for Tuesday 10:00"})),
+            Reply::tool_call(
+                "end_conversation",
+                json!({"outcome": "demo booked for Tuesday 10:00"}),
+            ),
         )
         .with_rule(
             When::Contains("this is Ana".into()),
@@ -30,7 +33,10 @@ fn model() -> OfflineLlm {
         )
         .with_rule(
             When::UserContains("person".into()),
-            Reply::tool_call("request_human", json!({"reason": "wants to talk pricing with a person"})),
+            Reply::tool_call(
+                "request_human",
+                json!({"reason": "wants to talk pricing with a person"}),
+            ),
         )
         .with_rule(
             When::PromptName("conversation_follow_up".into()),
@@ -69,12 +75,23 @@ pub async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
         "heartbeat_interval_s": 1800,
         "max_follow_ups": 2
     });
-    let (s, first) = demo.request(Method::POST, base, Some(create.clone())).await?;
+    let (s, first) = demo
+        .request(Method::POST, base, Some(create.clone()))
+        .await?;
     anyhow::ensure!(s == StatusCode::CREATED, "create answered {s}");
-    let id = first["conversation"]["instance_id"].as_str().unwrap_or_default().to_owned();
-    demo.say(&format!("first conversation: {}", text(&first["conversation"]["state"])))?;
+    let id = first["conversation"]["instance_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    demo.say(&format!(
+        "first conversation: {}",
+        text(&first["conversation"]["state"])
+    ))?;
     let (_, second) = demo.request(Method::POST, base, Some(create)).await?;
-    let queued = second["conversation"]["instance_id"].as_str().unwrap_or_default().to_owned();
+    let queued = second["conversation"]["instance_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     demo.say(&format!(
         "second one for the same contact: {}",
         text(&second["conversation"]["state"])
@@ -83,44 +100,70 @@ pub async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
     let mut delivered = 0;
     let mut step = |demo: &mut Demo<_>, note: &str| -> anyhow::Result<()> {
         for m in &channel.sent()[delivered..] {
-            demo.say(&format!("   delivered #{} ({:?}): {}", m.outbound_seq, m.role, m.text))?;
+            demo.say(&format!(
+                "   delivered #{} ({:?}): {}",
+                m.outbound_seq, m.role, m.text
+            ))?;
         }
         delivered = channel.sent().len();
         Ok(demo.say(note)?)
     };
     drain(&worker).await?;
     let state_now = current(&mut demo, &format!("{base}/{id}")).await?;
-    step(&mut demo, &format!("the agent wrote first; now {state_now}"))?;
+    step(
+        &mut demo,
+        &format!("the agent wrote first; now {state_now}"),
+    )?;
 
     clock.advance(Duration::from_secs(1800));
     let fired = sweep_once(&state).await?;
     drain(&worker).await?;
     let state_now = current(&mut demo, &format!("{base}/{id}")).await?;
-    step(&mut demo, &format!("30 minutes of silence: {fired} heartbeat fired, a follow-up went out; now {state_now}"))?;
+    step(
+        &mut demo,
+        &format!(
+            "30 minutes of silence: {fired} heartbeat fired, a follow-up went out; now {state_now}"
+        ),
+    )?;
 
     let reply = json!({"text": "Can I talk to a person about pricing first?"});
-    demo.request(Method::POST, &format!("{base}/{id}/replies"), Some(reply)).await?;
+    demo.request(Method::POST, &format!("{base}/{id}/replies"), Some(reply))
+        .await?;
     drain(&worker).await?;
     let state_now = current(&mut demo, &format!("{base}/{id}")).await?;
-    step(&mut demo, &format!("the contact asked for a person; the agent handed off: {state_now}"))?;
+    step(
+        &mut demo,
+        &format!("the contact asked for a person; the agent handed off: {state_now}"),
+    )?;
 
-    let send = json!({"text": "Hi, this is Ana from sales: pricing is per seat, 20% off this month."});
-    demo.request(Method::POST, &format!("{base}/{id}/send"), Some(send)).await?;
+    let send =
+        json!({"text": "Hi, this is Ana from sales: pricing is per seat, 20% off this month."});
+    demo.request(Method::POST, &format!("{base}/{id}/send"), Some(send))
+        .await?;
     drain(&worker).await?;
     let state_now = current(&mut demo, &format!("{base}/{id}")).await?;
-    step(&mut demo, &format!("the operator answered and the agent went on: {state_now}"))?;
+    step(
+        &mut demo,
+        &format!("the operator answered and the agent went on: {state_now}"),
+    )?;
 
     let reply = json!({"text": "Great, Tuesday at 10 works."});
-    demo.request(Method::POST, &format!("{base}/{id}/replies"), Some(reply)).await?;
+    demo.request(Method::POST, &format!("{base}/{id}/replies"), Some(reply))
+        .await?;
     drain(&worker).await?;
-    let (_, done) = demo.request(Method::GET, &format!("{base}/{id}"), None).await?;
+    let (_, done) = demo
+        .request(Method::GET, &format!("{base}/{id}"), None)
+        .await?;
     demo.say(&format!(
         "the agent ended it: {} ({})",
         text(&done["conversation"]["state"]),
         text(&done["conversation"]["outcome"])
     ))?;
     let state_now = current(&mut demo, &format!("{base}/{queued}")).await?;
-    step(&mut demo, &format!("the queued conversation was promoted and has begun: {state_now}"))?;
+    step(
+        &mut demo,
+        &format!("the queued conversation was promoted and has begun: {state_now}"),
+    )?;
     anyhow::ensure!(
         done["conversation"]["state"] == "COMPLETED" && state_now == "WAITING_FOR_REPLY",
         "the conversation scene did not go as scripted"
@@ -139,5 +182,8 @@ async fn drain(worker: &Worker) -> anyhow::Result<()> {
 
 async fn current<W: Write>(demo: &mut Demo<W>, path: &str) -> anyhow::Result<String> {
     let (_, body) = demo.request(Method::GET, path, None).await?;
-    Ok(body["conversation"]["state"].as_str().unwrap_or("?").to_owned())
+    Ok(body["conversation"]["state"]
+        .as_str()
+        .unwrap_or("?")
+        .to_owned())
 }

@@ -74,7 +74,10 @@ fn answer(task: &Lease) -> Result<Value, TaskError> {
             .append(true)
             .open(path)
             .map_err(|e| TaskError::retryable(format!("open record file: {e}")))?;
-        writeln!(f, "{line}").map_err(|e| TaskError::retryable(format!("record: {e}")))?;
+        // One `write` of the whole line: a process killed mid-task leaves
+        // either the line or nothing, never half of it.
+        f.write_all(format!("{line}\n").as_bytes())
+            .map_err(|e| TaskError::retryable(format!("record: {e}")))?;
     }
     Ok(result)
 }

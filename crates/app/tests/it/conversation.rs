@@ -34,7 +34,8 @@ struct Fixture {
 impl Fixture {
     async fn new(llm: OfflineLlm) -> Self {
         let clock = Arc::new(ManualClock::new());
-        let mut state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+        let mut state =
+            AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
         let channel = Arc::new(LoopbackChannel::new());
         state.channel = channel.clone();
         state.llm = Arc::new(llm);
@@ -73,12 +74,17 @@ impl Fixture {
     async fn state_of(&self, id: &str) -> (String, Value) {
         let (status, body) = self.send(Method::GET, &format!("{BASE}/{id}"), None).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        (body["conversation"]["state"].as_str().unwrap().to_owned(), body)
+        (
+            body["conversation"]["state"].as_str().unwrap().to_owned(),
+            body,
+        )
     }
 
     async fn create(&self, contact: &str, extra: Value) -> Value {
         let mut body = json!({"contact_id": contact, "objective": "book a demo call", "todos": ["ask for a day"]});
-        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         let (status, created) = self.send(Method::POST, BASE, Some(body)).await;
         assert_eq!(status, StatusCode::CREATED, "{created}");
         created
@@ -86,14 +92,19 @@ impl Fixture {
 }
 
 fn id_of(v: &Value) -> String {
-    v["conversation"]["instance_id"].as_str().unwrap().to_owned()
+    v["conversation"]["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// Replaces a value that varies between runs, keeping `null` visible.
 fn varying(label: &'static str) -> insta::internals::Redaction {
-    insta::dynamic_redaction(move |value, _| {
-        if value.is_nil() { value } else { label.into() }
-    })
+    insta::dynamic_redaction(
+        move |value, _| {
+            if value.is_nil() { value } else { label.into() }
+        },
+    )
 }
 
 macro_rules! snapshot {
@@ -115,7 +126,10 @@ macro_rules! snapshot {
 async fn a_silent_contact_is_followed_up_then_abandoned() {
     let f = Fixture::new(OfflineLlm::new()).await;
     let created = f
-        .create("+15550001", json!({"heartbeat_interval_s": 60, "max_follow_ups": 2}))
+        .create(
+            "+15550001",
+            json!({"heartbeat_interval_s": 60, "max_follow_ups": 2}),
+        )
         .await;
     snapshot!("conversation_created", &created);
     let id = id_of(&created);
@@ -127,9 +141,17 @@ async fn a_silent_contact_is_followed_up_then_abandoned() {
 
     for n in 1..=2 {
         f.server.clock.advance(Duration::from_secs(59));
-        assert_eq!(sweep_once(&f.state).await.unwrap(), 0, "not due before the interval");
+        assert_eq!(
+            sweep_once(&f.state).await.unwrap(),
+            0,
+            "not due before the interval"
+        );
         f.server.clock.advance(Duration::from_secs(1));
-        assert_eq!(sweep_once(&f.state).await.unwrap(), 1, "heartbeat {n} fires");
+        assert_eq!(
+            sweep_once(&f.state).await.unwrap(),
+            1,
+            "heartbeat {n} fires"
+        );
         assert_eq!(f.state_of(&id).await.0, "HEARTBEAT_SCHEDULED");
         assert_eq!(f.drain().await, 1, "one follow-up");
         let (state, body) = f.state_of(&id).await;
@@ -138,7 +160,11 @@ async fn a_silent_contact_is_followed_up_then_abandoned() {
     }
     f.server.clock.advance(Duration::from_secs(60));
     assert_eq!(sweep_once(&f.state).await.unwrap(), 1);
-    assert_eq!(sweep_once(&f.state).await.unwrap(), 0, "a heartbeat fires once");
+    assert_eq!(
+        sweep_once(&f.state).await.unwrap(),
+        0,
+        "a heartbeat fires once"
+    );
     let (state, body) = f.state_of(&id).await;
     assert_eq!(state, "ABANDONED");
     assert_eq!(body["conversation"]["end_reason"], "abandoned");
@@ -146,15 +172,27 @@ async fn a_silent_contact_is_followed_up_then_abandoned() {
     assert_eq!(transcript.len(), 3);
     assert!(transcript.iter().all(|m| m["role"] == "agent"));
     let sent = f.channel.sent();
-    assert_eq!(sent.iter().map(|m| m.outbound_seq).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(
+        sent.iter().map(|m| m.outbound_seq).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
 
-    let (status, audit) = f.send(Method::GET, &format!("{BASE}/{id}/audit"), None).await;
+    let (status, audit) = f
+        .send(Method::GET, &format!("{BASE}/{id}/audit"), None)
+        .await;
     assert_eq!(status, StatusCode::OK);
     let steps: Vec<_> = audit["items"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| format!("{} -> {} ({})", r["from"].as_str().unwrap_or("-"), r["to"].as_str().unwrap(), r["cause"].as_str().unwrap()))
+        .map(|r| {
+            format!(
+                "{} -> {} ({})",
+                r["from"].as_str().unwrap_or("-"),
+                r["to"].as_str().unwrap(),
+                r["cause"].as_str().unwrap()
+            )
+        })
         .collect();
     insta::assert_debug_snapshot!("conversation_abandoned_audit", steps);
 }
@@ -171,44 +209,77 @@ async fn one_contact_one_active_conversation_and_operator_commands() {
     assert_eq!(f.state_of(&second).await.0, "QUEUED");
 
     let (status, replied) = f
-        .send(Method::POST, &format!("{BASE}/{first}/replies"), Some(json!({"text": "which day?"})))
+        .send(
+            Method::POST,
+            &format!("{BASE}/{first}/replies"),
+            Some(json!({"text": "which day?"})),
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     snapshot!("conversation_reply", &replied);
     f.drain().await;
     assert_eq!(f.state_of(&first).await.0, "WAITING_FOR_REPLY");
 
-    let (status, paused) = f.send(Method::POST, &format!("{BASE}/{first}/pause"), None).await;
+    let (status, paused) = f
+        .send(Method::POST, &format!("{BASE}/{first}/pause"), None)
+        .await;
     assert_eq!(status, StatusCode::OK);
     snapshot!("conversation_paused", &paused);
-    let (status, refused) = f.send(Method::POST, &format!("{BASE}/{first}/pause"), None).await;
+    let (status, refused) = f
+        .send(Method::POST, &format!("{BASE}/{first}/pause"), None)
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(refused["state"], "PAUSED");
     snapshot!("conversation_invalid_transition", &refused);
-    let (status, _) = f.send(Method::POST, &format!("{BASE}/{first}/resume"), None).await;
+    let (status, _) = f
+        .send(Method::POST, &format!("{BASE}/{first}/resume"), None)
+        .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(f.state_of(&first).await.0, "WAITING_FOR_REPLY");
 
     let (status, sent) = f
-        .send(Method::POST, &format!("{BASE}/{first}/send"), Some(json!({"text": "Hi, a human here."})))
+        .send(
+            Method::POST,
+            &format!("{BASE}/{first}/send"),
+            Some(json!({"text": "Hi, a human here."})),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{sent}");
     assert_eq!(f.channel.sent().last().unwrap().role, Role::Human);
 
-    let (status, cancelled) = f.send(Method::POST, &format!("{BASE}/{first}/cancel"), None).await;
+    let (status, cancelled) = f
+        .send(Method::POST, &format!("{BASE}/{first}/cancel"), None)
+        .await;
     assert_eq!(status, StatusCode::OK);
     snapshot!("conversation_cancelled", &cancelled);
     assert_eq!(cancelled["conversation"]["end_reason"], "cancelled");
-    assert_eq!(cancelled["promoted"]["instance_id"].as_str(), Some(second.as_str()));
+    assert_eq!(
+        cancelled["promoted"]["instance_id"].as_str(),
+        Some(second.as_str())
+    );
     assert_eq!(f.state_of(&second).await.0, "CREATED");
 
     let (status, late) = f
-        .send(Method::POST, "/v1/products/acme/contacts/+15550002/replies", Some(json!({"text": "hello?"})))
+        .send(
+            Method::POST,
+            "/v1/products/acme/contacts/+15550002/replies",
+            Some(json!({"text": "hello?"})),
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(late["conversation"]["instance_id"].as_str(), Some(second.as_str()), "goes to the holder");
+    assert_eq!(
+        late["conversation"]["instance_id"].as_str(),
+        Some(second.as_str()),
+        "goes to the holder"
+    );
 
-    let (status, list) = f.send(Method::GET, &format!("{BASE}?contact_id=%2B15550002&state=FAILED"), None).await;
+    let (status, list) = f
+        .send(
+            Method::GET,
+            &format!("{BASE}?contact_id=%2B15550002&state=FAILED"),
+            None,
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
 }
@@ -216,31 +287,57 @@ async fn one_contact_one_active_conversation_and_operator_commands() {
 #[tokio::test]
 async fn bad_requests_are_4xx_and_change_nothing() {
     let f = Fixture::new(OfflineLlm::new()).await;
-    let (status, body) = f.send(Method::POST, BASE, Some(json!({"contact_id": "x"}))).await;
+    let (status, body) = f
+        .send(Method::POST, BASE, Some(json!({"contact_id": "x"})))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     snapshot!("conversation_missing_field", &body);
     let (status, _) = f
-        .send(Method::POST, BASE, Some(json!({"contact_id": "x", "objective": "  "})))
+        .send(
+            Method::POST,
+            BASE,
+            Some(json!({"contact_id": "x", "objective": "  "})),
+        )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let unknown = InstanceId::from_uuid(uuid::Uuid::from_u128(42));
-    let (status, body) = f.send(Method::GET, &format!("{BASE}/{unknown}"), None).await;
+    let (status, body) = f
+        .send(Method::GET, &format!("{BASE}/{unknown}"), None)
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     snapshot!("conversation_not_found", &body);
-    let (status, _) = f.send(Method::POST, &format!("{BASE}/not-a-uuid/pause"), None).await;
+    let (status, _) = f
+        .send(Method::POST, &format!("{BASE}/not-a-uuid/pause"), None)
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let id = id_of(&f.create("+15550003", json!({})).await);
     let (status, _) = f
-        .send(Method::GET, &format!("/v1/products/other/conversations/{id}"), None)
+        .send(
+            Method::GET,
+            &format!("/v1/products/other/conversations/{id}"),
+            None,
+        )
         .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "another product's path is not found");
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "another product's path is not found"
+    );
     let (status, _) = f
-        .send(Method::POST, &format!("{BASE}/{id}/replies"), Some(json!({"text": ""})))
+        .send(
+            Method::POST,
+            &format!("{BASE}/{id}/replies"),
+            Some(json!({"text": ""})),
+        )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let (status, list) = f.send(Method::GET, BASE, None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(list["items"].as_array().unwrap().len(), 1, "only the valid create stored anything");
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        1,
+        "only the valid create stored anything"
+    );
 }
 
 #[tokio::test]
@@ -250,11 +347,17 @@ async fn the_agent_hands_off_to_a_human_and_completes() {
     let llm = OfflineLlm::new()
         .with_rule(
             When::UserContains("tuesday".into()),
-            Reply::tool_call("end_conversation", json!({"outcome": "demo booked for Tuesday"})),
+            Reply::tool_call(
+                "end_conversation",
+                json!({"outcome": "demo booked for Tuesday"}),
+            ),
         )
         .with_rule(
             When::Contains("refund done".into()),
-            Reply::tool_call("send_message", json!({"text": "Glad that is sorted. Which day suits you?"})),
+            Reply::tool_call(
+                "send_message",
+                json!({"text": "Glad that is sorted. Which day suits you?"}),
+            ),
         )
         .with_rule(
             When::UserContains("refund".into()),
@@ -263,25 +366,46 @@ async fn the_agent_hands_off_to_a_human_and_completes() {
     let f = Fixture::new(llm).await;
     let id = id_of(&f.create("+15550004", json!({})).await);
     f.drain().await;
-    f.send(Method::POST, &format!("{BASE}/{id}/replies"), Some(json!({"text": "I want a refund first"})))
-        .await;
+    f.send(
+        Method::POST,
+        &format!("{BASE}/{id}/replies"),
+        Some(json!({"text": "I want a refund first"})),
+    )
+    .await;
     f.drain().await;
     let (state, body) = f.state_of(&id).await;
     assert_eq!(state, "NEEDS_HUMAN_INTERVENTION");
     assert_eq!(body["conversation"]["human_reason"], "asks for a refund");
     let (status, _) = f
-        .send(Method::POST, &format!("{BASE}/{id}/send"), Some(json!({"text": "Refund done."})))
+        .send(
+            Method::POST,
+            &format!("{BASE}/{id}/send"),
+            Some(json!({"text": "Refund done."})),
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     f.drain().await;
-    assert_eq!(f.state_of(&id).await.0, "WAITING_FOR_REPLY", "the agent went on after the operator");
-    f.send(Method::POST, &format!("{BASE}/{id}/replies"), Some(json!({"text": "Tuesday works"})))
-        .await;
+    assert_eq!(
+        f.state_of(&id).await.0,
+        "WAITING_FOR_REPLY",
+        "the agent went on after the operator"
+    );
+    f.send(
+        Method::POST,
+        &format!("{BASE}/{id}/replies"),
+        Some(json!({"text": "Tuesday works"})),
+    )
+    .await;
     f.drain().await;
     let (state, body) = f.state_of(&id).await;
     assert_eq!(state, "COMPLETED");
     assert_eq!(body["conversation"]["outcome"], "demo booked for Tuesday");
-    let roles: Vec<_> = body["transcript"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap().to_owned()).collect();
+    let roles: Vec<_> = body["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(roles, ["agent", "contact", "human", "agent", "contact"]);
 }
 
@@ -299,7 +423,13 @@ async fn an_agent_out_of_retries_fails_the_conversation() {
     }
     let (state, body) = f.state_of(&id).await;
     assert_eq!(state, "FAILED");
-    assert!(body["conversation"]["end_reason"].as_str().unwrap().contains("model call failed"), "{body}");
+    assert!(
+        body["conversation"]["end_reason"]
+            .as_str()
+            .unwrap()
+            .contains("model call failed"),
+        "{body}"
+    );
 }
 
 fn spawn_worker(url: &str) -> Child {
@@ -315,7 +445,9 @@ fn spawn_worker(url: &str) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_worker_processes_share_the_heartbeats_on_postgres() {
-    let Some(pool) = test_pool().await else { return };
+    let Some(pool) = test_pool().await else {
+        return;
+    };
     let url = url_for(&pool);
     let state = AppState::postgres(pool, keys());
     let product = ProductId::parse("acme").unwrap();
@@ -324,7 +456,8 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
         let new = parlance_core::conversation::NewInstance {
             product_id: product.clone(),
             instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(1000 + n)),
-            contact_id: parlance_core::conversation::ContactId::parse(format!("+1555100{n}")).unwrap(),
+            contact_id: parlance_core::conversation::ContactId::parse(format!("+1555100{n}"))
+                .unwrap(),
             channel: "loopback".into(),
             objective: "book a demo call".into(),
             todos: vec![],
@@ -332,7 +465,12 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
             max_follow_ups: 2,
             metadata: serde_json::Map::new(),
         };
-        ids.push(parlance_app::conversation::service::create(&state, new).await.unwrap().instance_id);
+        ids.push(
+            parlance_app::conversation::service::create(&state, new)
+                .await
+                .unwrap()
+                .instance_id,
+        );
     }
     let mut workers = [spawn_worker(&url), spawn_worker(&url)];
     let store = state.conversations.clone();
@@ -350,7 +488,12 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
             true
         }
     };
-    wait_until("every conversation to be abandoned", Duration::from_secs(60), all_abandoned).await;
+    wait_until(
+        "every conversation to be abandoned",
+        Duration::from_secs(60),
+        all_abandoned,
+    )
+    .await;
     for w in &mut workers {
         w.kill().unwrap();
         w.wait().unwrap();
@@ -358,8 +501,16 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
     for id in ids {
         let transcript = store.transcript(&product, id).await.unwrap();
         let seqs: Vec<_> = transcript.iter().map(|m| m.outbound_seq).collect();
-        assert_eq!(seqs, [Some(1), Some(2), Some(3)], "first message and two follow-ups, once each");
-        let audit = state.audit.list(&product, "conversation", &id.to_string(), None, 100).await.unwrap();
+        assert_eq!(
+            seqs,
+            [Some(1), Some(2), Some(3)],
+            "first message and two follow-ups, once each"
+        );
+        let audit = state
+            .audit
+            .list(&product, "conversation", &id.to_string(), None, 100)
+            .await
+            .unwrap();
         let fired = audit
             .iter()
             .filter(|r| r.entry.cause == "timer_fired" && r.entry.to == "HEARTBEAT_SCHEDULED")

@@ -1,8 +1,8 @@
 //! A service on a real listener (port 0) and a client for it.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parlance_app::auth::{ApiKey, ApiKeys};
 use parlance_app::{AppState, http::router};
@@ -101,4 +101,3 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
-

@@ -102,3 +102,23 @@ mod queue {
         Some(Subject::new(queue, clock))
     });
 }
+
+mod checkpoint {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryCheckpointer;
+
+    parlance_testkit::checkpointer_suite!(async {
+        Some(Arc::new(MemoryCheckpointer::new()) as parlance_testkit::checkpoint::Subject)
+    });
+}
+
+mod memory_store {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryMemoryStore;
+
+    parlance_testkit::memory_store_suite!(async {
+        Some(Arc::new(MemoryMemoryStore::new()) as parlance_testkit::memory_store::Subject)
+    });
+}

@@ -27,6 +27,18 @@ mod conversation {
     });
 }
 
+mod checkpoint {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgCheckpointer, testing::test_pool};
+
+    parlance_testkit::checkpointer_suite!(async {
+        test_pool().await.map(|pool| {
+            Arc::new(PgCheckpointer::new(pool)) as parlance_testkit::checkpoint::Subject
+        })
+    });
+}
+
 mod adoption {
     use std::sync::Arc;
 
@@ -51,5 +63,17 @@ mod queue {
         let clock = Arc::new(ManualClock::new());
         let queue = Arc::new(PgTaskQueue::new(pool, clock.clone(), config()));
         Some(Subject::new(queue, clock))
+    });
+}
+
+mod memory_store {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgMemoryStore, testing::test_pool};
+
+    parlance_testkit::memory_store_suite!(async {
+        test_pool().await.map(|pool| {
+            Arc::new(PgMemoryStore::new(pool)) as parlance_testkit::memory_store::Subject
+        })
     });
 }

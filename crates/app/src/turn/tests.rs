@@ -1,0 +1,390 @@
+//! Tests of the turn executor on the in-memory adapters (and PostgreSQL for
+//! the racing case when `DATABASE_URL` is set).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use parlance_core::ProductId;
+use parlance_core::turn::seed::{
+    Channel, Route, SupportDelta, SupportInput, SupportLoaded, SupportState,
+};
+use parlance_core::turn::{
+    Checkpoint, CheckpointDelta, END, Graph, GraphError, LoadWindow, MemoryEntry, MemoryId,
+    MemoryRecord, OwnerId, RetrievalPath, SemanticEntry, ThreadId, ThreadKey, TurnError,
+};
+use parlance_memory::{MemoryCheckpointer, MemoryMemoryStore};
+use parlance_ports::{Checkpointer, Committed, MemoryStore, PortError, PortResult};
+use serde_json::json;
+
+use super::*;
+
+fn key(thread: &str) -> ThreadKey {
+    ThreadKey {
+        product_id: ProductId::parse("p").unwrap(),
+        owner: OwnerId::parse("u1").unwrap(),
+        thread: ThreadId::parse(thread).unwrap(),
+    }
+}
+
+fn input(message: &str) -> SupportInput {
+    SupportInput {
+        message: message.to_owned(),
+        channel: Channel::Test,
+        user_id: Some("u1".to_owned()),
+        session_id: Some("t".to_owned()),
+        installed_skills: vec![],
+    }
+}
+
+fn contents(cp: &Checkpoint, field: &str) -> Vec<String> {
+    cp.lists
+        .get(field)
+        .map(|l| {
+            l.iter()
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_turn_runs_the_graph_times_its_stages_and_commits() {
+    let cp: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let runner = echo::runner::<()>(cp.clone());
+    let k = key("t");
+    let r1 = runner
+        .run(&(), &k, input("I slept badly"), SupportLoaded::default())
+        .await
+        .expect("turn 1");
+    assert_eq!(r1.version, 1);
+    assert_eq!(r1.attempts, 1);
+    assert_eq!(
+        r1.output.response_text,
+        "Turn 1: I hear you saying \"I slept badly\"."
+    );
+    assert_eq!(r1.output.response_type, "reply");
+    assert_eq!(r1.output.response_style_source, "model");
+    let stages: Vec<_> = r1.timings.iter().map(|t| (t.step, t.stage)).collect();
+    assert_eq!(stages, [(1, "gate"), (2, "reply"), (3, "finalize_turn")]);
+    for k in ["gate_ms", "reply_ms", "finalize_turn_ms", "turn_total_ms"] {
+        assert!(r1.output.diagnostics[k].is_f64(), "{k} missing");
+    }
+    assert_eq!(
+        r1.output.diagnostics["crisis_classifier_path"],
+        json!("keyword")
+    );
+    let r2 = runner
+        .run(
+            &(),
+            &k,
+            input("I want to hurt myself"),
+            SupportLoaded::default(),
+        )
+        .await
+        .expect("turn 2");
+    assert_eq!(r2.version, 2);
+    assert_eq!(r2.output.response_type, "crisis");
+    assert!(
+        !r2.output.diagnostics.contains_key("reply_ms"),
+        "no stale timings"
+    );
+    let saved = cp.load(&k, &LoadWindow::all()).await.unwrap();
+    assert_eq!(
+        contents(&saved, "transcript"),
+        [
+            "I slept badly",
+            "Turn 1: I hear you saying \"I slept badly\".",
+            "I want to hurt myself",
+            "I'm worried about your safety. Please contact your local emergency services."
+        ]
+    );
+    assert_eq!(saved.objects["session_progress"], json!({"turn_count": 2}));
+    assert!(!saved.objects.contains_key("diagnostics"));
+    assert!(!saved.objects.contains_key("route"));
+}
+
+#[tokio::test]
+async fn turns_are_deterministic_given_their_inputs() {
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let cp: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+        let runner = echo::runner::<()>(cp.clone());
+        let mut texts = Vec::new();
+        for m in ["a", "b", "end it all", "c"] {
+            let r = runner
+                .run(&(), &key("t"), input(m), SupportLoaded::default())
+                .await
+                .unwrap();
+            texts.push((
+                r.output.response_text,
+                r.output.response_type,
+                r.bytes_written,
+            ));
+        }
+        runs.push((texts, cp.load(&key("t"), &LoadWindow::all()).await.unwrap()));
+    }
+    assert_eq!(runs[0], runs[1]);
+}
+
+/// Lets another turn commit right before this one's first commit.
+struct Intruder {
+    inner: MemoryCheckpointer,
+    armed: AtomicBool,
+}
+
+#[async_trait]
+impl Checkpointer for Intruder {
+    async fn load(&self, key: &ThreadKey, window: &LoadWindow) -> PortResult<Checkpoint> {
+        self.inner.load(key, window).await
+    }
+
+    async fn commit(
+        &self,
+        key: &ThreadKey,
+        expected_version: u64,
+        delta: &CheckpointDelta,
+    ) -> PortResult<Committed> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            let mut other = CheckpointDelta::default();
+            other.appends.insert(
+                "transcript".to_owned(),
+                vec![json!({"role": "user", "content": "intruder"})],
+            );
+            self.inner.commit(key, expected_version, &other).await?;
+        }
+        self.inner.commit(key, expected_version, delta).await
+    }
+}
+
+#[tokio::test]
+async fn a_lost_commit_is_retried_on_the_new_state() {
+    let cp = Arc::new(Intruder {
+        inner: MemoryCheckpointer::new(),
+        armed: AtomicBool::new(true),
+    });
+    let runner = echo::runner::<()>(cp.clone());
+    let r = runner
+        .run(&(), &key("t"), input("hello"), SupportLoaded::default())
+        .await
+        .expect("turn");
+    assert_eq!(r.attempts, 2);
+    assert_eq!(r.version, 2);
+    assert_eq!(
+        r.output.response_text,
+        "Turn 2: I hear you saying \"hello\"."
+    );
+    let saved = cp.load(&key("t"), &LoadWindow::all()).await.unwrap();
+    assert_eq!(
+        contents(&saved, "transcript"),
+        ["intruder", "hello", "Turn 2: I hear you saying \"hello\"."]
+    );
+}
+
+async fn racing_turns_all_land(cp: Arc<dyn Checkpointer>) {
+    const RACERS: usize = 6;
+    let runner = Arc::new(echo::runner::<()>(cp.clone()).max_attempts(50));
+    let mut tasks = Vec::new();
+    for r in 0..RACERS {
+        let runner = Arc::clone(&runner);
+        tasks.push(tokio::spawn(async move {
+            runner
+                .run(
+                    &(),
+                    &key("hot"),
+                    input(&format!("racer {r}")),
+                    SupportLoaded::default(),
+                )
+                .await
+                .expect("turn")
+                .version
+        }));
+    }
+    let mut versions = Vec::new();
+    for t in tasks {
+        versions.push(t.await.unwrap());
+    }
+    versions.sort_unstable();
+    assert_eq!(versions, (1..=RACERS as u64).collect::<Vec<_>>());
+    let saved = cp.load(&key("hot"), &LoadWindow::all()).await.unwrap();
+    let history = contents(&saved, "transcript");
+    assert_eq!(history.len(), RACERS * 2);
+    for r in 0..RACERS {
+        let msg = format!("racer {r}");
+        let at = history.iter().position(|m| *m == msg).expect("landed");
+        assert_eq!(history.iter().filter(|m| **m == msg).count(), 1);
+        assert!(
+            history[at + 1].ends_with(&format!("\"{msg}\".")),
+            "{history:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_turns_all_land_in_memory() {
+    racing_turns_all_land(Arc::new(MemoryCheckpointer::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_turns_all_land_on_postgres() {
+    let Some(pool) = parlance_postgres::testing::test_pool().await else {
+        return;
+    };
+    racing_turns_all_land(Arc::new(parlance_postgres::PgCheckpointer::new(pool))).await;
+}
+
+struct Failing;
+
+#[async_trait]
+impl Stage<SupportState, ()> for Failing {
+    async fn run(&self, _: &SupportState, _: &()) -> Result<SupportDelta, StageError> {
+        Err(StageError::new("model unavailable"))
+    }
+}
+
+fn set_route(_: &SupportState) -> SupportDelta {
+    SupportDelta {
+        route: Some(Some(Route::Therapeutic)),
+        ..SupportDelta::default()
+    }
+}
+
+fn again(_: &SupportState) -> &'static str {
+    "a"
+}
+
+#[tokio::test]
+async fn failures_stop_the_turn_and_commit_nothing() {
+    let cp: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let k = key("t");
+
+    let failing = TurnRunner::<SupportState, ()>::new(echo::graph(), cp.clone())
+        .stage("gate", PureStage(echo::gate))
+        .stage("reply", Failing)
+        .stage("crisis_reply", PureStage(echo::crisis_reply))
+        .stage("finalize_turn", PureStage(echo::finalize_turn));
+    let err = failing
+        .run(&(), &k, input("x"), SupportLoaded::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "stage reply failed: model unavailable");
+
+    let missing = TurnRunner::<SupportState, ()>::new(echo::graph(), cp.clone())
+        .stage("gate", PureStage(echo::gate));
+    let err = missing
+        .run(&(), &k, input("x"), SupportLoaded::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TurnRunError::MissingStage("reply")), "{err}");
+
+    let looping = Graph::<SupportState>::builder("loop")
+        .stage("a")
+        .route("a", again, &["a", END])
+        .step_limit(3)
+        .build()
+        .unwrap();
+    let runner = TurnRunner::<SupportState, ()>::new(looping, cp.clone())
+        .stage("a", PureStage(|_: &SupportState| SupportDelta::default()));
+    let err = runner
+        .run(&(), &k, input("x"), SupportLoaded::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, TurnRunError::Graph(GraphError::StepLimit { limit: 3 })),
+        "{err}"
+    );
+
+    let fan = Graph::<SupportState>::builder("fan")
+        .stage("start")
+        .stage("left")
+        .stage("right")
+        .fanout("start", &["left", "right"], END)
+        .build()
+        .unwrap();
+    let runner = TurnRunner::<SupportState, ()>::new(fan, cp.clone())
+        .stage(
+            "start",
+            PureStage(|_: &SupportState| SupportDelta::default()),
+        )
+        .stage("left", PureStage(set_route))
+        .stage("right", PureStage(set_route));
+    let err = runner
+        .run(&(), &k, input("x"), SupportLoaded::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TurnRunError::Turn(TurnError::ConflictingWrites {
+                field: "route",
+                first: "left",
+                second: "right"
+            })
+        ),
+        "{err}"
+    );
+    let saved = cp.load(&k, &LoadWindow::all()).await.unwrap();
+    assert_eq!(saved.version, 0, "no failed turn committed");
+}
+
+struct FixedEmbedder(Result<Vec<f32>, ()>);
+
+#[async_trait]
+impl QueryEmbedder for FixedEmbedder {
+    async fn embed_query(&self, _: &str) -> Result<Vec<f32>, PortError> {
+        self.0
+            .clone()
+            .map_err(|()| PortError::unavailable("embedding endpoint down"))
+    }
+}
+
+#[tokio::test]
+async fn hybrid_retrieval_reports_its_path() {
+    let store = MemoryMemoryStore::new();
+    let p = ProductId::parse("p").unwrap();
+    let u = OwnerId::parse("u1").unwrap();
+    for (n, obj, emb) in [(1u128, "work", [1.0, 0.0]), (2, "sleep", [0.0, 1.0])] {
+        store
+            .add(
+                &p,
+                &MemoryRecord {
+                    id: MemoryId::from_uuid(uuid_from(n)),
+                    owner: u.clone(),
+                    entry: MemoryEntry::Semantic(SemanticEntry {
+                        category: "concern".to_owned(),
+                        subject: "User".to_owned(),
+                        predicate: "WORRIES_ABOUT".to_owned(),
+                        object: obj.to_owned(),
+                        evidence_quote: None,
+                    }),
+                    embedding: Some(emb.to_vec()),
+                    at: parlance_core::Timestamp::from_secs(n as i64).unwrap(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let none = retrieve_hybrid(&store, None, &p, &u, "work", 2)
+        .await
+        .unwrap();
+    assert_eq!(none.retrieved.path, RetrievalPath::TokenRecall);
+    assert_eq!(none.retrieved.hits.len(), 1);
+    let failing = FixedEmbedder(Err(()));
+    let failed = retrieve_hybrid(&store, Some(&failing), &p, &u, "work", 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        failed.retrieved.path,
+        RetrievalPath::TokenRecallAfterEmbedError
+    );
+    let good = FixedEmbedder(Ok(vec![0.0, 1.0]));
+    let hybrid = retrieve_hybrid(&store, Some(&good), &p, &u, "work", 2)
+        .await
+        .unwrap();
+    assert_eq!(hybrid.retrieved.path, RetrievalPath::HybridRrf);
+    assert_eq!(hybrid.retrieved.hits.len(), 2);
+}
+
+fn uuid_from(n: u128) -> uuid::Uuid {
+    uuid::Uuid::from_u128(n)
+}

@@ -1,0 +1,452 @@
+//! Checkpoints (`turn_thread`, `turn_list_entry`) and the memory store
+//! (`memory_entry`, `memory_profile`, `memory_session`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+use parlance_core::ProductId;
+use parlance_core::turn::{
+    Checkpoint, CheckpointDelta, LoadWindow, MemoryEntry, MemoryFilter, MemoryId, MemoryKind,
+    MemoryRecord, OwnerId, ProceduralProfile, QueryEmbedding, RETRIEVE_CANDIDATES, Retrieved,
+    ThreadId, ThreadKey, retrieve_from, tokenize,
+};
+use parlance_ports::{Checkpointer, Committed, MemoryStore, PortError, PortResult};
+use serde_json::{Value, json};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row as _};
+
+use crate::error::pg_err;
+use crate::time::{from_pg, to_pg};
+
+/// Checkpoints stored in PostgreSQL: list entries append-only, one row
+/// each; objects as one jsonb per thread; a version per thread.
+#[derive(Debug, Clone)]
+pub struct PgCheckpointer {
+    pool: PgPool,
+}
+
+impl PgCheckpointer {
+    /// A checkpointer on `pool` (migrated).
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+}
+
+/// Adds the list entries of the bumped thread row `t` and reports the new
+/// version with the bytes written (entries plus the objects patch).
+const COMMIT_TAIL: &str = ", ins AS ( \
+        INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
+        SELECT $1, $2, $3, e.field, t.version, e.idx, e.entry \
+        FROM t, jsonb_to_recordset($6::jsonb) AS e(field text, idx integer, entry jsonb) \
+        RETURNING pg_column_size(entry) AS size \
+    ) \
+    SELECT t.version, \
+        (SELECT coalesce(sum(size), 0) FROM ins)::bigint \
+        + CASE WHEN $4::jsonb = '{}'::jsonb THEN 0 ELSE pg_column_size($4::jsonb) END AS bytes \
+    FROM t";
+
+#[async_trait]
+impl Checkpointer for PgCheckpointer {
+    async fn load(&self, key: &ThreadKey, window: &LoadWindow) -> PortResult<Checkpoint> {
+        // One round trip: the head row, then every list entry up to the
+        // head's version (so a commit landing meanwhile is left out), whole
+        // for unwindowed lists and the last entries of windowed ones.
+        let (fields, lasts): (Vec<&str>, Vec<i64>) = window
+            .tails
+            .iter()
+            .map(|(f, n)| (f.as_str(), i64::try_from(*n).unwrap_or(i64::MAX)))
+            .unzip();
+        let rows = sqlx::query(
+            "WITH head AS ( \
+                SELECT version, objects FROM turn_thread \
+                WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+             ) \
+             SELECT 0 AS part, NULL::text AS field, objects AS value, version, 0 AS idx FROM head \
+             UNION ALL \
+             SELECT 1, e.field, e.entry, e.version, e.idx \
+             FROM head JOIN turn_list_entry e \
+               ON e.product_id = $1 AND e.owner_id = $2 AND e.thread_id = $3 \
+              AND e.version <= head.version AND NOT (e.field = ANY($4)) \
+             UNION ALL \
+             SELECT 1, w.field, x.entry, x.version, x.idx \
+             FROM head CROSS JOIN unnest($4::text[], $5::bigint[]) AS w(field, last) \
+             CROSS JOIN LATERAL ( \
+                SELECT entry, version, idx FROM turn_list_entry \
+                WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+                  AND field = w.field AND version <= head.version \
+                ORDER BY version DESC, idx DESC LIMIT w.last \
+             ) x \
+             ORDER BY part, field, version, idx",
+        )
+        .bind(key.product_id.as_str())
+        .bind(key.owner.as_str())
+        .bind(key.thread.as_str())
+        .bind(&fields)
+        .bind(&lasts)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("load checkpoint"))?;
+        let mut checkpoint = Checkpoint::default();
+        for row in rows {
+            let part: i32 = row.try_get("part").map_err(pg_err("decode checkpoint"))?;
+            let value: Value = row.try_get("value").map_err(pg_err("decode checkpoint"))?;
+            if part == 0 {
+                let version: i64 = row
+                    .try_get("version")
+                    .map_err(pg_err("decode checkpoint"))?;
+                checkpoint.version = u64::try_from(version).unwrap_or(0);
+                if let Value::Object(map) = value {
+                    checkpoint.objects = map.into_iter().collect();
+                }
+            } else {
+                let field: String = row.try_get("field").map_err(pg_err("decode checkpoint"))?;
+                checkpoint.lists.entry(field).or_default().push(value);
+            }
+        }
+        Ok(checkpoint)
+    }
+
+    async fn commit(
+        &self,
+        key: &ThreadKey,
+        expected_version: u64,
+        delta: &CheckpointDelta,
+    ) -> PortResult<Committed> {
+        let expected = i64::try_from(expected_version)
+            .map_err(|_| PortError::invalid("checkpoint version out of range"))?;
+        let objects = Value::Object(
+            delta
+                .objects
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        );
+        let entries = Value::Array(
+            delta
+                .appends
+                .iter()
+                .flat_map(|(field, list)| {
+                    list.iter()
+                        .enumerate()
+                        .map(move |(i, e)| json!({"field": field, "idx": i, "entry": e}))
+                })
+                .collect(),
+        );
+        let head = if expected_version == 0 {
+            "WITH t AS ( \
+                INSERT INTO turn_thread (product_id, owner_id, thread_id, version, objects) \
+                SELECT $1, $2, $3, 1, $4::jsonb WHERE $5::bigint = 0 \
+                ON CONFLICT DO NOTHING RETURNING version \
+            )"
+        } else {
+            "WITH t AS ( \
+                UPDATE turn_thread SET version = version + 1, objects = objects || $4::jsonb, \
+                    updated_at = now() \
+                WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version = $5 \
+                RETURNING version \
+            )"
+        };
+        let row = sqlx::query(&format!("{head}{COMMIT_TAIL}"))
+            .bind(key.product_id.as_str())
+            .bind(key.owner.as_str())
+            .bind(key.thread.as_str())
+            .bind(&objects)
+            .bind(expected)
+            .bind(&entries)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(pg_err("commit checkpoint"))?;
+        let Some(row) = row else {
+            return Err(PortError::conflict(format!(
+                "thread {} is not at version {expected_version}",
+                key.thread
+            )));
+        };
+        let version: i64 = row.try_get("version").map_err(pg_err("decode commit"))?;
+        let bytes: i64 = row.try_get("bytes").map_err(pg_err("decode commit"))?;
+        Ok(Committed {
+            version: u64::try_from(version).unwrap_or(0),
+            bytes_written: usize::try_from(bytes).unwrap_or(0),
+        })
+    }
+}
+
+/// The memory store in PostgreSQL: full-text token recall on a `tsvector`
+/// of each entry's tokens, embeddings as `real[]`, ranking shared with the
+/// in-memory store.
+#[derive(Debug, Clone)]
+pub struct PgMemoryStore {
+    pool: PgPool,
+}
+
+impl PgMemoryStore {
+    /// A memory store on `pool` (migrated).
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+}
+
+const RECORD_COLUMNS: &str = "id, owner_id, entry, embedding, at";
+
+fn decode_record(row: &PgRow) -> PortResult<MemoryRecord> {
+    let owner: String = row.try_get("owner_id").map_err(pg_err("decode memory"))?;
+    let entry: Value = row.try_get("entry").map_err(pg_err("decode memory"))?;
+    Ok(MemoryRecord {
+        id: MemoryId::from_uuid(row.try_get("id").map_err(pg_err("decode memory"))?),
+        owner: OwnerId::parse(owner)
+            .map_err(|e| PortError::other(format!("stored owner id: {e}")))?,
+        entry: serde_json::from_value::<MemoryEntry>(entry)
+            .map_err(|e| PortError::other(format!("stored memory entry: {e}")))?,
+        embedding: row.try_get("embedding").map_err(pg_err("decode memory"))?,
+        at: from_pg(row.try_get("at").map_err(pg_err("decode memory"))?),
+    })
+}
+
+/// Distinct tokens, in first-seen order.
+fn distinct_tokens(text: &str) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    tokenize(text)
+        .into_iter()
+        .filter(|t| seen.insert(t.clone()))
+        .collect()
+}
+
+#[async_trait]
+impl MemoryStore for PgMemoryStore {
+    async fn add(&self, product_id: &ProductId, record: &MemoryRecord) -> PortResult<()> {
+        let entry = serde_json::to_value(&record.entry)
+            .map_err(|e| PortError::invalid(format!("memory entry does not encode: {e}")))?;
+        sqlx::query(
+            "INSERT INTO memory_entry \
+               (product_id, id, owner_id, kind, category, subject, entry, search, embedding, at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, array_to_tsvector($8::text[]), $9, $10)",
+        )
+        .bind(product_id.as_str())
+        .bind(record.id.as_uuid())
+        .bind(record.owner.as_str())
+        .bind(record.entry.kind().as_str())
+        .bind(record.entry.category())
+        .bind(record.entry.subject())
+        .bind(&entry)
+        .bind(distinct_tokens(&record.entry.search_text()))
+        .bind(record.embedding.as_deref())
+        .bind(to_pg(record.at))
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("add memory entry"))?;
+        Ok(())
+    }
+
+    async fn list(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        kind: Option<MemoryKind>,
+    ) -> PortResult<Vec<MemoryRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {RECORD_COLUMNS} FROM memory_entry \
+             WHERE product_id = $1 AND owner_id = $2 AND ($3::text IS NULL OR kind = $3) \
+             ORDER BY at, id"
+        ))
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .bind(kind.map(MemoryKind::as_str))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("list memory entries"))?;
+        rows.iter().map(decode_record).collect()
+    }
+
+    async fn delete(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        id: MemoryId,
+    ) -> PortResult<()> {
+        let done = sqlx::query(
+            "DELETE FROM memory_entry WHERE product_id = $1 AND owner_id = $2 AND id = $3",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .bind(id.as_uuid())
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("delete memory entry"))?;
+        if done.rows_affected() == 0 {
+            return Err(PortError::not_found(format!("memory entry {id}")));
+        }
+        Ok(())
+    }
+
+    async fn delete_where(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        filter: &MemoryFilter,
+    ) -> PortResult<usize> {
+        let done = sqlx::query(
+            "DELETE FROM memory_entry WHERE product_id = $1 AND owner_id = $2 \
+               AND ($3::text IS NULL OR kind = $3) \
+               AND ($4::text IS NULL OR category = $4) \
+               AND ($5::text IS NULL OR subject = $5) \
+               AND ($6::timestamptz IS NULL OR at < $6)",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .bind(filter.kind.map(MemoryKind::as_str))
+        .bind(filter.category.as_deref())
+        .bind(filter.subject.as_deref())
+        .bind(filter.before.map(to_pg))
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("delete memory entries"))?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn profile(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+    ) -> PortResult<ProceduralProfile> {
+        let row = sqlx::query(
+            "SELECT procedural_rules, proactive_recall_enabled FROM memory_profile \
+             WHERE product_id = $1 AND owner_id = $2",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load procedural profile"))?;
+        let Some(row) = row else {
+            return Ok(ProceduralProfile::default());
+        };
+        let rules: Value = row
+            .try_get("procedural_rules")
+            .map_err(pg_err("decode procedural profile"))?;
+        Ok(ProceduralProfile {
+            procedural_rules: serde_json::from_value(rules)
+                .map_err(|e| PortError::other(format!("stored procedural rules: {e}")))?,
+            proactive_recall_enabled: row
+                .try_get("proactive_recall_enabled")
+                .map_err(pg_err("decode procedural profile"))?,
+        })
+    }
+
+    async fn put_profile(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        profile: &ProceduralProfile,
+    ) -> PortResult<()> {
+        sqlx::query(
+            "INSERT INTO memory_profile (product_id, owner_id, procedural_rules, proactive_recall_enabled) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (product_id, owner_id) DO UPDATE \
+             SET procedural_rules = EXCLUDED.procedural_rules, \
+                 proactive_recall_enabled = EXCLUDED.proactive_recall_enabled",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .bind(json!(profile.procedural_rules))
+        .bind(profile.proactive_recall_enabled)
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("save procedural profile"))?;
+        Ok(())
+    }
+
+    async fn session_memory(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        session: &ThreadId,
+    ) -> PortResult<Option<Value>> {
+        sqlx::query_scalar(
+            "SELECT value FROM memory_session \
+             WHERE product_id = $1 AND owner_id = $2 AND session_id = $3",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .bind(session.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load session memory"))
+    }
+
+    async fn put_session_memory(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        session: &ThreadId,
+        value: &Value,
+    ) -> PortResult<()> {
+        sqlx::query(
+            "INSERT INTO memory_session (product_id, owner_id, session_id, value) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (product_id, owner_id, session_id) DO UPDATE SET value = EXCLUDED.value",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .bind(session.as_str())
+        .bind(value)
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("save session memory"))?;
+        Ok(())
+    }
+
+    async fn retrieve(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        query: &str,
+        k: usize,
+        embedding: QueryEmbedding<'_>,
+    ) -> PortResult<Retrieved> {
+        let mut candidates: BTreeMap<MemoryId, MemoryRecord> = BTreeMap::new();
+        let tokens = distinct_tokens(query);
+        if !tokens.is_empty() {
+            // Tokens are runs of letters and digits, so quoting is enough.
+            let tsquery = tokens
+                .iter()
+                .map(|t| format!("'{t}'"))
+                .collect::<Vec<_>>()
+                .join(" | ");
+            let rows = sqlx::query(&format!(
+                "SELECT {RECORD_COLUMNS} FROM memory_entry \
+                 WHERE product_id = $1 AND owner_id = $2 AND search @@ $3::tsquery \
+                 ORDER BY ts_rank(search, $3::tsquery) DESC, at DESC LIMIT $4"
+            ))
+            .bind(product_id.as_str())
+            .bind(owner.as_str())
+            .bind(&tsquery)
+            .bind(i64::try_from(RETRIEVE_CANDIDATES).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("recall memory entries"))?;
+            for row in &rows {
+                let r = decode_record(row)?;
+                candidates.insert(r.id, r);
+            }
+        }
+        if let QueryEmbedding::Vector(v) = embedding {
+            let rows = sqlx::query(&format!(
+                "SELECT {RECORD_COLUMNS} FROM memory_entry \
+                 WHERE product_id = $1 AND owner_id = $2 AND embedding IS NOT NULL \
+                   AND cardinality(embedding) = $3"
+            ))
+            .bind(product_id.as_str())
+            .bind(owner.as_str())
+            .bind(i32::try_from(v.len()).unwrap_or(i32::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("load memory embeddings"))?;
+            for row in &rows {
+                let r = decode_record(row)?;
+                candidates.insert(r.id, r);
+            }
+        }
+        let candidates: Vec<MemoryRecord> = candidates.into_values().collect();
+        Ok(retrieve_from(&candidates, query, k, embedding))
+    }
+}
