@@ -94,7 +94,9 @@ fn bench(args: &[String]) -> Result<()> {
     cmd = cmd.arg("--").args(args.iter().skip(1));
     cmd = match &db {
         Some(db) => cmd.env("DATABASE_URL", db.url()),
-        None => bail!("benchmarks need PostgreSQL: set DATABASE_URL or run a server at 127.0.0.1:5432"),
+        None => {
+            bail!("benchmarks need PostgreSQL: set DATABASE_URL or run a server at 127.0.0.1:5432")
+        }
     };
     cmd.run()
 }

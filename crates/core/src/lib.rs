@@ -11,6 +11,7 @@
 
 pub mod id;
 pub mod outcome;
+pub mod session;
 pub mod table;
 pub mod time;
 
