@@ -1,0 +1,3 @@
+//! Integration tests of parlance-core: the recorded reference conformance cases.
+
+mod session_conformance;
