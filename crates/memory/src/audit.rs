@@ -19,9 +19,9 @@ impl MemoryAuditLog {
     }
 }
 
-#[async_trait]
-impl AuditLog for MemoryAuditLog {
-    async fn append(&self, entries: &[AuditEntry]) -> PortResult<()> {
+impl MemoryAuditLog {
+    /// Appends without awaiting, for stores that write entries with a save.
+    pub(crate) fn append_now(&self, entries: &[AuditEntry]) {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         for entry in entries {
             let seq = records.last().map_or(1, |r| r.seq + 1);
@@ -30,6 +30,13 @@ impl AuditLog for MemoryAuditLog {
                 entry: entry.clone(),
             });
         }
+    }
+}
+
+#[async_trait]
+impl AuditLog for MemoryAuditLog {
+    async fn append(&self, entries: &[AuditEntry]) -> PortResult<()> {
+        self.append_now(entries);
         Ok(())
     }
 

@@ -10,5 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod session;
 
 pub use audit::MemoryAuditLog;
+pub use session::{MemorySessionStore, MemoryTourCatalogs};

@@ -12,7 +12,9 @@
 pub mod audit;
 pub mod clock;
 pub mod error;
+pub mod session;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use error::{ErrorKind, PortError, PortResult};
+pub use session::{CLAIM_LEASE, SessionSave, SessionStore, StoredSession, TourCatalogStore};

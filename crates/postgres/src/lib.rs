@@ -12,9 +12,11 @@
 mod audit;
 pub mod error;
 mod pool;
+mod session;
 pub mod testing;
 mod time;
 
 pub use audit::PgAuditLog;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
+pub use session::{PgSessionStore, PgTourCatalogs};
 pub use sqlx::PgPool;

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod session;
 
 pub use parlance_ports::{ManualClock, SequentialIds};
 

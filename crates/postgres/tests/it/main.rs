@@ -12,3 +12,18 @@ mod audit {
             .map(|pool| Arc::new(PgAuditLog::new(pool)) as parlance_testkit::audit::Subject)
     });
 }
+
+mod session {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgAuditLog, PgSessionStore, PgTourCatalogs, testing::test_pool};
+    use parlance_testkit::session::Subject;
+
+    parlance_testkit::session_store_suite!(async {
+        test_pool().await.map(|pool| Subject {
+            sessions: Arc::new(PgSessionStore::new(pool.clone())),
+            tours: Arc::new(PgTourCatalogs::new(pool.clone())),
+            audit: Arc::new(PgAuditLog::new(pool)),
+        })
+    });
+}
