@@ -13,6 +13,7 @@ pub mod config;
 pub mod demo;
 pub mod http;
 pub mod serve;
+pub mod session;
 pub mod state;
 pub mod telemetry;
 

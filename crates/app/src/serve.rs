@@ -59,10 +59,12 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
         );
     }
     tracing::info!(%addr, backend = state.backend.name(), "parlance listening");
-    axum::serve(listener, router(state))
+    let sweeper = crate::session::spawn_session_sweeper(state.clone());
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serve")?;
+        .await;
+    sweeper.abort();
+    served.context("serve")?;
     tracing::info!("parlance stopped");
     Ok(())
 }

@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use parlance_memory::MemoryAuditLog;
-use parlance_ports::{AuditLog, Clock, IdGen, PortResult, SystemClock, UuidV7Ids};
-use parlance_postgres::{PgAuditLog, PgPool};
+use parlance_memory::{MemoryAuditLog, MemorySessionStore, MemoryTourCatalogs};
+use parlance_ports::{
+    AuditLog, Clock, IdGen, PortResult, SessionStore, SystemClock, TourCatalogStore, UuidV7Ids,
+};
+use parlance_postgres::{PgAuditLog, PgPool, PgSessionStore, PgTourCatalogs};
 
 use crate::auth::ApiKeys;
 
@@ -42,6 +44,10 @@ pub struct AppState {
     pub backend: Backend,
     /// Every transition, with its cause.
     pub audit: Arc<dyn AuditLog>,
+    /// Session assistance states.
+    pub sessions: Arc<dyn SessionStore>,
+    /// Each product's tour catalog.
+    pub tours: Arc<dyn TourCatalogStore>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -60,9 +66,12 @@ impl AppState {
 
     /// State on the in-memory adapters with the given clock and ids.
     pub fn memory_with(keys: ApiKeys, clock: Arc<dyn Clock>, ids: Arc<dyn IdGen>) -> Self {
+        let audit = Arc::new(MemoryAuditLog::new());
         Self {
             backend: Backend::Memory,
-            audit: Arc::new(MemoryAuditLog::new()),
+            sessions: Arc::new(MemorySessionStore::new(audit.clone())),
+            tours: Arc::new(MemoryTourCatalogs::new()),
+            audit,
             clock,
             ids,
             keys: Arc::new(keys),
@@ -74,6 +83,8 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            sessions: Arc::new(PgSessionStore::new(pool.clone())),
+            tours: Arc::new(PgTourCatalogs::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

@@ -1,4 +1,5 @@
 //! HTTP integration tests on a real listener.
 
 mod service;
+mod session;
 mod support;

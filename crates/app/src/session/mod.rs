@@ -1,0 +1,12 @@
+//! The session assistance machine as a service: events, the proactive gate,
+//! tour catalogs, the audit trail and the sweeper that ticks due sessions.
+
+mod routes;
+mod service;
+mod sweeper;
+
+pub use routes::routes;
+pub use service::{
+    EventApplied, MAX_ATTEMPTS, ServiceError, SessionEvent, apply_event, gate, load_ticked,
+};
+pub use sweeper::{SWEEP_BATCH, SweepReport, spawn_session_sweeper, sweep_once};
