@@ -23,6 +23,7 @@ const DEMO_KEY: &str = "pk_demo";
 /// Drives the service and writes what happens.
 pub struct Demo<W: Write> {
     app: Router,
+    state: AppState,
     clock: Arc<ManualClock>,
     out: W,
 }
@@ -34,7 +35,8 @@ impl<W: Write> Demo<W> {
         let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
         let state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
         Self {
-            app: router(state),
+            app: router(state.clone()),
+            state,
             clock,
             out,
         }
@@ -43,6 +45,11 @@ impl<W: Write> Demo<W> {
     /// The clock the scenes move.
     pub fn clock(&self) -> &ManualClock {
         &self.clock
+    }
+
+    /// The service state (for scenes that drive a worker step).
+    pub fn state(&self) -> &AppState {
+        &self.state
     }
 
     /// Starts a scene with a heading.
@@ -93,6 +100,7 @@ impl<W: Write> Demo<W> {
 pub async fn run(out: impl Write) -> anyhow::Result<()> {
     let mut demo = Demo::new(out);
     service_scene(&mut demo).await?;
+    session_scene(&mut demo).await?;
     Ok(())
 }
 
@@ -112,5 +120,68 @@ async fn service_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         s == StatusCode::UNAUTHORIZED,
         "unauthenticated call answered {s}"
     );
+    Ok(())
+}
+
+/// The session machine: a proactive offer, a click, silence past the
+/// timeout (the sweeper notices), a cooldown that blocks, and its end.
+async fn session_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
+    demo.scene("session: proactive offer, timeout, cooldown")?;
+    let s = "/v1/products/default/sessions/demo-1";
+    let events = format!("{s}/events");
+    let gate = format!("{s}/proactive-gate");
+    let trigger = serde_json::json!({"type": "proactive_trigger", "trigger_id": "pricing-page"});
+
+    demo.say("a proactive trigger fires for a new session")?;
+    let (st, v) = demo
+        .call(Method::POST, &events, Some(trigger.clone()), true)
+        .await?;
+    anyhow::ensure!(st == StatusCode::OK, "trigger answered {st}");
+    anyhow::ensure!(
+        v["snapshot"]["current_state"] == "proactive_assistance",
+        "not proactive"
+    );
+
+    demo.say("the user clicks a quick reply")?;
+    let click = serde_json::json!({"type": "option_click"});
+    let (st, _) = demo.call(Method::POST, &events, Some(click), true).await?;
+    anyhow::ensure!(st == StatusCode::OK, "click answered {st}");
+
+    demo.say("then silence: 21 s pass, past the 20 s timeout; the sweeper ticks due sessions")?;
+    demo.clock().advance(std::time::Duration::from_secs(21));
+    let swept = crate::session::sweep_once(demo.state(), 100).await?;
+    demo.say(&format!(
+        "sweeper: {} due, {} timed out",
+        swept.claimed, swept.transitions
+    ))?;
+    anyhow::ensure!(
+        swept.transitions == 1,
+        "the sweeper did not time the session out"
+    );
+
+    demo.say("back in thinking, a 60 s cooldown blocks proactive offers")?;
+    let (_, v) = demo.call(Method::GET, &gate, None, true).await?;
+    anyhow::ensure!(v["reason"] == "v2_cooldown_active", "gate: {v}");
+    let (st, v) = demo
+        .call(Method::POST, &events, Some(trigger.clone()), true)
+        .await?;
+    anyhow::ensure!(
+        st == StatusCode::OK && v["result"]["ignored"] == "v2_cooldown_active",
+        "a trigger during the cooldown was not ignored: {v}"
+    );
+
+    demo.say("60 s later the cooldown ends, again without traffic")?;
+    demo.clock().advance(std::time::Duration::from_secs(60));
+    let swept = crate::session::sweep_once(demo.state(), 100).await?;
+    demo.say(&format!("sweeper: {} due", swept.claimed))?;
+    let (_, v) = demo.call(Method::GET, &gate, None, true).await?;
+    anyhow::ensure!(v["allowed"] == true, "gate after the cooldown: {v}");
+    let (_, v) = demo
+        .call(Method::GET, &format!("{s}/audit"), None, true)
+        .await?;
+    let n = v["records"].as_array().map_or(0, Vec::len);
+    demo.say(&format!(
+        "the audit log holds {n} transitions for this session"
+    ))?;
     Ok(())
 }

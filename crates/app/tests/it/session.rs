@@ -321,3 +321,12 @@ async fn concurrent_events_all_land_on_postgres() {
     let clock = Arc::new(ManualClock::new());
     concurrent_events_all_land(pg_state(pool, clock.clone()), clock).await;
 }
+
+#[tokio::test]
+async fn the_demo_plays_its_session_scene() {
+    let mut out = Vec::new();
+    parlance_app::demo::run(&mut out).await.expect("demo");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(text.contains("== session: proactive offer, timeout, cooldown"));
+    assert!(text.contains("sweeper: 1 due, 1 timed out"));
+}

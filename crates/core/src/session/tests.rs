@@ -640,3 +640,16 @@ proptest! {
         let _ = SessionState::from_snapshot(&v);
     }
 }
+
+#[test]
+fn the_machine_page_shows_the_generated_diagram() {
+    let page =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/machines/session.md");
+    let text = std::fs::read_to_string(&page).expect("docs/machines/session.md exists");
+    let block = format!("```mermaid\n{}```", TRANSITIONS.to_mermaid());
+    assert!(
+        text.contains(&block),
+        "paste the generated diagram into {}",
+        page.display()
+    );
+}
