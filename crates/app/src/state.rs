@@ -9,6 +9,7 @@ use parlance_ports::{
 use parlance_postgres::{PgAuditLog, PgPool, PgSessionStore, PgTourCatalogs};
 
 use crate::auth::ApiKeys;
+use crate::session::{CATALOG_TTL, CachedTourCatalogs};
 
 /// Where state is kept.
 #[derive(Debug, Clone)]
@@ -84,7 +85,10 @@ impl AppState {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
             sessions: Arc::new(PgSessionStore::new(pool.clone())),
-            tours: Arc::new(PgTourCatalogs::new(pool.clone())),
+            tours: Arc::new(CachedTourCatalogs::new(
+                Arc::new(PgTourCatalogs::new(pool.clone())),
+                CATALOG_TTL,
+            )),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

@@ -165,6 +165,11 @@ pub enum ServiceError {
     },
 }
 
+/// True when a tick did something worth saving: a timeout or a cooldown end.
+fn ticked(tick: &SessionOutcome) -> bool {
+    tick.changed_state() || tick.cooldown != CooldownChange::Unchanged
+}
+
 fn audit_entry(
     s: &SessionState,
     out: &SessionOutcome,
@@ -219,8 +224,7 @@ pub async fn apply_event(
         let result = match applied {
             Ok(out) => out,
             Err(error) => {
-                let ticked = tick.changed_state() || tick.cooldown != CooldownChange::Unchanged;
-                if !ticked {
+                if !ticked(&tick) {
                     // A refused event changes nothing; there is nothing to save.
                     return Err(ServiceError::Machine {
                         error,
@@ -247,6 +251,16 @@ pub async fn apply_event(
                 });
             }
         };
+        if result.ignored.is_some() && !ticked(&tick) {
+            // Ignored in thinking with nothing to tick: the state is as stored.
+            return Ok(EventApplied {
+                event: event.kind(),
+                tick,
+                result,
+                session: s,
+                version: stored.version,
+            });
+        }
         let audit: Vec<AuditEntry> = audit_entry(&s, &tick, now, &tick_payload)
             .into_iter()
             .chain(audit_entry(&s, &result, now, &payload))
@@ -296,9 +310,10 @@ pub async fn load_ticked(
         let Some(stored) = app.sessions.get(product_id, session_id).await? else {
             return Ok(None);
         };
-        let mut s = stored.state.clone();
+        let mut s = stored.state;
         let tick = s.tick(now, &tours);
-        if s == stored.state {
+        if !ticked(&tick) {
+            // At most the elapsed time was refreshed: nothing worth a write.
             return Ok(Some((s, stored.version)));
         }
         let audit: Vec<AuditEntry> = audit_entry(&s, &tick, now, &payload).into_iter().collect();
