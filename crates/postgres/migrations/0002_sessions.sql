@@ -10,8 +10,9 @@ CREATE TABLE sessions (
     PRIMARY KEY (product_id, session_id)
 );
 
--- The sweeper reads only what is due: `next_deadline <= now` in deadline order.
-CREATE INDEX sessions_next_deadline ON sessions (next_deadline)
+-- The sweeper reads only what is due: `next_deadline <= now` in deadline
+-- order (ties by key, so the order is total and the index supplies it).
+CREATE INDEX sessions_next_deadline ON sessions (next_deadline, product_id, session_id)
     WHERE next_deadline IS NOT NULL;
 
 -- Each product's tour catalog (per-tour timeout and cooldown overrides).

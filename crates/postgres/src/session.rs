@@ -149,15 +149,19 @@ impl SessionStore for PgSessionStore {
     async fn claim_due(&self, now: Timestamp, limit: usize) -> PortResult<Vec<StoredSession>> {
         let rows = sqlx::query(
             "WITH due AS ( \
-                 SELECT product_id, session_id FROM sessions \
+                 SELECT product_id, session_id, next_deadline FROM sessions \
                  WHERE next_deadline <= $1 \
-                 ORDER BY next_deadline \
+                 ORDER BY next_deadline, product_id, session_id \
                  LIMIT $2 \
                  FOR UPDATE SKIP LOCKED \
+             ), claimed AS ( \
+                 UPDATE sessions s SET next_deadline = $3 FROM due \
+                 WHERE s.product_id = due.product_id AND s.session_id = due.session_id \
+                 RETURNING s.version, s.snapshot, due.next_deadline AS was_due, \
+                           due.product_id, due.session_id \
              ) \
-             UPDATE sessions s SET next_deadline = $3 FROM due \
-             WHERE s.product_id = due.product_id AND s.session_id = due.session_id \
-             RETURNING s.version, s.snapshot",
+             SELECT version, snapshot FROM claimed \
+             ORDER BY was_due, product_id, session_id",
         )
         .bind(to_pg(now))
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
