@@ -11,4 +11,4 @@ pub use routes::routes;
 pub use service::{
     EventApplied, MAX_ATTEMPTS, ServiceError, SessionEvent, apply_event, gate, load_ticked,
 };
-pub use sweeper::{SWEEP_BATCH, SweepReport, spawn_session_sweeper, sweep_once};
+pub use sweeper::{SWEEP_BATCH, SWEEP_CONCURRENCY, SweepReport, spawn_session_sweeper, sweep_once};
