@@ -330,7 +330,26 @@ async fn sweep_case(total: usize, due: usize) -> Option<(Duration, Duration)> {
         .execute(&pool)
         .await
         .expect("analyze");
+    // Flush the bulk load now, so no checkpoint of it runs inside the timing.
+    sqlx::query("CHECKPOINT")
+        .execute(&pool)
+        .await
+        .expect("checkpoint");
     let load_time = loaded.elapsed();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT product_id, session_id FROM sessions WHERE next_deadline <= $1 \
+         ORDER BY next_deadline, product_id, session_id LIMIT 500 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(deadline(100.0))
+    .fetch_all(&pool)
+    .await
+    .expect("explain");
+    let access = plan
+        .iter()
+        .find(|l| l.contains("Index"))
+        .or_else(|| plan.iter().find(|l| l.contains("Scan")))
+        .map_or("?", |l| l.trim_start_matches([' ', '-', '>']));
+    println!("sweep: {total} stored, claim plan: {access}");
     clock.set(t0().plus_seconds(100.0));
     let start = Instant::now();
     let mut swept = 0;
