@@ -330,3 +330,29 @@ async fn the_demo_plays_its_session_scene() {
     assert!(text.contains("== session: proactive offer, timeout, cooldown"));
     assert!(text.contains("sweeper: 1 due, 1 timed out"));
 }
+
+#[tokio::test]
+async fn the_spawned_sweeper_times_out_silent_sessions_by_itself() {
+    let clock = Arc::new(ManualClock::new());
+    let state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+    let s = TestServer::start(state.clone(), clock.clone()).await;
+    event(&s, json!({"type": "open_chat"})).await;
+    clock.advance(Duration::from_secs(21));
+    let sweeper = parlance_app::session::spawn_session_sweeper(state.clone());
+    let product = parlance_core::ProductId::parse("acme").unwrap();
+    let sid = parlance_core::session::SessionId::parse("s-1").unwrap();
+    let mut timed_out = false;
+    for _ in 0..50 {
+        let stored = state.sessions.get(&product, &sid).await.unwrap().unwrap();
+        if stored.state.current_state() == parlance_core::session::AssistState::Thinking {
+            timed_out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sweeper.abort();
+    assert!(
+        timed_out,
+        "the sweeper did not tick the due session within 5 s"
+    );
+}

@@ -611,6 +611,17 @@ proptest! {
             }
             let back = SessionState::from_snapshot(&s.to_snapshot());
             prop_assert_eq!(back.as_ref(), Ok(&s));
+            // The deadline is exact: nothing is due before it, the timeout
+            // fires just after it, and a cooldown ends at it.
+            if let Some(d) = s.next_deadline(&tours) {
+                let mut early = s.clone();
+                let out = early.tick(d.plus_seconds(-0.000_001), &tours);
+                prop_assert!(!out.changed_state() && out.cooldown == CooldownChange::Unchanged);
+                let mut late = s.clone();
+                let out = late.tick(d.plus_seconds(0.000_001), &tours);
+                prop_assert!(out.changed_state() || out.cooldown == CooldownChange::Cleared);
+                prop_assert_eq!(late.next_deadline(&tours).is_some_and(|n| n <= d), false);
+            }
         }
     }
 
