@@ -143,6 +143,7 @@ pub(crate) fn demo_state() -> (AppState, Arc<ManualClock>) {
 pub async fn run(out: impl Write) -> anyhow::Result<()> {
     let mut demo = Demo::new(out);
     service_scene(&mut demo).await?;
+    session_scene(&mut demo).await?;
     queue_scene(&mut demo).await?;
     adoption_scene(&mut demo).await?;
     crate::conversation::demo::scene(&mut demo).await?;
@@ -430,5 +431,68 @@ async fn adoption_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         )
         .await?;
     anyhow::ensure!(b["gate"]["code"] == "already_onboarded", "gate: {b}");
+    Ok(())
+}
+
+/// The session machine: a proactive offer, a click, silence past the
+/// timeout (the sweeper notices), a cooldown that blocks, and its end.
+async fn session_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
+    demo.scene("session: proactive offer, timeout, cooldown")?;
+    let s = "/v1/products/default/sessions/demo-1";
+    let events = format!("{s}/events");
+    let gate = format!("{s}/proactive-gate");
+    let trigger = serde_json::json!({"type": "proactive_trigger", "trigger_id": "pricing-page"});
+
+    demo.say("a proactive trigger fires for a new session")?;
+    let (st, v) = demo
+        .call(Method::POST, &events, Some(trigger.clone()), true)
+        .await?;
+    anyhow::ensure!(st == StatusCode::OK, "trigger answered {st}");
+    anyhow::ensure!(
+        v["snapshot"]["current_state"] == "proactive_assistance",
+        "not proactive"
+    );
+
+    demo.say("the user clicks a quick reply")?;
+    let click = serde_json::json!({"type": "option_click"});
+    let (st, _) = demo.call(Method::POST, &events, Some(click), true).await?;
+    anyhow::ensure!(st == StatusCode::OK, "click answered {st}");
+
+    demo.say("then silence: 21 s pass, past the 20 s timeout; the sweeper ticks due sessions")?;
+    demo.clock().advance(std::time::Duration::from_secs(21));
+    let swept = crate::session::sweep_once(demo.state(), 100).await?;
+    demo.say(&format!(
+        "sweeper: {} due, {} timed out",
+        swept.claimed, swept.transitions
+    ))?;
+    anyhow::ensure!(
+        swept.transitions == 1,
+        "the sweeper did not time the session out"
+    );
+
+    demo.say("back in thinking, a 60 s cooldown blocks proactive offers")?;
+    let (_, v) = demo.call(Method::GET, &gate, None, true).await?;
+    anyhow::ensure!(v["reason"] == "v2_cooldown_active", "gate: {v}");
+    let (st, v) = demo
+        .call(Method::POST, &events, Some(trigger.clone()), true)
+        .await?;
+    anyhow::ensure!(
+        st == StatusCode::OK && v["result"]["ignored"] == "v2_cooldown_active",
+        "a trigger during the cooldown was not ignored: {v}"
+    );
+
+    demo.say("60 s later the cooldown ends, again without traffic")?;
+    demo.clock().advance(std::time::Duration::from_secs(60));
+    let swept = crate::session::sweep_once(demo.state(), 100).await?;
+    demo.say(&format!("sweeper: {} due", swept.claimed))?;
+    let (_, v) = demo.call(Method::GET, &gate, None, true).await?;
+    anyhow::ensure!(v["allowed"] == true, "gate after the cooldown: {v}");
+    let (_, v) = demo
+        .call(Method::GET, &format!("{s}/audit"), None, true)
+        .await?;
+    let n = v["records"].as_array().map_or(0, Vec::len);
+    demo.say(&format!(
+        "the audit log holds {n} transitions for this session"
+    ))?;
     Ok(())
 }

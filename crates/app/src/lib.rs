@@ -16,6 +16,7 @@ pub mod demo;
 pub mod http;
 pub mod models;
 pub mod serve;
+pub mod session;
 pub mod state;
 pub mod telemetry;
 pub mod turn;

@@ -91,7 +91,10 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
 /// Starts the timer sweepers `serve` and `worker` run: each claims only
 /// what is due, so any number of processes can run them on one database.
 pub fn spawn_sweepers(state: &AppState) -> Vec<tokio::task::JoinHandle<()>> {
-    vec![crate::conversation::sweeper::spawn(state.clone())]
+    vec![
+        crate::session::spawn_session_sweeper(state.clone()),
+        crate::conversation::sweeper::spawn(state.clone()),
+    ]
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

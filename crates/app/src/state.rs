@@ -5,19 +5,21 @@ use std::time::Duration;
 
 use parlance_memory::{
     HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryCheckpointer,
-    MemoryConversationStore, MemoryMemoryStore, MemoryTaskQueue, OfflineLlm,
+    MemoryConversationStore, MemoryMemoryStore, MemorySessionStore, MemoryTaskQueue,
+    MemoryTourCatalogs, OfflineLlm,
 };
 use parlance_ports::{
     AdoptionStore, AuditLog, Channel, Checkpointer, Clock, ConversationStore, EmbeddingProvider,
-    IdGen, LlmClient, MemoryStore, PortError, PortResult, QueueConfig, SystemClock, TaskQueue,
-    UuidV7Ids,
+    IdGen, LlmClient, MemoryStore, PortError, PortResult, QueueConfig, SessionStore, SystemClock,
+    TaskQueue, TourCatalogStore, UuidV7Ids,
 };
 use parlance_postgres::{
     PgAdoptionStore, PgAuditLog, PgCheckpointer, PgConversationStore, PgMemoryStore, PgPool,
-    PgTaskQueue,
+    PgSessionStore, PgTaskQueue, PgTourCatalogs,
 };
 
 use crate::auth::ApiKeys;
+use crate::session::{CATALOG_TTL, CachedTourCatalogs};
 
 /// Where state is kept.
 #[derive(Debug, Clone)]
@@ -67,6 +69,10 @@ pub struct AppState {
     pub checkpointer: Arc<dyn Checkpointer>,
     /// Long-term memory per owner.
     pub memory_store: Arc<dyn MemoryStore>,
+    /// Session assistance states.
+    pub sessions: Arc<dyn SessionStore>,
+    /// Each product's tour catalog.
+    pub tours: Arc<dyn TourCatalogStore>,
     /// The time source.
     pub clock: Arc<dyn Clock>,
     /// The id source.
@@ -98,6 +104,8 @@ impl AppState {
             backend: Backend::Memory,
             conversations: Arc::new(MemoryConversationStore::new(audit.clone())),
             channel: Arc::new(LoopbackChannel::new()),
+            sessions: Arc::new(MemorySessionStore::new(audit.clone())),
+            tours: Arc::new(MemoryTourCatalogs::new()),
             audit,
             adoption: Arc::new(MemoryAdoptionStore::new()),
             queue: Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default())),
@@ -126,6 +134,11 @@ impl AppState {
             )),
             checkpointer: Arc::new(PgCheckpointer::new(pool.clone())),
             memory_store: Arc::new(PgMemoryStore::new(pool.clone())),
+            sessions: Arc::new(PgSessionStore::new(pool.clone())),
+            tours: Arc::new(CachedTourCatalogs::new(
+                Arc::new(PgTourCatalogs::new(pool.clone())),
+                CATALOG_TTL,
+            )),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),

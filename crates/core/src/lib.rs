@@ -14,6 +14,7 @@ pub mod conversation;
 pub mod id;
 pub mod outcome;
 pub mod queue;
+pub mod session;
 pub mod structured;
 pub mod table;
 pub mod time;

@@ -16,6 +16,7 @@ mod conversation;
 pub mod embedding;
 pub mod llm;
 mod queue;
+mod session;
 mod turn;
 
 pub use adoption::MemoryAdoptionStore;
@@ -25,4 +26,5 @@ pub use conversation::MemoryConversationStore;
 pub use embedding::HashingEmbedder;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};
 pub use queue::MemoryTaskQueue;
+pub use session::{MemorySessionStore, MemoryTourCatalogs};
 pub use turn::{MemoryCheckpointer, MemoryMemoryStore};

@@ -19,6 +19,7 @@ pub mod embedding;
 pub mod error;
 pub mod llm;
 pub mod queue;
+pub mod session;
 pub mod turn;
 
 pub use adoption::{AdoptionStore, StoredAdoption};
@@ -38,4 +39,5 @@ pub use queue::{
     LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport,
     TaskId, TaskQueue, TaskSpec, WorkerId,
 };
+pub use session::{CLAIM_LEASE, SessionSave, SessionStore, StoredSession, TourCatalogStore};
 pub use turn::{Checkpointer, Committed, MemoryStore};

@@ -17,6 +17,7 @@ pub mod embedding;
 pub mod llm;
 pub mod memory_store;
 pub mod queue;
+pub mod session;
 
 pub use parlance_ports::{ManualClock, SequentialIds};
 

@@ -24,6 +24,7 @@ fn v1_routes() -> Router<AppState> {
     Router::new()
         .merge(crate::adoption::routes())
         .merge(crate::conversation::routes())
+        .merge(crate::session::routes())
 }
 
 /// The whole service: health probes open, everything under `/v1` behind a key.

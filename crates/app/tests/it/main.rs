@@ -4,5 +4,6 @@ mod adoption;
 mod adoption_llm;
 mod conversation;
 mod service;
+mod session;
 mod support;
 mod worker;

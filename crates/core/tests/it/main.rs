@@ -1,3 +1,4 @@
-//! Integration tests of parlance-core: reference conformance replays.
+//! Integration tests of parlance-core: the recorded reference conformance cases.
 
 mod adoption_conformance;
+mod session_conformance;

@@ -122,3 +122,19 @@ mod memory_store {
         Some(Arc::new(MemoryMemoryStore::new()) as parlance_testkit::memory_store::Subject)
     });
 }
+
+mod session {
+    use std::sync::Arc;
+
+    use parlance_memory::{MemoryAuditLog, MemorySessionStore, MemoryTourCatalogs};
+    use parlance_testkit::session::Subject;
+
+    parlance_testkit::session_store_suite!(async {
+        let audit = Arc::new(MemoryAuditLog::new());
+        Some(Subject {
+            sessions: Arc::new(MemorySessionStore::new(audit.clone())),
+            tours: Arc::new(MemoryTourCatalogs::new()),
+            audit,
+        })
+    });
+}

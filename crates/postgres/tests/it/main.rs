@@ -77,3 +77,18 @@ mod memory_store {
         })
     });
 }
+
+mod session {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgAuditLog, PgSessionStore, PgTourCatalogs, testing::test_pool};
+    use parlance_testkit::session::Subject;
+
+    parlance_testkit::session_store_suite!(async {
+        test_pool().await.map(|pool| Subject {
+            sessions: Arc::new(PgSessionStore::new(pool.clone())),
+            tours: Arc::new(PgTourCatalogs::new(pool.clone())),
+            audit: Arc::new(PgAuditLog::new(pool)),
+        })
+    });
+}

@@ -1,0 +1,416 @@
+//! Session machine benchmarks: `cargo xtask bench session [core|pg|sweep] [--smoke]`.
+//!
+//! - core: a fixed pseudo-random mix of events (each preceded by a tick, as
+//!   the service does) applied to one session in memory; ns per event.
+//! - pg: events per second through the service and the PostgreSQL store with
+//!   16 concurrent clients, next to `pgbench -N -c 16` on the same server.
+//! - sweep: the time to sweep 10,000 due sessions stored among 1,000,000,
+//!   against 10,000 among 10,000 (the deadline index, not a scan).
+//!
+//! `--smoke` shrinks every size, to check the benchmark itself runs.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark reports on stdout
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parlance_app::AppState;
+use parlance_app::auth::ApiKeys;
+use parlance_app::session::{SWEEP_BATCH, SessionEvent, apply_event, sweep_once};
+use parlance_core::session::{ConversationEvent, SessionId, SessionState, TourCatalog};
+use parlance_core::{ProductId, Timestamp};
+use parlance_ports::ManualClock;
+use parlance_postgres::PgPool;
+use sqlx::{Connection as _, Executor as _};
+
+/// xorshift64*: a fixed, dependency-free pseudo-random sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One event of the mix, as the core and the service see it.
+#[derive(Clone)]
+enum Ev {
+    Tick,
+    Proactive,
+    Reactive,
+    User,
+    Click,
+    Reaction,
+    TourStep,
+    Guidance(bool, Option<&'static str>),
+    Link(ConversationEvent, &'static str),
+}
+
+fn mix(rng: &mut Rng) -> Ev {
+    match rng.below(100) {
+        0..20 => Ev::Tick,
+        20..30 => Ev::Proactive,
+        30..35 => Ev::Reactive,
+        35..55 => Ev::User,
+        55..65 => Ev::Click,
+        65..75 => Ev::Reaction,
+        75..85 => Ev::TourStep,
+        85..90 => Ev::Guidance(true, Some(["flow_0", "flow_1"][rng.below(2) as usize])),
+        90..95 => Ev::Guidance(false, None),
+        _ => Ev::Link(
+            if rng.below(2) == 0 {
+                ConversationEvent::New
+            } else {
+                ConversationEvent::ReplyExisting
+            },
+            ["conv-1", "conv-2"][rng.below(2) as usize],
+        ),
+    }
+}
+
+fn as_service_event(ev: &Ev) -> SessionEvent {
+    match ev {
+        Ev::Tick | Ev::User => SessionEvent::UserMessage,
+        Ev::Proactive => SessionEvent::ProactiveTrigger {
+            trigger_id: "bench".to_owned(),
+        },
+        Ev::Reactive => SessionEvent::OpenChat,
+        Ev::Click => SessionEvent::OptionClick,
+        Ev::Reaction => SessionEvent::Reaction,
+        Ev::TourStep => SessionEvent::TourStep,
+        Ev::Guidance(active, tour) => SessionEvent::VisualGuidance {
+            active: *active,
+            tour_id: tour.map(str::to_owned),
+        },
+        Ev::Link(event, id) => SessionEvent::ConversationLinked {
+            event: *event,
+            conversation_id: (*id).to_owned(),
+        },
+    }
+}
+
+fn tours() -> TourCatalog {
+    TourCatalog::from_value(&serde_json::json!({
+        "tours": [
+            {"id": "chip_0", "user_tour_id": "flow_0", "interaction_timeout_s": 40.0},
+            {"id": "chip_1", "user_tour_id": "flow_1", "cooldown_period_s": 30.0},
+        ]
+    }))
+    .expect("catalog")
+}
+
+fn t0() -> Timestamp {
+    ManualClock::START
+}
+
+fn bench_core(events: usize) {
+    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let script: Vec<(Ev, i64)> = (0..events)
+        .map(|_| (mix(&mut rng), rng.below(8_000_000) as i64)) // up to 8 s between events
+        .collect();
+    let tours = tours();
+    let fresh = SessionState::new(
+        ProductId::parse("bench").expect("id"),
+        SessionId::parse("s").expect("id"),
+        t0(),
+    );
+    let mut rounds = Vec::new();
+    for _ in 0..5 {
+        let mut s = fresh.clone();
+        let mut now = t0();
+        let mut changes = 0u64;
+        let start = Instant::now();
+        for (ev, dt) in &script {
+            now = Timestamp::from_micros(now.as_micros() + dt).expect("in range");
+            let t = s.tick(now, &tours);
+            let r = match ev {
+                Ev::Tick => Ok(t),
+                Ev::Proactive => s.transition_to_proactive("bench", now),
+                Ev::Reactive => s.transition_to_reactive(now),
+                Ev::User => Ok(s.record_user_interaction(now)),
+                Ev::Click => Ok(s.record_option_click(now)),
+                Ev::Reaction => Ok(s.record_reaction(now)),
+                Ev::TourStep => Ok(s.record_tour_step(now)),
+                Ev::Guidance(a, tour) => Ok(s.set_visual_guidance(*a, *tour, now)),
+                Ev::Link(e, id) => s.on_conversation_linked(*e, id),
+            };
+            changes += u64::from(matches!(&r, Ok(o) if o.changed_state()));
+            std::hint::black_box(&r);
+        }
+        let elapsed = start.elapsed();
+        std::hint::black_box((&s, changes));
+        rounds.push(elapsed.as_nanos() as f64 / events as f64);
+    }
+    rounds.sort_by(f64::total_cmp);
+    println!(
+        "core: {events} events (tick + event each), ns/event best {:.1}, median {:.1}; {:.1} M events/s (median)",
+        rounds[0],
+        rounds[rounds.len() / 2],
+        1_000.0 / rounds[rounds.len() / 2]
+    );
+}
+
+/// `DATABASE_URL` with its database replaced by `db`.
+fn url_for(db: &str) -> String {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let base = url.split('?').next().unwrap_or(&url);
+    let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
+    format!("{prefix}/{db}")
+}
+
+async fn drop_database(pool: PgPool) {
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .expect("database name");
+    pool.close().await;
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut admin = sqlx::PgConnection::connect(&url).await.expect("admin");
+    let _ = admin
+        .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
+        .await;
+}
+
+async fn bench_pg(clients: usize, secs: u64) {
+    let Some(pool) = parlance_postgres::testing::test_pool().await else {
+        println!("pg: skipped, DATABASE_URL is not set");
+        return;
+    };
+    let app = AppState::postgres(pool.clone(), ApiKeys::new());
+    let product = ProductId::parse("bench").expect("id");
+    app.tours.put(&product, &tours()).await.expect("tours");
+    let done = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let run_for = Duration::from_secs(secs);
+    let warmup = Duration::from_secs(2);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (app, product, done, refused) =
+            (app.clone(), product.clone(), done.clone(), refused.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(0x1234_5678 + c as u64 * 7919);
+            loop {
+                let elapsed = start.elapsed();
+                if elapsed >= warmup + run_for {
+                    break;
+                }
+                let sid = SessionId::parse(format!("c{c}-s{}", rng.below(64))).expect("id");
+                let ev = as_service_event(&mix(&mut rng));
+                let ok = match apply_event(&app, &product, &sid, &ev).await {
+                    Ok(_) => true,
+                    Err(parlance_app::session::ServiceError::Machine { .. }) => false,
+                    Err(e) => panic!("event failed: {e}"),
+                };
+                if elapsed >= warmup {
+                    done.fetch_add(1, Ordering::Relaxed);
+                    refused.fetch_add(u64::from(!ok), Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client");
+    }
+    let n = done.load(Ordering::Relaxed);
+    let ours = n as f64 / run_for.as_secs_f64();
+    println!(
+        "pg: {clients} clients, {secs} s: {n} events ({} refused as invalid transitions), {ours:.0} events/s",
+        refused.load(Ordering::Relaxed)
+    );
+    drop_database(pool).await;
+
+    match pgbench(clients, secs).await {
+        Ok(tps) => println!(
+            "pgbench -N -c {clients} -j 2 -T {secs}: {tps:.0} tps; ratio ours/pgbench = {:.2}",
+            ours / tps
+        ),
+        Err(e) => println!("pgbench: not run: {e}"),
+    }
+}
+
+async fn pgbench(clients: usize, secs: u64) -> Result<f64, String> {
+    const DB: &str = "parlance_bench_pgbench";
+    let url = std::env::var("DATABASE_URL").map_err(|e| e.to_string())?;
+    let mut admin = sqlx::PgConnection::connect(&url)
+        .await
+        .map_err(|e| e.to_string())?;
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)").as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    admin
+        .execute(format!("CREATE DATABASE {DB}").as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    let target = url_for(DB);
+    let init = Command::new("pgbench")
+        .args(["-i", "-q", "-s", "10", &target])
+        .output()
+        .map_err(|e| format!("cannot run pgbench: {e}"))?;
+    if !init.status.success() {
+        return Err(String::from_utf8_lossy(&init.stderr).into_owned());
+    }
+    let run = Command::new("pgbench")
+        .args([
+            "-N",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &secs.to_string(),
+            &target,
+        ])
+        .output()
+        .map_err(|e| format!("cannot run pgbench: {e}"))?;
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    let _ = admin
+        .execute(format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)").as_str())
+        .await;
+    out.lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l["tps = ".len()..].split_whitespace().next())
+        .and_then(|x| x.parse().ok())
+        .ok_or_else(|| format!("no tps in pgbench output: {out}"))
+}
+
+/// Stores `total` sessions of which `due` are past their deadline, then
+/// times sweeping them all.
+async fn sweep_case(total: usize, due: usize) -> Option<(Duration, Duration)> {
+    let pool = parlance_postgres::testing::test_pool().await?;
+    let clock = Arc::new(ManualClock::at(t0()));
+    let mut app = AppState::postgres(pool.clone(), ApiKeys::new());
+    app.clock = clock.clone();
+    let product = ProductId::parse("bench").expect("id");
+    let template = |proactive: bool| {
+        let mut s = SessionState::new(product.clone(), SessionId::parse("x").expect("id"), t0());
+        if proactive {
+            s.transition_to_proactive("bench", t0()).expect("proactive");
+        }
+        s.to_snapshot()
+    };
+    let insert = "INSERT INTO sessions (product_id, session_id, version, next_deadline, snapshot) \
+         SELECT 'bench', $1 || i, 1, $2, jsonb_set($3::jsonb, '{session_id}', to_jsonb($1 || i)) \
+         FROM generate_series(1, $4) AS i";
+    let deadline = |secs: f64| {
+        let t = t0().plus_seconds(secs).as_micros();
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(t) * 1_000).expect("time")
+    };
+    let loaded = Instant::now();
+    let idle = (total - due) / 2;
+    let later = total - due - idle;
+    for (prefix, n, at, proactive) in [
+        ("due-", due, Some(deadline(20.0)), true),
+        ("idle-", idle, None, false),
+        ("later-", later, Some(deadline(86_400.0)), true),
+    ] {
+        if n == 0 {
+            continue;
+        }
+        sqlx::query(insert)
+            .bind(prefix)
+            .bind(at)
+            .bind(template(proactive))
+            .bind(n as i64)
+            .execute(&pool)
+            .await
+            .expect("bulk insert");
+    }
+    sqlx::query("VACUUM ANALYZE sessions")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    // Flush the bulk load now, so no checkpoint of it runs inside the timing.
+    sqlx::query("CHECKPOINT")
+        .execute(&pool)
+        .await
+        .expect("checkpoint");
+    let load_time = loaded.elapsed();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT product_id, session_id FROM sessions WHERE next_deadline <= $1 \
+         ORDER BY next_deadline, product_id, session_id LIMIT 500 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(deadline(100.0))
+    .fetch_all(&pool)
+    .await
+    .expect("explain");
+    let access = plan
+        .iter()
+        .find(|l| l.contains("Index"))
+        .or_else(|| plan.iter().find(|l| l.contains("Scan")))
+        .map_or("?", |l| l.trim_start_matches([' ', '-', '>']));
+    println!("sweep: {total} stored, claim plan: {access}");
+    clock.set(t0().plus_seconds(100.0));
+    let start = Instant::now();
+    let mut swept = 0;
+    loop {
+        let r = sweep_once(&app, SWEEP_BATCH).await.expect("sweep");
+        assert_eq!(r.transitions, r.claimed, "every due session times out");
+        if r.claimed == 0 {
+            break;
+        }
+        swept += r.claimed;
+    }
+    let took = start.elapsed();
+    assert_eq!(swept, due, "swept exactly the due sessions");
+    drop_database(pool).await;
+    Some((took, load_time))
+}
+
+async fn bench_sweep(due: usize, big: usize) {
+    let Some((small, _)) = sweep_case(due, due).await else {
+        println!("sweep: skipped, DATABASE_URL is not set");
+        return;
+    };
+    let Some((large, load)) = sweep_case(big, due).await else {
+        return;
+    };
+    println!(
+        "sweep: {due} due among {due}: {:.2} s ({:.0} us/session); {due} due among {big}: {:.2} s \
+         (loading took {:.0} s); ratio {:.2}",
+        small.as_secs_f64(),
+        small.as_secs_f64() * 1e6 / due as f64,
+        large.as_secs_f64(),
+        load.as_secs_f64(),
+        large.as_secs_f64() / small.as_secs_f64()
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let picked: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| matches!(*a, "core" | "pg" | "sweep"))
+        .collect();
+    let wants = |name: &str| picked.is_empty() || picked.contains(&name);
+    if wants("core") {
+        bench_core(if smoke { 20_000 } else { 2_000_000 });
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    if wants("pg") {
+        rt.block_on(bench_pg(16, if smoke { 2 } else { 10 }));
+    }
+    if wants("sweep") {
+        let (due, big) = if smoke {
+            (200, 2_000)
+        } else {
+            (10_000, 1_000_000)
+        };
+        rt.block_on(bench_sweep(due, big));
+    }
+}

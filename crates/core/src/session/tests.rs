@@ -1,0 +1,666 @@
+//! Unit tests, one per rule, and property tests of the session machine.
+
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use crate::{ProductId, Timestamp};
+
+fn t0() -> Timestamp {
+    Timestamp::from_secs(1_767_225_600).unwrap()
+}
+
+fn at(secs: f64) -> Timestamp {
+    t0().plus_seconds(secs)
+}
+
+fn session() -> SessionState {
+    SessionState::new(
+        ProductId::parse("acme").unwrap(),
+        SessionId::parse("s-1").unwrap(),
+        t0(),
+    )
+}
+
+fn none() -> TourCatalog {
+    TourCatalog::empty()
+}
+
+fn catalog() -> TourCatalog {
+    TourCatalog::from_value(&json!({
+        "default_interaction_timeout_s": 25.0,
+        "default_cooldown_period_s": 5.0,
+        "tours": [
+            {"id": "chip_0", "user_tour_id": "flow_0", "interaction_timeout_s": 40.0, "cooldown_period_s": 200.0},
+            {"id": "chip_1", "user_tour_id": "flow_1", "interaction_timeout_s": null, "cooldown_period_s": null},
+        ]
+    }))
+    .unwrap()
+}
+
+/// A session in `proactive_assistance` since `t0`.
+fn proactive() -> SessionState {
+    let mut s = session();
+    s.transition_to_proactive("trig", t0()).unwrap();
+    s
+}
+
+#[test]
+fn timeout_fires_only_when_strictly_greater() {
+    let mut s = proactive();
+    let out = s.tick(at(20.0), &none());
+    assert_eq!(out, SessionOutcome::default());
+    assert_eq!(s.current_state(), AssistState::Proactive);
+    assert_eq!(s.proactive().time_since_last_interaction_s, 20.0);
+
+    let out = s.tick(at(20.000_001), &none());
+    let tr = out.transition.expect("timed out");
+    assert_eq!(
+        (tr.from, tr.to, tr.cause),
+        (AssistState::Proactive, AssistState::Thinking, "tick")
+    );
+    assert_eq!(out.cooldown, CooldownChange::Started);
+    assert!(s.thinking().cooldown_active);
+    assert_eq!(s.thinking().cooldown_started_at, Some(at(20.000_001)));
+    assert_eq!(s.thinking().active_cooldown_period_s, Some(60.0));
+    // The sub-record's elapsed value is not refreshed on the timing-out tick.
+    assert_eq!(s.proactive().time_since_last_interaction_s, 20.0);
+}
+
+#[test]
+fn timeout_clears_guidance_and_tour_but_keeps_the_link() {
+    let mut s = proactive();
+    s.set_visual_guidance(true, Some("flow_9"), at(1.0));
+    s.on_conversation_linked(ConversationEvent::New, "c-1")
+        .unwrap();
+    s.tick(at(30.0), &none());
+    assert_eq!(s.current_state(), AssistState::Thinking);
+    assert!(!s.visual_guidance_active());
+    assert_eq!(s.active_tour_id(), None);
+    assert_eq!(s.conversation_id(), Some("c-1"));
+}
+
+#[test]
+fn cooldown_ends_when_elapsed_is_greater_or_equal() {
+    let mut s = proactive();
+    s.tick(at(21.0), &none()); // cooldown starts at 21 s for 60 s
+    assert_eq!(
+        s.tick(at(80.999_999), &none()).cooldown,
+        CooldownChange::Unchanged
+    );
+    assert!(s.thinking().cooldown_active);
+    assert_eq!(s.tick(at(81.0), &none()).cooldown, CooldownChange::Cleared);
+    assert!(s.thinking().can_go_proactive());
+    assert_eq!(s.thinking().cooldown_started_at, None);
+    assert_eq!(s.thinking().active_cooldown_period_s, None);
+}
+
+#[test]
+fn zero_settings_time_out_on_any_elapsed_time() {
+    let mut s = session().with_settings(0.0, 0.0).unwrap();
+    s.transition_to_proactive("t", t0()).unwrap();
+    assert!(
+        !s.tick(t0(), &none()).changed_state(),
+        "zero elapsed is not > 0"
+    );
+    assert!(s.tick(at(0.125), &none()).changed_state());
+    // A zero cooldown ends on the next tick even with no time elapsed.
+    assert_eq!(s.tick(at(0.125), &none()).cooldown, CooldownChange::Cleared);
+}
+
+#[test]
+fn settings_are_validated() {
+    assert_eq!(
+        session().with_settings(-1.0, 60.0),
+        Err(SessionError::InvalidSeconds {
+            field: "interaction_timeout_s",
+            value: -1.0
+        })
+    );
+    assert!(session().with_settings(20.0, f64::NAN).is_err());
+    assert!(session().with_settings(20.0, f64::INFINITY).is_err());
+}
+
+#[test]
+fn proactive_is_blocked_by_a_running_cooldown_and_flushes_an_expired_one() {
+    let mut s = proactive();
+    s.tick(at(21.0), &none());
+    let out = s.transition_to_proactive("again", at(50.0)).unwrap();
+    assert_eq!(out.ignored, Some("v2_cooldown_active"));
+    assert!(!out.changed_state());
+    assert_eq!(s.current_state(), AssistState::Thinking);
+
+    let out = s.transition_to_proactive("again", at(81.0)).unwrap();
+    assert!(out.changed_state());
+    assert_eq!(out.cooldown, CooldownChange::Cleared);
+    assert_eq!(s.last_interaction_at(), at(81.0));
+    assert_eq!(s.proactive(), &ProactiveState::new(at(81.0)));
+}
+
+#[test]
+fn reactive_is_always_allowed_from_thinking_and_clears_the_cooldown() {
+    let mut s = proactive();
+    s.tick(at(21.0), &none());
+    let out = s.transition_to_reactive(at(22.0)).unwrap();
+    assert_eq!(out.cooldown, CooldownChange::Cleared);
+    assert_eq!(s.current_state(), AssistState::Reactive);
+    assert_eq!(s.thinking(), &ThinkingState::default());
+    assert_eq!(s.reactive(), &ReactiveState::new(at(22.0)));
+}
+
+#[test]
+fn active_states_never_connect_directly() {
+    let mut s = proactive();
+    let before = s.clone();
+    assert_eq!(
+        s.transition_to_reactive(at(1.0)),
+        Err(SessionError::InvalidTransition {
+            from: AssistState::Proactive,
+            command: "transition_to_reactive"
+        })
+    );
+    assert!(matches!(
+        s.transition_to_proactive("x", at(1.0)),
+        Err(SessionError::InvalidTransition { .. })
+    ));
+    assert_eq!(s, before, "a refused command changes nothing");
+    let mut r = session();
+    r.transition_to_reactive(t0()).unwrap();
+    assert!(r.transition_to_proactive("x", at(1.0)).is_err());
+    assert!(r.transition_to_reactive(at(1.0)).is_err());
+}
+
+#[test]
+fn tour_overrides_apply_while_the_tour_runs() {
+    let tours = catalog();
+    let mut s = proactive();
+    s.set_visual_guidance(true, Some("flow_0"), t0());
+    assert_eq!(s.resolved_settings(&tours), (40.0, 200.0));
+    assert_eq!(s.next_deadline(&tours), Some(at(40.0)));
+    assert!(
+        !s.tick(at(30.0), &tours).changed_state(),
+        "the tour's 40 s applies, not 20 s"
+    );
+    assert!(s.tick(at(40.5), &tours).changed_state());
+    assert_eq!(s.thinking().active_cooldown_period_s, Some(200.0));
+    assert_eq!(s.next_deadline(&tours), Some(at(240.5)));
+}
+
+#[test]
+fn tour_nulls_mean_the_session_settings_and_chip_ids_do_not_match() {
+    let tours = catalog();
+    let mut s = proactive();
+    s.set_visual_guidance(true, Some("flow_1"), t0());
+    assert_eq!(s.resolved_settings(&tours), (20.0, 60.0));
+    s.set_visual_guidance(true, Some("chip_0"), t0());
+    assert_eq!(
+        s.resolved_settings(&tours),
+        (20.0, 60.0),
+        "looked up by flow id only"
+    );
+    // Without a catalog entry the session settings apply.
+    s.set_visual_guidance(true, Some("flow_0"), t0());
+    assert_eq!(s.resolved_settings(&none()), (20.0, 60.0));
+}
+
+#[test]
+fn visual_guidance_is_ignored_in_thinking_with_its_reason() {
+    let mut s = session();
+    let before = s.clone();
+    let out = s.set_visual_guidance(true, Some("flow_0"), at(5.0));
+    assert_eq!(out.ignored, Some("v2_state_thinking"));
+    assert_eq!(s, before);
+}
+
+#[test]
+fn visual_guidance_start_resets_the_clock_and_end_clears_both() {
+    let mut s = proactive();
+    s.set_visual_guidance(true, Some("flow_0"), at(5.0));
+    assert!(s.visual_guidance_active());
+    assert_eq!(s.active_tour_id(), Some("flow_0"));
+    assert_eq!(s.last_interaction_at(), at(5.0));
+    assert_eq!(
+        s.proactive().last_message_at,
+        t0(),
+        "the sub-state timer is not reset"
+    );
+    s.set_visual_guidance(false, Some("ignored"), at(6.0));
+    assert!(!s.visual_guidance_active());
+    assert_eq!(s.active_tour_id(), None);
+    assert_eq!(s.last_interaction_at(), at(5.0));
+}
+
+#[test]
+fn interactions_reset_the_clock_and_the_current_timer() {
+    let mut s = proactive();
+    s.tick(at(3.0), &none());
+    s.record_tour_step(at(4.0));
+    assert_eq!(s.last_interaction_at(), at(4.0));
+    assert_eq!(s.proactive().last_message_at, at(4.0));
+    assert_eq!(s.proactive().time_since_last_interaction_s, 0.0);
+    s.record_option_click(at(5.0));
+    assert!(s.proactive().user_clicked_option);
+
+    let mut r = session();
+    r.transition_to_reactive(t0()).unwrap();
+    r.record_option_click(at(2.0));
+    assert_eq!(r.last_interaction_at(), at(2.0));
+    assert_eq!(
+        r.reactive().last_message_at,
+        t0(),
+        "clicks do not reset the reactive timer"
+    );
+    r.record_reaction(at(3.0));
+    assert_eq!(r.reactive().last_message_at, at(3.0));
+
+    let mut th = session();
+    th.record_user_interaction(at(1.0));
+    assert_eq!(th.last_interaction_at(), at(1.0));
+    th.record_any_interaction(at(2.0));
+    assert_eq!(th.last_interaction_at(), at(2.0));
+}
+
+#[test]
+fn the_gate_answers_in_order_with_exact_reasons() {
+    let mut s = session();
+    assert_eq!(s.can_deliver_proactive(), (true, "ok"));
+    s.transition_to_proactive("t", t0()).unwrap();
+    assert_eq!(
+        s.can_deliver_proactive(),
+        (false, "v2_state_proactive_assistance")
+    );
+    s.tick(at(21.0), &none());
+    assert_eq!(s.can_deliver_proactive(), (false, "v2_cooldown_active"));
+    s.transition_to_reactive(at(22.0)).unwrap();
+    assert_eq!(
+        s.can_deliver_proactive(),
+        (false, "v2_state_reactive_assistance")
+    );
+}
+
+#[test]
+fn conversation_links_follow_new_and_reply_existing() {
+    let mut s = session();
+    assert_eq!(s.delivery_route(), DeliveryRoute::CreateAndLink);
+    s.on_conversation_linked(ConversationEvent::ReplyExisting, "c-1")
+        .unwrap();
+    assert_eq!(s.delivery_route(), DeliveryRoute::SendTo("c-1"));
+    s.on_conversation_linked(ConversationEvent::ReplyExisting, "c-2")
+        .unwrap();
+    assert_eq!(
+        s.conversation_id(),
+        Some("c-1"),
+        "reply-existing never re-links"
+    );
+    s.on_conversation_linked(ConversationEvent::New, "c-3")
+        .unwrap();
+    assert_eq!(s.conversation_id(), Some("c-3"), "new always overwrites");
+    assert_eq!(
+        s.on_conversation_linked(ConversationEvent::New, ""),
+        Err(SessionError::EmptyConversationId)
+    );
+    s.transition_to_reactive(t0()).unwrap();
+    assert_eq!(
+        s.delivery_route(),
+        DeliveryRoute::SendTo("c-3"),
+        "the state never changes the route"
+    );
+}
+
+#[test]
+fn next_deadline_follows_the_state() {
+    let mut s = session();
+    assert_eq!(s.next_deadline(&none()), None);
+    s.transition_to_proactive("t", t0()).unwrap();
+    assert_eq!(s.next_deadline(&none()), Some(at(20.0)));
+    s.tick(at(21.0), &none());
+    assert_eq!(s.next_deadline(&none()), Some(at(81.0)));
+    s.tick(at(81.0), &none());
+    assert_eq!(s.next_deadline(&none()), None);
+}
+
+#[test]
+fn transition_table_renders_as_mermaid() {
+    insta::assert_snapshot!("session_mermaid", TRANSITIONS.to_mermaid());
+}
+
+// ---- snapshot -----------------------------------------------------------
+
+#[test]
+fn snapshot_uses_the_seed_keys_and_round_trips() {
+    let mut s = proactive().with_metadata(json!({"user_id": "u-1"}).as_object().unwrap().clone());
+    s.set_visual_guidance(true, Some("flow_0"), at(1.0));
+    s.on_conversation_linked(ConversationEvent::New, "c-1")
+        .unwrap();
+    let snap = s.to_snapshot();
+    assert_eq!(snap["_v"], json!(2));
+    assert_eq!(snap["current_state"], json!("proactive_assistance"));
+    assert_eq!(snap["last_interaction_at"], json!(1_767_225_601.0));
+    assert_eq!(snap["thinking"]["cooldown_started_at"], json!(null));
+    assert_eq!(snap["proactive"]["last_message_at"], json!(1_767_225_600.0));
+    let text = serde_json::to_vec(&snap).unwrap();
+    assert_eq!(SessionState::from_snapshot_slice(&text).unwrap(), s);
+}
+
+fn decode_err(mutate: impl FnOnce(&mut serde_json::Value)) -> DecodeError {
+    let mut v = proactive().to_snapshot();
+    mutate(&mut v);
+    SessionState::from_snapshot(&v).unwrap_err()
+}
+
+#[test]
+fn wrong_or_missing_version_is_an_error() {
+    for bad in [
+        json!(1),
+        json!(3),
+        json!(2.0),
+        json!("2"),
+        json!(true),
+        json!(null),
+    ] {
+        let e = decode_err(|v| v["_v"] = bad.clone());
+        assert!(matches!(e, DecodeError::Version { .. }), "{bad}: {e}");
+        assert_eq!(e.path(), Some("_v"));
+    }
+    let e = decode_err(|v| {
+        v.as_object_mut().unwrap().remove("_v");
+    });
+    assert_eq!(e, DecodeError::Missing { path: "_v".into() });
+}
+
+#[test]
+fn unknown_state_is_an_error() {
+    let e = decode_err(|v| v["current_state"] = json!("PROACTIVE"));
+    assert_eq!(e.to_string(), "current_state: unknown state \"PROACTIVE\"");
+    let e = decode_err(|v| v["current_state"] = json!(["thinking"]));
+    assert_eq!(e.path(), Some("current_state"));
+}
+
+type Mutation = Box<dyn FnOnce(&mut serde_json::Value)>;
+
+#[test]
+fn malformed_fields_are_named_by_path() {
+    let cases: Vec<(&str, Mutation)> = vec![
+        ("thinking", Box::new(|v| v["thinking"] = json!(null))),
+        (
+            "thinking.cooldown_started_at",
+            Box::new(|v| {
+                v["thinking"]["cooldown_active"] = json!(true);
+            }),
+        ),
+        (
+            "proactive.last_message_at",
+            Box::new(|v| v["proactive"] = json!({})),
+        ),
+        (
+            "reactive.last_message_at",
+            Box::new(|v| {
+                v.as_object_mut().unwrap().remove("reactive");
+            }),
+        ),
+        (
+            "last_interaction_at",
+            Box::new(|v| {
+                v.as_object_mut().unwrap().remove("last_interaction_at");
+            }),
+        ),
+        (
+            "interaction_timeout_s",
+            Box::new(|v| v["interaction_timeout_s"] = json!("20")),
+        ),
+        (
+            "cooldown_period_s",
+            Box::new(|v| v["cooldown_period_s"] = json!(-1.0)),
+        ),
+        ("session_id", Box::new(|v| v["session_id"] = json!(""))),
+        ("product_id", Box::new(|v| v["product_id"] = json!("a b"))),
+        ("metadata", Box::new(|v| v["metadata"] = json!([]))),
+        (
+            "last_interaction_at",
+            Box::new(|v| v["last_interaction_at"] = json!(1e300)),
+        ),
+        (
+            "proactive.user_clicked_option",
+            Box::new(|v| {
+                v["proactive"]["user_clicked_option"] = json!("false");
+            }),
+        ),
+    ];
+    for (path, mutate) in cases {
+        let e = decode_err(mutate);
+        assert_eq!(e.path(), Some(path), "{e}");
+        assert!(e.to_string().starts_with(path), "{e}");
+    }
+    assert!(matches!(
+        SessionState::from_snapshot_slice(b"{not json"),
+        Err(DecodeError::Syntax { .. })
+    ));
+    assert_eq!(
+        SessionState::from_snapshot(&json!([])).unwrap_err().path(),
+        Some("$")
+    );
+}
+
+#[test]
+fn keys_with_a_seed_default_may_be_absent() {
+    let mut v = session().to_snapshot();
+    let m = v.as_object_mut().unwrap();
+    for k in [
+        "metadata",
+        "interaction_timeout_s",
+        "cooldown_period_s",
+        "visual_guidance_active",
+        "active_tour_id",
+        "conversation_linked",
+        "conversation_id",
+        "thinking",
+    ] {
+        m.remove(k);
+    }
+    assert_eq!(SessionState::from_snapshot(&v).unwrap(), session());
+}
+
+// ---- tour catalog ---------------------------------------------------------
+
+#[test]
+fn catalog_defaults_apply_to_absent_keys_only() {
+    let c = TourCatalog::from_value(&json!({
+        "default_cooldown_period_s": null,
+        "tours": [
+            {"id": "a", "user_tour_id": "f"},
+            {"id": "b", "interaction_timeout_s": null},
+            null, "junk", 3, ["id"], {"user_tour_id": "no-id"},
+            {"id": "a", "user_tour_id": "g", "label": "legacy"}
+        ]
+    }))
+    .unwrap();
+    assert_eq!(c.default_interaction_timeout_s, Some(20.0));
+    assert_eq!(c.default_cooldown_period_s, None);
+    assert_eq!(c.tours.len(), 3);
+    assert_eq!(c.tours[0].interaction_timeout_s, Some(20.0));
+    assert_eq!(c.tours[0].cooldown_period_s, None);
+    assert_eq!(c.tours[1].interaction_timeout_s, None);
+    assert_eq!(c.get("a").unwrap().user_tour_id.as_deref(), Some("f"));
+    assert_eq!(c.get_by_user_tour_id("g").unwrap().id, "a");
+    assert!(c.get_by_user_tour_id("").is_none());
+    assert_eq!(TourCatalog::from_value(&c.to_value()).unwrap(), c);
+}
+
+#[test]
+fn catalog_rejects_wrong_types_with_paths() {
+    let e = TourCatalog::from_value(&json!({"tours": 5})).unwrap_err();
+    assert_eq!(e.path(), Some("tours"));
+    let e = TourCatalog::from_value(&json!({"tours": [{"id": 7}]})).unwrap_err();
+    assert_eq!(e.path(), Some("tours[0].id"));
+    let e = TourCatalog::from_value(&json!({"tours": [{}, {"id": "x", "cooldown_period_s": -2}]}))
+        .unwrap_err();
+    assert_eq!(e.path(), Some("tours[1].cooldown_period_s"));
+    let e = TourRegistry::from_value(&json!({"tours": []})).unwrap_err();
+    assert_eq!(
+        e,
+        DecodeError::Missing {
+            path: "product_id".into()
+        }
+    );
+}
+
+// ---- properties -------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Op {
+    Advance(u32),
+    Tick(bool),
+    Proactive,
+    Reactive,
+    Any,
+    User,
+    Click,
+    Reaction,
+    TourStep,
+    Guidance(bool, Option<u8>),
+    Link(bool, u8),
+    Roundtrip,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u32..400).prop_map(Op::Advance), // eighths of a second, up to 50 s
+        3 => any::<bool>().prop_map(Op::Tick),
+        2 => Just(Op::Proactive),
+        2 => Just(Op::Reactive),
+        1 => Just(Op::Any),
+        1 => Just(Op::User),
+        1 => Just(Op::Click),
+        1 => Just(Op::Reaction),
+        1 => Just(Op::TourStep),
+        2 => (any::<bool>(), proptest::option::of(0u8..4)).prop_map(|(a, t)| Op::Guidance(a, t)),
+        1 => (any::<bool>(), 0u8..3).prop_map(|(n, c)| Op::Link(n, c)),
+        1 => Just(Op::Roundtrip),
+    ]
+}
+
+fn apply(
+    s: &mut SessionState,
+    op: &Op,
+    now: &mut Timestamp,
+    tours: &TourCatalog,
+) -> Option<SessionOutcome> {
+    let flows = ["flow_0", "flow_1", "chip_0", "flow_x"];
+    match op {
+        Op::Advance(eighths) => {
+            *now = now.plus_seconds(f64::from(*eighths) / 8.0);
+            None
+        }
+        Op::Tick(with) => Some(s.tick(*now, if *with { tours } else { TourCatalog::none() })),
+        Op::Proactive => s.transition_to_proactive("t", *now).ok(),
+        Op::Reactive => s.transition_to_reactive(*now).ok(),
+        Op::Any => Some(s.record_any_interaction(*now)),
+        Op::User => Some(s.record_user_interaction(*now)),
+        Op::Click => Some(s.record_option_click(*now)),
+        Op::Reaction => Some(s.record_reaction(*now)),
+        Op::TourStep => Some(s.record_tour_step(*now)),
+        Op::Guidance(a, t) => {
+            Some(s.set_visual_guidance(*a, t.map(|i| flows[usize::from(i)]), *now))
+        }
+        Op::Link(new, c) => {
+            let ev = if *new {
+                ConversationEvent::New
+            } else {
+                ConversationEvent::ReplyExisting
+            };
+            s.on_conversation_linked(ev, ["c-0", "c-1", "c-2"][usize::from(*c)])
+                .ok()
+        }
+        Op::Roundtrip => {
+            *s = SessionState::from_snapshot(&s.to_snapshot()).expect("own snapshot decodes");
+            None
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn random_walks_stay_in_the_table(
+        timeout in 0u32..200, cooldown in 0u32..600,
+        ops in proptest::collection::vec(op(), 0..60),
+    ) {
+        let tours = catalog();
+        let mut s = session()
+            .with_settings(f64::from(timeout) / 8.0, f64::from(cooldown) / 8.0)
+            .unwrap();
+        let mut now = t0();
+        for op in &ops {
+            let before = s.current_state();
+            let out = apply(&mut s, op, &mut now, &tours);
+            match out.as_ref().and_then(|o| o.transition.as_ref()) {
+                Some(tr) => {
+                    prop_assert_eq!(tr.from, before);
+                    prop_assert_eq!(tr.to, s.current_state());
+                    prop_assert!(TRANSITIONS.allows(tr.from.as_str(), tr.to.as_str(), tr.cause),
+                        "{:?} is not in the table", tr);
+                }
+                None => prop_assert_eq!(before, s.current_state(), "state changed without a transition"),
+            }
+            prop_assert_eq!(s.thinking().can_go_proactive(), !s.thinking().cooldown_active);
+            let (allowed, reason) = s.can_deliver_proactive();
+            prop_assert_eq!(allowed, reason == "ok");
+            if s.thinking().cooldown_active {
+                prop_assert!(s.thinking().cooldown_started_at.is_some());
+            }
+            let back = SessionState::from_snapshot(&s.to_snapshot());
+            prop_assert_eq!(back.as_ref(), Ok(&s));
+            // The deadline is exact: nothing is due before it, the timeout
+            // fires just after it, and a cooldown ends at it.
+            if let Some(d) = s.next_deadline(&tours) {
+                let mut early = s.clone();
+                let out = early.tick(d.plus_seconds(-0.000_001), &tours);
+                prop_assert!(!out.changed_state() && out.cooldown == CooldownChange::Unchanged);
+                let mut late = s.clone();
+                let out = late.tick(d.plus_seconds(0.000_001), &tours);
+                prop_assert!(out.changed_state() || out.cooldown == CooldownChange::Cleared);
+                prop_assert_eq!(late.next_deadline(&tours).is_some_and(|n| n <= d), false);
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = SessionState::from_snapshot_slice(&bytes);
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            let _ = TourCatalog::from_value(&v);
+        }
+    }
+
+    #[test]
+    fn mutated_snapshots_never_panic(
+        key in prop_oneof![
+            Just("_v"), Just("current_state"), Just("last_interaction_at"), Just("thinking"),
+            Just("proactive"), Just("reactive"), Just("session_id"), Just("product_id"),
+            Just("interaction_timeout_s"), Just("metadata"), Just("conversation_id"),
+        ],
+        value in prop_oneof![
+            Just(json!(null)), Just(json!(true)), Just(json!(-1)), Just(json!(1e308)),
+            Just(json!("x")), Just(json!([])), Just(json!({})), Just(json!(2)),
+            any::<f64>().prop_map(|x| json!(x)),
+        ],
+    ) {
+        let mut v = proactive().to_snapshot();
+        v[key] = value;
+        let _ = SessionState::from_snapshot(&v);
+    }
+}
+
+#[test]
+fn the_machine_page_shows_the_generated_diagram() {
+    let page =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/machines/session.md");
+    let text = std::fs::read_to_string(&page).expect("docs/machines/session.md exists");
+    let block = format!("```mermaid\n{}```", TRANSITIONS.to_mermaid());
+    assert!(
+        text.contains(&block),
+        "paste the generated diagram into {}",
+        page.display()
+    );
+}

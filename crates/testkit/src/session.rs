@@ -1,0 +1,502 @@
+//! Contract suite for [`SessionStore`] and [`TourCatalogStore`] adapters.
+//!
+//! Run it from an adapter's tests with
+//! `parlance_testkit::session_store_suite!(async { Some(subject) });`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use parlance_core::session::{
+    AssistState, ConversationEvent, SessionId, SessionState, TourCatalog,
+};
+use parlance_core::{ProductId, Timestamp};
+use parlance_ports::{
+    AuditEntry, AuditLog, CLAIM_LEASE, ErrorKind, SessionSave, SessionStore, StoredSession,
+    TourCatalogStore,
+};
+use serde_json::{Value, json};
+
+/// Runs every case of this suite against the adapters the factory builds.
+#[macro_export]
+macro_rules! session_store_suite {
+    ($factory:expr) => {
+        $crate::contract_tests! {
+            factory = $factory;
+            suite = $crate::session;
+            cases = [
+                get_of_a_missing_session_is_none,
+                get_or_create_creates_once,
+                save_is_compare_and_swap,
+                save_writes_audit_entries_only_when_it_succeeds,
+                states_round_trip_exactly,
+                sessions_are_scoped_by_product,
+                delete_removes,
+                concurrent_savers_lose_no_update,
+                claim_due_takes_what_is_due_earliest_first,
+                claimed_sessions_are_hidden_until_the_lease_ends,
+                concurrent_claimers_never_share_a_session,
+                tour_catalogs_round_trip_per_product,
+            ]
+        }
+    };
+}
+
+/// The adapters under test: the two stores and the audit log saves write to.
+#[derive(Clone)]
+pub struct Subject {
+    /// Session states.
+    pub sessions: Arc<dyn SessionStore>,
+    /// Tour catalogs.
+    pub tours: Arc<dyn TourCatalogStore>,
+    /// Where `save` appends its audit entries.
+    pub audit: Arc<dyn AuditLog>,
+}
+
+fn product(p: &str) -> ProductId {
+    ProductId::parse(p).expect("valid product id")
+}
+
+fn sid(s: &str) -> SessionId {
+    SessionId::parse(s).expect("valid session id")
+}
+
+fn at(secs: f64) -> Timestamp {
+    Timestamp::from_secs(1_767_225_600)
+        .expect("in range")
+        .plus_seconds(secs)
+}
+
+async fn save(
+    store: &dyn SessionStore,
+    state: &SessionState,
+    expected_version: i64,
+) -> Result<i64, parlance_ports::PortError> {
+    store
+        .save(SessionSave {
+            state,
+            expected_version,
+            next_deadline: state.next_deadline(TourCatalog::none()),
+            audit: &[],
+        })
+        .await
+}
+
+fn entry(p: &str, s: &str, to: &str) -> AuditEntry {
+    AuditEntry {
+        product_id: product(p),
+        entity_kind: "session".to_owned(),
+        entity_id: s.to_owned(),
+        from: Some("thinking".to_owned()),
+        to: to.to_owned(),
+        cause: "transition_to_proactive".to_owned(),
+        at: at(1.0),
+        payload: json!({}),
+    }
+}
+
+/// Nothing stored yet: `get` answers `None`.
+pub async fn get_of_a_missing_session_is_none(s: Subject) {
+    let got = s
+        .sessions
+        .get(&product("p"), &sid("nope"))
+        .await
+        .expect("get");
+    assert!(got.is_none());
+}
+
+/// The first call stores defaults at version 1; later calls return the
+/// stored record unchanged.
+pub async fn get_or_create_creates_once(s: Subject) {
+    let first = s
+        .sessions
+        .get_or_create(&product("p"), &sid("s1"), at(0.0))
+        .await
+        .expect("create");
+    assert_eq!(first.version, 1);
+    assert_eq!(
+        first.state,
+        SessionState::new(product("p"), sid("s1"), at(0.0))
+    );
+    let again = s
+        .sessions
+        .get_or_create(&product("p"), &sid("s1"), at(50.0))
+        .await
+        .expect("get");
+    assert_eq!(again, first, "a second call does not reset the session");
+    let got = s
+        .sessions
+        .get(&product("p"), &sid("s1"))
+        .await
+        .expect("get");
+    assert_eq!(got, Some(first));
+}
+
+/// A save names the version it loaded; a stale version is a conflict and
+/// changes nothing.
+pub async fn save_is_compare_and_swap(s: Subject) {
+    let loaded = s
+        .sessions
+        .get_or_create(&product("p"), &sid("s1"), at(0.0))
+        .await
+        .expect("create");
+    let mut a = loaded.state.clone();
+    a.transition_to_reactive(at(1.0)).expect("reactive");
+    let v2 = save(&*s.sessions, &a, loaded.version).await.expect("save");
+    assert_eq!(v2, loaded.version + 1);
+
+    let mut b = loaded.state.clone();
+    b.transition_to_proactive("t", at(1.0)).expect("proactive");
+    let err = save(&*s.sessions, &b, loaded.version)
+        .await
+        .expect_err("stale save");
+    assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
+    let got = s
+        .sessions
+        .get(&product("p"), &sid("s1"))
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(
+        got,
+        StoredSession {
+            state: a,
+            version: v2
+        }
+    );
+
+    // A session that does not exist cannot be saved.
+    let ghost = SessionState::new(product("p"), sid("ghost"), at(0.0));
+    let err = save(&*s.sessions, &ghost, 1)
+        .await
+        .expect_err("no such row");
+    assert_eq!(err.kind, ErrorKind::Conflict);
+}
+
+/// Audit entries are appended with a successful save, never with a lost one.
+pub async fn save_writes_audit_entries_only_when_it_succeeds(s: Subject) {
+    let loaded = s
+        .sessions
+        .get_or_create(&product("p"), &sid("s1"), at(0.0))
+        .await
+        .expect("create");
+    let mut st = loaded.state.clone();
+    st.transition_to_proactive("t", at(1.0)).expect("proactive");
+    let entries = [entry("p", "s1", "proactive_assistance")];
+    let save_with = |version| SessionSave {
+        state: &st,
+        expected_version: version,
+        next_deadline: st.next_deadline(TourCatalog::none()),
+        audit: &entries,
+    };
+    s.sessions
+        .save(save_with(loaded.version))
+        .await
+        .expect("save");
+    let err = s
+        .sessions
+        .save(save_with(loaded.version))
+        .await
+        .expect_err("stale");
+    assert!(err.is_conflict());
+    let log = s
+        .audit
+        .list(&product("p"), "session", "s1", None, 10)
+        .await
+        .expect("list");
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0].entry, entries[0]);
+}
+
+/// Every field survives storage, microseconds and metadata included.
+pub async fn states_round_trip_exactly(s: Subject) {
+    let loaded = s
+        .sessions
+        .get_or_create(&product("p"), &sid("s ü/1"), at(0.123_457))
+        .await
+        .expect("create");
+    let meta = json!({"user_id": "u-1", "nested": {"n": [1, 2.5, null]}});
+    let mut st = loaded
+        .state
+        .clone()
+        .with_settings(12.5, 0.0)
+        .expect("settings")
+        .with_metadata(meta.as_object().cloned().unwrap_or_default());
+    st.transition_to_proactive("t", at(1.000_001))
+        .expect("proactive");
+    st.set_visual_guidance(true, Some("flow_0"), at(2.0));
+    st.record_option_click(at(3.0));
+    st.on_conversation_linked(ConversationEvent::New, "conv-ü")
+        .expect("link");
+    st.tick(at(20.0), TourCatalog::none());
+    assert_eq!(st.current_state(), AssistState::Thinking);
+    let v = save(&*s.sessions, &st, loaded.version).await.expect("save");
+    let got = s
+        .sessions
+        .get(&product("p"), &sid("s ü/1"))
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(
+        got,
+        StoredSession {
+            state: st,
+            version: v
+        }
+    );
+}
+
+/// The same session id under two products is two sessions.
+pub async fn sessions_are_scoped_by_product(s: Subject) {
+    let a = s
+        .sessions
+        .get_or_create(&product("a"), &sid("x"), at(0.0))
+        .await
+        .expect("create a");
+    let mut st = a.state.clone();
+    st.transition_to_reactive(at(1.0)).expect("reactive");
+    save(&*s.sessions, &st, a.version).await.expect("save a");
+    let b = s
+        .sessions
+        .get_or_create(&product("b"), &sid("x"), at(5.0))
+        .await
+        .expect("create b");
+    assert_eq!(b.version, 1);
+    assert_eq!(b.state.current_state(), AssistState::Thinking);
+    assert_eq!(b.state.product_id(), &product("b"));
+    assert!(
+        s.sessions
+            .delete(&product("b"), &sid("x"))
+            .await
+            .expect("delete")
+    );
+    let a_again = s.sessions.get(&product("a"), &sid("x")).await.expect("get");
+    assert_eq!(a_again.map(|x| x.state), Some(st));
+}
+
+/// `delete` removes the record and says whether there was one.
+pub async fn delete_removes(s: Subject) {
+    s.sessions
+        .get_or_create(&product("p"), &sid("s1"), at(0.0))
+        .await
+        .expect("create");
+    assert!(
+        s.sessions
+            .delete(&product("p"), &sid("s1"))
+            .await
+            .expect("delete")
+    );
+    assert!(
+        !s.sessions
+            .delete(&product("p"), &sid("s1"))
+            .await
+            .expect("delete")
+    );
+    assert!(
+        s.sessions
+            .get(&product("p"), &sid("s1"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+}
+
+/// 32 tasks incrementing one counter in the same session, each retrying on
+/// conflict: every increment lands, and the version counts every save.
+pub async fn concurrent_savers_lose_no_update(s: Subject) {
+    const TASKS: usize = 32;
+    const EACH: i64 = 5;
+    let mut handles = Vec::new();
+    for _ in 0..TASKS {
+        let store = Arc::clone(&s.sessions);
+        handles.push(tokio::spawn(async move {
+            let mut conflicts = 0u32;
+            for _ in 0..EACH {
+                loop {
+                    let cur = store
+                        .get_or_create(&product("p"), &sid("hot"), at(0.0))
+                        .await
+                        .expect("load");
+                    let mut meta = cur.state.metadata().clone();
+                    let n = meta.get("count").and_then(Value::as_i64).unwrap_or(0);
+                    meta.insert("count".into(), json!(n + 1));
+                    let next = cur.state.clone().with_metadata(meta);
+                    match save(&*store, &next, cur.version).await {
+                        Ok(_) => break,
+                        Err(e) if e.is_conflict() => {
+                            conflicts += 1;
+                            assert!(conflicts < 10_000, "livelock");
+                            tokio::task::yield_now().await;
+                        }
+                        Err(e) => panic!("save failed: {e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.expect("saver task");
+    }
+    let got = s
+        .sessions
+        .get(&product("p"), &sid("hot"))
+        .await
+        .expect("get")
+        .expect("stored");
+    let total = TASKS as i64 * EACH;
+    assert_eq!(got.state.metadata()["count"], json!(total));
+    assert_eq!(got.version, 1 + total);
+}
+
+/// Stores `n` proactive sessions of product `p` whose deadlines are
+/// `first + i` seconds (timeout 0 after an interaction at `first + i`).
+async fn due_sessions(s: &Subject, p: &str, n: usize, first: f64) -> Vec<SessionId> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = sid(&format!("due-{i:03}"));
+        let cur = s
+            .sessions
+            .get_or_create(&product(p), &id, at(0.0))
+            .await
+            .expect("create");
+        let mut st = cur
+            .state
+            .clone()
+            .with_settings(0.0, 60.0)
+            .expect("settings");
+        st.transition_to_proactive("t", at(first + i as f64))
+            .expect("proactive");
+        save(&*s.sessions, &st, cur.version).await.expect("save");
+        ids.push(id);
+    }
+    ids
+}
+
+/// Only sessions whose deadline has come are claimed, earliest first, at
+/// most `limit`; sessions without a deadline never are.
+pub async fn claim_due_takes_what_is_due_earliest_first(s: Subject) {
+    due_sessions(&s, "p", 5, 10.0).await; // deadlines 10..=14
+    s.sessions
+        .get_or_create(&product("p"), &sid("idle"), at(0.0))
+        .await
+        .expect("create idle");
+    assert!(
+        s.sessions
+            .claim_due(at(9.0), 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    let got = s.sessions.claim_due(at(12.0), 2).await.expect("claim");
+    let ids: Vec<_> = got
+        .iter()
+        .map(|x| x.state.session_id().as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["due-000", "due-001"]);
+    let got = s.sessions.claim_due(at(12.0), 10).await.expect("claim");
+    let ids: Vec<_> = got
+        .iter()
+        .map(|x| x.state.session_id().as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["due-002"], "claimed ones are not handed out again");
+    let got = s.sessions.claim_due(at(30.0), 10).await.expect("claim");
+    let ids: Vec<_> = got
+        .iter()
+        .map(|x| x.state.session_id().as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["due-003", "due-004"], "never the idle session");
+}
+
+/// A claimed session is hidden for the lease; saving it sets its real
+/// deadline; an unsaved one comes back once the lease ends.
+pub async fn claimed_sessions_are_hidden_until_the_lease_ends(s: Subject) {
+    due_sessions(&s, "p", 2, 10.0).await; // deadlines 10, 11
+    let claimed = s.sessions.claim_due(at(20.0), 10).await.expect("claim");
+    assert_eq!(claimed.len(), 2);
+    // The sweeper ticks and saves the first; the second's claimer "crashes".
+    let mut st = claimed[0].state.clone();
+    let out = st.tick(at(20.0), TourCatalog::none());
+    assert!(out.changed_state());
+    save(&*s.sessions, &st, claimed[0].version)
+        .await
+        .expect("save");
+    let lease = CLAIM_LEASE.as_secs_f64();
+    let back = s
+        .sessions
+        .claim_due(at(20.0 + lease - 1.0), 10)
+        .await
+        .expect("claim");
+    assert!(back.is_empty(), "{back:?}");
+    let back = s
+        .sessions
+        .claim_due(at(20.0 + lease), 10)
+        .await
+        .expect("claim");
+    let ids: Vec<_> = back
+        .iter()
+        .map(|x| x.state.session_id().as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["due-001"]);
+    let mut st = back[0].state.clone();
+    st.tick(at(20.0 + lease), TourCatalog::none());
+    save(&*s.sessions, &st, back[0].version)
+        .await
+        .expect("save");
+    // The first is in a cooldown ending at 20 + 60 s: due again then.
+    let later = s.sessions.claim_due(at(80.0), 10).await.expect("claim");
+    let ids: Vec<_> = later
+        .iter()
+        .map(|x| x.state.session_id().as_str().to_owned())
+        .collect();
+    assert_eq!(ids, ["due-000"]);
+}
+
+/// Four sweepers claiming at once split the due sessions without overlap.
+pub async fn concurrent_claimers_never_share_a_session(s: Subject) {
+    const N: usize = 60;
+    due_sessions(&s, "p", N, 0.0).await;
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let store = Arc::clone(&s.sessions);
+        handles.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = store.claim_due(at(1_000.0), 7).await.expect("claim");
+                if got.is_empty() {
+                    break mine;
+                }
+                mine.extend(got.into_iter().map(|x| x.state.session_id().clone()));
+            }
+        }));
+    }
+    let mut seen = HashSet::new();
+    for h in handles {
+        for id in h.await.expect("claimer") {
+            assert!(seen.insert(id.clone()), "{id} claimed twice");
+        }
+    }
+    assert_eq!(seen.len(), N);
+}
+
+/// A product without a catalog has the empty one; `put` replaces per product.
+pub async fn tour_catalogs_round_trip_per_product(s: Subject) {
+    assert_eq!(
+        s.tours.get(&product("p")).await.expect("get"),
+        TourCatalog::empty()
+    );
+    let c = TourCatalog::from_value(&json!({
+        "default_interaction_timeout_s": 25.0,
+        "default_cooldown_period_s": null,
+        "tours": [{"id": "chip_0", "user_tour_id": "flow_0", "interaction_timeout_s": 40.5},
+                  {"id": "chip_1", "user_tour_name": "Tour ü"}]
+    }))
+    .expect("catalog");
+    s.tours.put(&product("p"), &c).await.expect("put");
+    assert_eq!(s.tours.get(&product("p")).await.expect("get"), c);
+    assert_eq!(
+        s.tours.get(&product("q")).await.expect("get"),
+        TourCatalog::empty()
+    );
+    let c2 = TourCatalog::from_value(&json!({"tours": []})).expect("catalog");
+    s.tours.put(&product("p"), &c2).await.expect("put");
+    assert_eq!(s.tours.get(&product("p")).await.expect("get"), c2);
+}
