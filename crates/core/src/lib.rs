@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod flow;
 pub mod id;
 pub mod outcome;
 pub mod structured;
