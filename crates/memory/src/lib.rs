@@ -11,8 +11,10 @@
 
 mod audit;
 pub mod embedding;
+mod flow;
 pub mod llm;
 
 pub use audit::MemoryAuditLog;
 pub use embedding::HashingEmbedder;
+pub use flow::MemoryFlowStore;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};

@@ -14,12 +14,14 @@ pub mod audit;
 pub mod clock;
 pub mod embedding;
 pub mod error;
+pub mod flow;
 pub mod llm;
 
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
+pub use flow::{ChainProgress, FlowStore, ProgressStart, StoredFlowSession};
 pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,

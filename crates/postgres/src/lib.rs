@@ -11,10 +11,12 @@
 
 mod audit;
 pub mod error;
+mod flow;
 mod pool;
 pub mod testing;
 mod time;
 
 pub use audit::PgAuditLog;
+pub use flow::PgFlowStore;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use sqlx::PgPool;

@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod embedding;
+pub mod flow;
 pub mod llm;
 
 pub use parlance_ports::{ManualClock, SequentialIds};

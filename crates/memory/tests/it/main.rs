@@ -63,3 +63,13 @@ mod embedding {
         Some(Arc::new(HashingEmbedder::default()) as parlance_testkit::embedding::Subject)
     });
 }
+
+mod flow {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryFlowStore;
+
+    parlance_testkit::flow_store_suite!(async {
+        Some(Arc::new(MemoryFlowStore::new()) as parlance_testkit::flow::Subject)
+    });
+}

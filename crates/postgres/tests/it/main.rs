@@ -12,3 +12,15 @@ mod audit {
             .map(|pool| Arc::new(PgAuditLog::new(pool)) as parlance_testkit::audit::Subject)
     });
 }
+
+mod flow {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgFlowStore, testing::test_pool};
+
+    parlance_testkit::flow_store_suite!(async {
+        test_pool()
+            .await
+            .map(|pool| Arc::new(PgFlowStore::new(pool)) as parlance_testkit::flow::Subject)
+    });
+}
