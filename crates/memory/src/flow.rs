@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use parlance_core::flow::{DialogueElement, FlowSession};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    ChainProgress, FlowStore, PortError, PortResult, ProgressStart, StoredFlowSession,
+    ChainProgress, FlowStore, PortError, PortResult, ProgressUpdate, StoredFlowSession,
 };
 
 type Key = (ProductId, String);
@@ -84,7 +84,7 @@ impl FlowStore for MemoryFlowStore {
         session: &FlowSession,
         expected_version: i64,
         append: &[DialogueElement],
-        progress: Option<&ProgressStart>,
+        progress: Option<&ProgressUpdate>,
         _now: Timestamp,
     ) -> PortResult<i64> {
         let mut inner = self.lock();
@@ -120,7 +120,10 @@ impl FlowStore for MemoryFlowStore {
                     label: String::new(),
                 });
             entry.total += p.add_total;
-            entry.label = p.label.clone();
+            entry.done += p.add_done;
+            if let Some(label) = &p.label {
+                entry.label = label.clone();
+            }
         }
         Ok(version)
     }

@@ -32,15 +32,18 @@ pub struct ChainProgress {
     pub label: String,
 }
 
-/// Progress written in the same commit as a transition that plans a DAG.
+/// Progress written in the same commit as a transition: a DAG joining the
+/// chain adds its counted tasks, the completion task adds one done.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProgressStart {
+pub struct ProgressUpdate {
     /// The chain; created when new, extended when it exists.
     pub chain_id: String,
-    /// The new DAG's counted tasks, added to the chain's total.
+    /// Added to the chain's total (a new DAG's counted tasks).
     pub add_total: i64,
-    /// The label of the state now running.
-    pub label: String,
+    /// Added to the chain's done count.
+    pub add_done: i64,
+    /// The label of the state now running; `None` keeps the current one.
+    pub label: Option<String>,
 }
 
 /// Storage of flow sessions.
@@ -61,7 +64,7 @@ pub trait FlowStore: Send + Sync + 'static {
     -> PortResult<StoredFlowSession>;
 
     /// Saves the session if its version is still `expected_version`,
-    /// appending `append` to the dialogue and starting or extending chain
+    /// appending `append` to the dialogue and creating or updating chain
     /// progress, all in one commit. Returns the new version; `Conflict` when
     /// the version moved, `NotFound` when the session does not exist.
     async fn save(
@@ -70,7 +73,7 @@ pub trait FlowStore: Send + Sync + 'static {
         session: &FlowSession,
         expected_version: i64,
         append: &[DialogueElement],
-        progress: Option<&ProgressStart>,
+        progress: Option<&ProgressUpdate>,
         now: Timestamp,
     ) -> PortResult<i64>;
 

@@ -21,7 +21,7 @@ pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
-pub use flow::{ChainProgress, FlowStore, ProgressStart, StoredFlowSession};
+pub use flow::{ChainProgress, FlowStore, ProgressUpdate, StoredFlowSession};
 pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,

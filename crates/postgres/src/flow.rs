@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use parlance_core::flow::{Actor, DialogueElement, FlowSession};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    ChainProgress, FlowStore, PortError, PortResult, ProgressStart, StoredFlowSession,
+    ChainProgress, FlowStore, PortError, PortResult, ProgressUpdate, StoredFlowSession,
 };
 use sqlx::{PgPool, Postgres, QueryBuilder, Row as _};
 
@@ -130,7 +130,7 @@ impl FlowStore for PgFlowStore {
         session: &FlowSession,
         expected_version: i64,
         append: &[DialogueElement],
-        progress: Option<&ProgressStart>,
+        progress: Option<&ProgressUpdate>,
         now: Timestamp,
     ) -> PortResult<i64> {
         let data = encode(session)?;
@@ -183,15 +183,18 @@ impl FlowStore for PgFlowStore {
         if let Some(p) = progress {
             sqlx::query(
                 "INSERT INTO flow_progress (product_id, session_id, chain_id, label, total, done) \
-                 VALUES ($1, $2, $3, $4, $5, 0) \
+                 VALUES ($1, $2, $3, COALESCE($4, ''), $5, $6) \
                  ON CONFLICT (product_id, session_id, chain_id) \
-                 DO UPDATE SET total = flow_progress.total + EXCLUDED.total, label = EXCLUDED.label",
+                 DO UPDATE SET total = flow_progress.total + EXCLUDED.total, \
+                 done = flow_progress.done + EXCLUDED.done, \
+                 label = COALESCE($4, flow_progress.label)",
             )
             .bind(product_id.as_str())
             .bind(&session.session_id)
             .bind(&p.chain_id)
-            .bind(&p.label)
+            .bind(p.label.as_deref())
             .bind(p.add_total)
+            .bind(p.add_done)
             .execute(&mut *tx)
             .await
             .map_err(pg_err("start flow progress"))?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parlance_core::flow::{Actor, DialogueElement, FlowSession, Running};
 use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{ErrorKind, FlowStore, ProgressStart};
+use parlance_ports::{ErrorKind, FlowStore, ProgressUpdate};
 use serde_json::json;
 
 /// Runs every case of this suite against the adapter the factory builds.
@@ -222,10 +222,11 @@ pub async fn progress_accumulates_across_a_chain(store: Subject) {
         .create(&p, &session("s1", "ask"), &[], at(1))
         .await
         .expect("create");
-    let start = |total, label: &str| ProgressStart {
+    let start = |total, label: &str| ProgressUpdate {
         chain_id: "c1".into(),
         add_total: total,
-        label: label.into(),
+        add_done: 0,
+        label: Some(label.into()),
     };
     store
         .save(
@@ -251,12 +252,22 @@ pub async fn progress_accumulates_across_a_chain(store: Subject) {
         .await
         .expect("save");
     store.task_done(&p, "s1", "c1", 1, 3).await.expect("done");
+    let finish = ProgressUpdate {
+        chain_id: "c1".into(),
+        add_total: 0,
+        add_done: 1,
+        label: None,
+    };
+    store
+        .save(&p, &session("s1", "ask"), 3, &[], Some(&finish), at(4))
+        .await
+        .expect("save");
     let got = store
         .progress(&p, "s1", "c1")
         .await
         .expect("progress")
         .expect("exists");
-    assert_eq!((got.total, got.done, got.label.as_str()), (9, 3, "two"));
+    assert_eq!((got.total, got.done, got.label.as_str()), (9, 4, "two"));
     assert_eq!(
         store
             .task_done(&p, "s1", "other", 1, 0)
