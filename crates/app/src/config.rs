@@ -63,6 +63,11 @@ pub struct ServeConfig {
     /// feature-hashing embedder is used.
     #[arg(long, env = "PARLANCE_EMBEDDING_MODEL")]
     pub embedding_model: Option<String>,
+
+    /// Directory of flows: one sub-directory per flow with `flow.yaml` and
+    /// a `templates/` folder. Every flow is validated at start-up.
+    #[arg(long, env = "PARLANCE_FLOWS")]
+    pub flows: Option<std::path::PathBuf>,
 }
 
 impl ServeConfig {
@@ -79,6 +84,7 @@ impl ServeConfig {
             llm_api_key_env: "OPENAI_API_KEY".to_owned(),
             llm_timeout: 60,
             embedding_model: None,
+            flows: None,
         }
     }
 }

@@ -3,14 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_memory::{HashingEmbedder, MemoryAuditLog, OfflineLlm};
+use std::collections::BTreeMap;
+
+use parlance_memory::{HashingEmbedder, MemoryAuditLog, MemoryFlowStore, OfflineLlm};
 use parlance_ports::{
-    AuditLog, Clock, EmbeddingProvider, IdGen, LlmClient, PortError, PortResult, SystemClock,
-    UuidV7Ids,
+    AuditLog, Clock, EmbeddingProvider, FlowStore, IdGen, LlmClient, PortError, PortResult,
+    SystemClock, UuidV7Ids,
 };
-use parlance_postgres::{PgAuditLog, PgPool};
+use parlance_postgres::{PgAuditLog, PgFlowStore, PgPool};
 
 use crate::auth::ApiKeys;
+use crate::flow::{
+    DagRunner, FlowCatalog, FlowDeps, FlowService, InProcessRunner, Invoker, RunnerOptions,
+};
 
 /// Where state is kept.
 #[derive(Debug, Clone)]
@@ -64,6 +69,14 @@ pub struct AppState {
     pub llm: Arc<dyn LlmClient>,
     /// The embedder (feature hashing unless configured).
     pub embedder: Arc<dyn EmbeddingProvider>,
+    /// Flow sessions.
+    pub flow_store: Arc<dyn FlowStore>,
+    /// The flows loaded at start-up (`--flows`).
+    pub flow_catalog: Arc<FlowCatalog>,
+    /// Runs flow task DAGs (in process until the task queue takes over).
+    pub flow_runner: Arc<dyn DagRunner>,
+    /// Invokers registered from Rust, beside `template`, `llm`, `llm_json`.
+    pub flow_invokers: BTreeMap<String, Arc<dyn Invoker>>,
 }
 
 impl AppState {
@@ -83,6 +96,10 @@ impl AppState {
             body_limit: 1024 * 1024,
             llm: Arc::new(OfflineLlm::new()),
             embedder: Arc::new(HashingEmbedder::default()),
+            flow_store: Arc::new(MemoryFlowStore::new()),
+            flow_catalog: Arc::new(FlowCatalog::new()),
+            flow_runner: Arc::new(InProcessRunner::new(RunnerOptions::default())),
+            flow_invokers: BTreeMap::new(),
         }
     }
 
@@ -90,6 +107,7 @@ impl AppState {
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            flow_store: Arc::new(PgFlowStore::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),
@@ -97,6 +115,23 @@ impl AppState {
             body_limit: 1024 * 1024,
             llm: Arc::new(OfflineLlm::new()),
             embedder: Arc::new(HashingEmbedder::default()),
+            flow_catalog: Arc::new(FlowCatalog::new()),
+            flow_runner: Arc::new(InProcessRunner::new(RunnerOptions::default())),
+            flow_invokers: BTreeMap::new(),
         }
+    }
+
+    /// The flow service on this state's adapters.
+    pub fn flow_service(&self) -> Arc<FlowService> {
+        FlowService::new(FlowDeps {
+            catalog: self.flow_catalog.clone(),
+            store: self.flow_store.clone(),
+            runner: self.flow_runner.clone(),
+            audit: self.audit.clone(),
+            clock: self.clock.clone(),
+            ids: self.ids.clone(),
+            llm: self.llm.clone(),
+            extra_invokers: self.flow_invokers.clone(),
+        })
     }
 }

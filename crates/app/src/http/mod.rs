@@ -21,7 +21,7 @@ use crate::state::AppState;
 /// Routes under `/v1`, before authentication is layered on. Each machine adds
 /// its routes here.
 fn v1_routes() -> Router<AppState> {
-    Router::new()
+    Router::new().merge(crate::flow::routes())
 }
 
 /// The whole service: health probes open, everything under `/v1` behind a key.

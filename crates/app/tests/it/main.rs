@@ -1,4 +1,5 @@
 //! HTTP integration tests on a real listener.
 
+mod flow;
 mod service;
 mod support;
