@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use parlance_core::flow::{Flow, FlowError, StateKind};
+use parlance_core::flow::{Flow, FlowDef, FlowError, StateKind};
 
 /// The flows a service runs, by name.
 #[derive(Debug, Default, Clone)]
@@ -87,28 +87,33 @@ impl FlowCatalog {
     }
 }
 
-/// Validates one flow file; problems as `location: message` lines.
+/// Validates one flow file, invokers included; every problem as a
+/// `location: message` line.
 pub fn load_flow(
     text: &str,
     templates: BTreeMap<String, String>,
     known: &dyn Fn(&str) -> bool,
 ) -> Result<Flow, Vec<String>> {
-    let flow = Flow::from_file_text(text, templates).map_err(|e| match e {
-        FlowError::Invalid(p) => p.iter().map(ToString::to_string).collect(),
-        other => vec![other.to_string()],
-    })?;
-    let unknown: Vec<String> = flow
-        .def()
+    let def = FlowDef::from_file_text(text, templates)
+        .map_err(|p| p.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+    let mut problems: Vec<String> = def
         .states
         .iter()
         .enumerate()
         .filter(|(_, s)| s.kind == StateKind::Invoker && !known(&s.invoker))
         .map(|(i, s)| format!("states[{i}].invoker: unknown invoker `{}`", s.invoker))
         .collect();
-    if unknown.is_empty() {
-        Ok(flow)
-    } else {
-        Err(unknown)
+    match Flow::from_def(def) {
+        Ok(flow) if problems.is_empty() => Ok(flow),
+        Ok(_) => Err(problems),
+        Err(FlowError::Invalid(p)) => {
+            problems.extend(p.iter().map(ToString::to_string));
+            Err(problems)
+        }
+        Err(other) => {
+            problems.push(other.to_string());
+            Err(problems)
+        }
     }
 }
 

@@ -577,3 +577,61 @@ async fn cancel_stops_the_dag_and_returns_to_the_last_user_state() {
     let (status, _) = f.event("gated", &sid, "cancel", "").await;
     assert_eq!(status, StatusCode::CONFLICT, "nothing to cancel");
 }
+
+#[test]
+fn example_flows_load_and_validate() {
+    let catalog = FlowCatalog::load_dir(&examples_dir(), &Invokers::is_builtin).unwrap();
+    let names: Vec<&str> = catalog.iter().map(|f| f.name()).collect();
+    assert_eq!(names, ["extraction", "qa"]);
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("parlance-flows-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn loading_reports_every_problem_with_the_file_and_location() {
+    let dir = scratch("bad");
+    let flow = dir.join("broken");
+    std::fs::create_dir_all(flow.join("templates")).unwrap();
+    std::fs::write(flow.join("templates/a.j2"), "A").unwrap();
+    std::fs::write(
+        flow.join("flow.yaml"),
+        "name: broken\ninitial: a\nstates:\n  - {id: a, kind: user, template: a.j2}\n  \
+         - {id: b, kind: invoker, template: nope.j2, invoker: telepathy}\n\
+         transitions:\n  - {event: go, from: a, to: b}\n  - {event: advance, from: b, to: a}\n",
+    )
+    .unwrap();
+    let err = FlowCatalog::load_dir(&dir, &Invokers::is_builtin)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("broken/flow.yaml: states[1].template: unknown template `nope.j2`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("broken/flow.yaml: states[1].invoker: unknown invoker `telepathy`"),
+        "{err}"
+    );
+    std::fs::write(flow.join("templates/nope.j2"), "N").unwrap();
+    assert!(FlowCatalog::load_dir(&dir, &|_: &str| true).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(unix)]
+#[test]
+fn templates_never_follow_links_out_of_the_folder() {
+    let dir = scratch("links");
+    let secret = dir.join("secret.txt");
+    std::fs::write(&secret, "do not read").unwrap();
+    let templates = dir.join("templates");
+    std::fs::create_dir_all(templates.join("sub")).unwrap();
+    std::fs::write(templates.join("sub/a.j2"), "A").unwrap();
+    std::os::unix::fs::symlink(&secret, templates.join("leak.j2")).unwrap();
+    let read = parlance_app::flow::catalog::read_templates(&templates).unwrap();
+    assert_eq!(read.keys().collect::<Vec<_>>(), ["sub/a.j2"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

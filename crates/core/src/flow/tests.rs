@@ -816,3 +816,125 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn invoker_completion_fires_the_first_declared_event() {
+    let flow = FlowBuilder::new("t")
+        .template("u.j2", "u {{ actor_input }}")
+        .template("v.j2", "v {{ actor_input }}")
+        .template("i.j2", "i")
+        .user_state("u", "u.j2")
+        .user_state("v", "v.j2")
+        .invoker_state("i", TemplateRef::Name("i.j2".into()), "template")
+        .on("ask", "u", "i")
+        .on("first", "i", "u")
+        .on("second", "i", "v")
+        .build()
+        .unwrap();
+    assert_eq!(flow.completion_event("i"), Some("first"));
+    let s = flow.start("s", now()).unwrap().session;
+    let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
+    let done = flow
+        .complete(&f.session, &[], "i-x", "r", "y", now())
+        .unwrap();
+    assert_eq!(
+        done.transition,
+        Some(("i".into(), "u".into(), "first".into()))
+    );
+}
+
+#[test]
+fn an_on_complete_event_is_the_completion_event_wherever_declared() {
+    let flow = FlowBuilder::new("t")
+        .template("u.j2", "u")
+        .template("i.j2", "i")
+        .user_state("u", "u.j2")
+        .invoker_state("i", TemplateRef::Name("i.j2".into()), "template")
+        .on("ask", "u", "i")
+        .on("skip", "i", "u")
+        .on("on_complete", "i", "u")
+        .build()
+        .unwrap();
+    assert_eq!(flow.completion_event("i"), Some("on_complete"));
+}
+
+#[test]
+fn next_actions_follow_declaration_order_and_are_not_filtered_by_conditions() {
+    let mut blocked = TransitionDef::new("zeta", "a", "b");
+    blocked.cond = vec![Condition::Expr("false".into())];
+    let flow = FlowBuilder::new("t")
+        .template("a.j2", "a")
+        .template("b.j2", "b")
+        .user_state("a", "a.j2")
+        .user_state("b", "b.j2")
+        .transition(blocked)
+        .on("alpha", "a", "b")
+        .on("zeta", "a", "a")
+        .build()
+        .unwrap();
+    let s = flow.start("s", now()).unwrap().session;
+    assert_eq!(flow.next_actions(&s), ["zeta", "alpha"]);
+    let b = flow.fire(&s, &[], "alpha", "", "x", now()).unwrap().session;
+    assert!(
+        flow.next_actions(&b).is_empty(),
+        "a terminal state offers nothing"
+    );
+}
+
+#[test]
+fn render_data_holds_model_fields_input_state_time_and_chat_history() {
+    let flow = FlowBuilder::new("t")
+        .template("a.j2", "a")
+        .user_state("a", "a.j2")
+        .field("topic", json!("rust"))
+        .build()
+        .unwrap();
+    let mut s = flow.start("s1", now()).unwrap().session;
+    s.actor_input = "{\"k\": [1]}".into();
+    let dialogue = [DialogueElement {
+        actor: Actor::User,
+        event: "user_input".into(),
+        actor_text: Some("two\nlines".into()),
+        timestamp: now(),
+    }];
+    let data = flow.render_data(&s, &dialogue, now());
+    assert_eq!(data["topic"], "rust");
+    assert_eq!(data["actor_input"], "{\"k\": [1]}");
+    assert_eq!(data["parsed_actor_input"], json!({"k": [1]}));
+    assert_eq!(data["state_id"], "a");
+    assert_eq!(data["session_id"], "s1");
+    assert_eq!(data["current_datetime"], now().to_string());
+    assert_eq!(
+        data["chat_history"],
+        "- role: user\n  content: |2-\n    two\n    lines"
+    );
+}
+
+#[test]
+fn map_over_list_plans_one_task_before_expansion() {
+    let flow = FlowBuilder::new("t")
+        .template("u.j2", "u")
+        .template("m.j2", "{{ map_value }}")
+        .user_state("u", "u.j2")
+        .invoker_state(
+            "i",
+            TemplateRef::MapOver {
+                map: "m.j2".into(),
+                over: "items".into(),
+            },
+            "template",
+        )
+        .field("items", json!([1, 2, 3]))
+        .on("go", "u", "i")
+        .on("advance", "i", "u")
+        .build()
+        .unwrap();
+    let s = flow.start("s", now()).unwrap().session;
+    let plan = flow
+        .fire(&s, &[], "go", "", "x", now())
+        .unwrap()
+        .dag
+        .unwrap();
+    assert_eq!(plan.counted_tasks(), 2);
+    assert_eq!(flow.eval("items", &plan.context).unwrap(), json!([1, 2, 3]));
+}
