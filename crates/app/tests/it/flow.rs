@@ -109,6 +109,18 @@ struct Fixture {
 }
 
 async fn fixture(pool: Option<parlance_postgres::PgPool>) -> Fixture {
+    fixture_with(
+        pool,
+        RunnerOptions {
+            attempts: 2,
+            backoff: Duration::from_millis(5),
+            task_timeout: Duration::from_secs(10),
+        },
+    )
+    .await
+}
+
+async fn fixture_with(pool: Option<parlance_postgres::PgPool>, options: RunnerOptions) -> Fixture {
     let clock = Arc::new(ManualClock::new());
     let mut state = match pool {
         Some(pool) => AppState::postgres(pool, keys()),
@@ -116,11 +128,7 @@ async fn fixture(pool: Option<parlance_postgres::PgPool>) -> Fixture {
     };
     state.clock = clock.clone();
     state.ids = Arc::new(SequentialIds::new());
-    state.flow_runner = Arc::new(InProcessRunner::new(RunnerOptions {
-        attempts: 2,
-        backoff: Duration::from_millis(5),
-        task_timeout: Duration::from_secs(10),
-    }));
+    state.flow_runner = Arc::new(InProcessRunner::new(options));
     let gate = Arc::new(Semaphore::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
@@ -634,4 +642,28 @@ fn templates_never_follow_links_out_of_the_folder() {
     let read = parlance_app::flow::catalog::read_templates(&templates).unwrap();
     assert_eq!(read.keys().collect::<Vec<_>>(), ["sub/a.j2"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_task_over_its_timeout_is_retried_then_fails_the_dag() {
+    let f = fixture_with(
+        None,
+        RunnerOptions {
+            attempts: 2,
+            backoff: Duration::from_millis(1),
+            task_timeout: Duration::from_millis(20),
+        },
+    )
+    .await;
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("gated", &sid, "user_input", "q").await;
+    let body = f
+        .poll_until("gated", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(body["next_actions"], json!(["retry"]));
+    assert_eq!(body["error"], "timed out after 20ms");
+    assert_eq!(f.model("gated", &sid).await["state"], "think");
 }
