@@ -938,3 +938,51 @@ fn map_over_list_plans_one_task_before_expansion() {
     assert_eq!(plan.counted_tasks(), 2);
     assert_eq!(flow.eval("items", &plan.context).unwrap(), json!([1, 2, 3]));
 }
+
+#[test]
+fn retry_is_refused_outside_an_idle_invoker_state() {
+    let flow = uiu();
+    let s = flow.start("s", now()).unwrap().session;
+    assert_eq!(
+        flow.retry(&s, &[], "x", now()).unwrap_err(),
+        FlowError::RetryNotOffered { state: "u".into() }
+    );
+    let running = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap().session;
+    assert_eq!(
+        flow.retry(&running, &[], "y", now()).unwrap_err(),
+        FlowError::DagRunning { state: "i".into() }
+    );
+}
+
+#[test]
+fn a_stale_invocation_is_refused() {
+    let flow = uiu();
+    let s = flow.start("s", now()).unwrap().session;
+    let running = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap().session;
+    assert_eq!(
+        flow.complete(&running, &[], "i-other", "r", "y", now())
+            .unwrap_err(),
+        FlowError::StaleInvocation {
+            invocation_id: "i-other".into()
+        }
+    );
+}
+
+#[test]
+fn a_template_that_fails_to_render_is_a_render_error() {
+    let flow = FlowBuilder::new("t")
+        .template("a.j2", "a")
+        .template("b.j2", "{{ actor_input | no_such_filter }}")
+        .user_state("a", "a.j2")
+        .user_state("b", "b.j2")
+        .on("go", "a", "b")
+        .build()
+        .unwrap();
+    // Filters are looked up when rendering, so this fails on the transition,
+    // which then changes nothing.
+    let s = flow.start("s", now()).unwrap().session;
+    assert!(matches!(
+        flow.fire(&s, &[], "go", "", "x", now()),
+        Err(FlowError::Render { what, .. }) if what == "b.j2"
+    ));
+}
