@@ -86,7 +86,14 @@ impl Default for RunnerOptions {
 #[derive(Debug, Default)]
 pub struct InProcessRunner {
     options: RunnerOptions,
-    cancelled: Arc<Mutex<HashSet<String>>>,
+    runs: Arc<Mutex<Runs>>,
+}
+
+/// Invocations running, and those of them asked to stop.
+#[derive(Debug, Default)]
+struct Runs {
+    running: HashSet<String>,
+    cancelled: HashSet<String>,
 }
 
 impl InProcessRunner {
@@ -94,7 +101,7 @@ impl InProcessRunner {
     pub fn new(options: RunnerOptions) -> Self {
         Self {
             options,
-            cancelled: Arc::default(),
+            runs: Arc::default(),
         }
     }
 }
@@ -102,21 +109,18 @@ impl InProcessRunner {
 impl DagRunner for InProcessRunner {
     fn start(&self, job: DagJob) {
         let options = self.options;
-        let cancelled = self.cancelled.clone();
+        let runs = self.runs.clone();
+        let invocation = job.plan.invocation_id.clone();
+        lock(&runs).running.insert(invocation.clone());
         tokio::spawn(async move {
-            let invocation = job.plan.invocation_id.clone();
-            let is_cancelled = || {
-                cancelled
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(&invocation)
-            };
+            let is_cancelled = || lock(&runs).cancelled.contains(&invocation);
             let outcome = run_plan(&job, options, &is_cancelled).await;
-            if is_cancelled() {
-                cancelled
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&invocation);
+            let cancelled = {
+                let mut r = lock(&runs);
+                r.running.remove(&invocation);
+                r.cancelled.remove(&invocation)
+            };
+            if cancelled {
                 return;
             }
             let outcome = match outcome {
@@ -134,11 +138,15 @@ impl DagRunner for InProcessRunner {
     }
 
     fn cancel(&self, invocation_id: &str) {
-        self.cancelled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(invocation_id.to_owned());
+        let mut r = lock(&self.runs);
+        if r.running.contains(invocation_id) {
+            r.cancelled.insert(invocation_id.to_owned());
+        }
     }
+}
+
+fn lock(runs: &Mutex<Runs>) -> std::sync::MutexGuard<'_, Runs> {
+    runs.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One invocation with retries and a timeout.

@@ -986,3 +986,31 @@ fn a_template_that_fails_to_render_is_a_render_error() {
         Err(FlowError::Render { what, .. }) if what == "b.j2"
     ));
 }
+
+#[test]
+fn a_json_flow_file_loads_like_yaml() {
+    let text = r#"{
+        "name": "j",
+        "initial": "a",
+        "model": {"n": 0},
+        "states": [
+            {"id": "a", "kind": "user", "template": "a.j2"},
+            {"id": "i", "kind": "invoker", "template": {"x": "a.j2", "y": ["a.j2", "a.j2"]}}
+        ],
+        "transitions": [
+            {"event": "go", "from": "a", "to": "i", "persistence": ["source_event"]},
+            {"event": "advance", "from": "i", "to": "a", "assign": {"n": "n + 1"}}
+        ]
+    }"#;
+    let templates = BTreeMap::from([("a.j2".to_owned(), "a".to_owned())]);
+    let flow = Flow::from_file_text(text, templates).unwrap();
+    let s = flow.start("s", now()).unwrap().session;
+    let f = flow.fire(&s, &[], "go", "x", "1", now()).unwrap();
+    assert_eq!(f.appended[0].actor_text, None);
+    // map of (1) and (chain of 2 + 1 glue), + combine + completion
+    assert_eq!(f.dag.unwrap().counted_tasks(), 1 + 3 + 1 + 1);
+    let back = flow
+        .complete(&f.session, &[], "i-1", "{}", "2", now())
+        .unwrap();
+    assert_eq!(back.session.model["n"], 1);
+}
