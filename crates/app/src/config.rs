@@ -66,6 +66,11 @@ pub struct ServeConfig {
     /// Run no task worker inside the service (run `parlance worker` instead).
     #[arg(long)]
     pub no_worker: bool,
+
+    /// Directory of flows: one sub-directory per flow with `flow.yaml` and
+    /// a `templates/` folder. Every flow is validated at start-up.
+    #[arg(long, env = "PARLANCE_FLOWS")]
+    pub flows: Option<std::path::PathBuf>,
 }
 
 impl ServeConfig {
@@ -83,6 +88,7 @@ impl ServeConfig {
             llm_timeout: 60,
             embedding_model: None,
             no_worker: false,
+            flows: None,
         }
     }
 }

@@ -131,7 +131,10 @@ impl<W: Write> Demo<W> {
 pub(crate) fn demo_state() -> (AppState, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new());
     let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
-    let state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+    let mut state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+    if let Ok(catalog) = crate::flow::example_catalog() {
+        state.flow_catalog = Arc::new(catalog);
+    }
     (state, clock)
 }
 
@@ -147,6 +150,7 @@ pub async fn run(out: impl Write) -> anyhow::Result<()> {
     queue_scene(&mut demo).await?;
     adoption_scene(&mut demo).await?;
     crate::conversation::demo::scene(&mut demo).await?;
+    flow_scene(&mut demo).await?;
     Ok(())
 }
 
@@ -494,5 +498,101 @@ async fn session_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
     demo.say(&format!(
         "the audit log holds {n} transitions for this session"
     ))?;
+    Ok(())
+}
+
+impl<W: Write> Demo<W> {
+    /// Polls a flow session without printing until its task graph is done,
+    /// then prints that last poll.
+    async fn poll_until_ready(&mut self, flow: &str, session: &str) -> anyhow::Result<Value> {
+        let path = format!("/v1/ai/{flow}/event");
+        let body = serde_json::json!({"session_id": session, "event": "poll", "event_input": ""});
+        for _ in 0..2000 {
+            let req = Request::builder()
+                .method(Method::POST)
+                .uri(&path)
+                .header("authorization", format!("Bearer {DEMO_KEY}"))
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&body)?))?;
+            let res = self.app.clone().oneshot(req).await?;
+            let bytes = axum::body::to_bytes(res.into_body(), usize::MAX).await?;
+            let json: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if json["next_actions"] != serde_json::json!(["poll"]) {
+                let (_, last) = self.call(Method::POST, &path, Some(body), true).await?;
+                return Ok(last);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        anyhow::bail!("the task graph of {flow} never finished")
+    }
+}
+
+/// Both example flows, on the offline model: a question answered, then an
+/// extraction routed on its parsed result.
+async fn flow_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
+    use serde_json::json;
+    demo.scene("flows: a question, the offline model's answer, a follow-up")?;
+    let (s, start) = demo
+        .call(Method::POST, "/v1/ai/qa/start_session", None, true)
+        .await?;
+    anyhow::ensure!(s == StatusCode::OK, "start_session answered {s}");
+    let sid = start["session_id"].as_str().unwrap_or_default().to_owned();
+    let event = |event: &str, input: &str| {
+        Some(json!({"session_id": sid, "event": event, "event_input": input}))
+    };
+    demo.call(
+        Method::POST,
+        "/v1/ai/qa/event",
+        event("user_input", "What is a flow?"),
+        true,
+    )
+    .await?;
+    demo.say("the answer runs as a task graph; the client polls")?;
+    demo.poll_until_ready("qa", &sid).await?;
+    demo.say("`done` ends the conversation")?;
+    let (s, _) = demo
+        .call(Method::POST, "/v1/ai/qa/event", event("done", ""), true)
+        .await?;
+    anyhow::ensure!(s == StatusCode::OK, "done answered {s}");
+
+    demo.scene("flows: extraction through a chain, a map and a map over a list")?;
+    let (_, start) = demo
+        .call(Method::POST, "/v1/ai/extraction/start_session", None, true)
+        .await?;
+    let sid = start["session_id"].as_str().unwrap_or_default().to_owned();
+    let event = |event: &str, input: &str| {
+        Some(json!({"session_id": sid, "event": event, "event_input": input}))
+    };
+    demo.say("no email: the condition on the parsed result routes to `missing`")?;
+    demo.call(
+        Method::POST,
+        "/v1/ai/extraction/event",
+        event("user_input", "name: Ada; topics: engines"),
+        true,
+    )
+    .await?;
+    demo.poll_until_ready("extraction", &sid).await?;
+    demo.call(
+        Method::POST,
+        "/v1/ai/extraction/event",
+        event(
+            "user_input",
+            "name: Ada Lovelace; email: ada@example.com; topics: engines, poetry",
+        ),
+        true,
+    )
+    .await?;
+    let done = demo.poll_until_ready("extraction", &sid).await?;
+    anyhow::ensure!(
+        done["next_actions"] == json!(["accept", "restart"]),
+        "extraction ended with {done}"
+    );
+    demo.call(
+        Method::GET,
+        &format!("/v1/ai/extraction/model/{sid}"),
+        None,
+        true,
+    )
+    .await?;
     Ok(())
 }

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod config;
 pub mod conversation;
 pub mod demo;
+pub mod flow;
 pub mod http;
 pub mod models;
 pub mod serve;

@@ -2,6 +2,7 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use parlance_core::ProductId;
@@ -10,6 +11,7 @@ use tokio::net::TcpListener;
 
 use crate::auth::{ApiKey, ApiKeys};
 use crate::config::ServeConfig;
+use crate::flow::{FlowCatalog, Invokers};
 use crate::http::router;
 use crate::models::Models;
 use crate::state::AppState;
@@ -43,6 +45,11 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<(AppState, ApiK
     state.body_limit = config.body_limit;
     state.llm = models.llm;
     state.embedder = models.embedder;
+    if let Some(dir) = &config.flows {
+        let extra = state.flow_invokers.clone();
+        let known = |name: &str| Invokers::is_builtin(name) || extra.contains_key(name);
+        state.flow_catalog = Arc::new(FlowCatalog::load_dir(dir, &known)?);
+    }
     Ok((state, key))
 }
 

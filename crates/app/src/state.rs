@@ -3,22 +3,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use parlance_memory::{
     HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryCheckpointer,
-    MemoryConversationStore, MemoryMemoryStore, MemorySessionStore, MemoryTaskQueue,
-    MemoryTourCatalogs, OfflineLlm,
+    MemoryConversationStore, MemoryFlowStore, MemoryMemoryStore, MemorySessionStore,
+    MemoryTaskQueue, MemoryTourCatalogs, OfflineLlm,
 };
 use parlance_ports::{
     AdoptionStore, AuditLog, Channel, Checkpointer, Clock, ConversationStore, EmbeddingProvider,
-    IdGen, LlmClient, MemoryStore, PortError, PortResult, QueueConfig, SessionStore, SystemClock,
-    TaskQueue, TourCatalogStore, UuidV7Ids,
+    FlowStore, IdGen, LlmClient, MemoryStore, PortError, PortResult, QueueConfig, SessionStore,
+    SystemClock, TaskQueue, TourCatalogStore, UuidV7Ids,
 };
 use parlance_postgres::{
-    PgAdoptionStore, PgAuditLog, PgCheckpointer, PgConversationStore, PgMemoryStore, PgPool,
-    PgSessionStore, PgTaskQueue, PgTourCatalogs,
+    PgAdoptionStore, PgAuditLog, PgCheckpointer, PgConversationStore, PgFlowStore, PgMemoryStore,
+    PgPool, PgSessionStore, PgTaskQueue, PgTourCatalogs,
 };
 
 use crate::auth::ApiKeys;
+use crate::flow::{
+    DagRunner, FlowCatalog, FlowDeps, FlowService, InProcessRunner, Invoker, RunnerOptions,
+};
 use crate::session::{CATALOG_TTL, CachedTourCatalogs};
 
 /// Where state is kept.
@@ -89,6 +94,14 @@ pub struct AppState {
     pub conversations: Arc<dyn ConversationStore>,
     /// Where outbound conversation messages go.
     pub channel: Arc<dyn Channel>,
+    /// Flow sessions.
+    pub flow_store: Arc<dyn FlowStore>,
+    /// The flows loaded at start-up (`--flows`).
+    pub flow_catalog: Arc<FlowCatalog>,
+    /// Runs flow task DAGs (in process until the task queue takes over).
+    pub flow_runner: Arc<dyn DagRunner>,
+    /// Invokers registered from Rust, beside `template`, `llm`, `llm_json`.
+    pub flow_invokers: BTreeMap<String, Arc<dyn Invoker>>,
 }
 
 impl AppState {
@@ -117,6 +130,10 @@ impl AppState {
             body_limit: 1024 * 1024,
             llm: Arc::new(OfflineLlm::new()),
             embedder: Arc::new(HashingEmbedder::default()),
+            flow_store: Arc::new(MemoryFlowStore::new()),
+            flow_catalog: Arc::new(FlowCatalog::new()),
+            flow_runner: Arc::new(InProcessRunner::new(RunnerOptions::default())),
+            flow_invokers: BTreeMap::new(),
         }
     }
 
@@ -139,6 +156,7 @@ impl AppState {
                 Arc::new(PgTourCatalogs::new(pool.clone())),
                 CATALOG_TTL,
             )),
+            flow_store: Arc::new(PgFlowStore::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),
@@ -146,6 +164,23 @@ impl AppState {
             body_limit: 1024 * 1024,
             llm: Arc::new(OfflineLlm::new()),
             embedder: Arc::new(HashingEmbedder::default()),
+            flow_catalog: Arc::new(FlowCatalog::new()),
+            flow_runner: Arc::new(InProcessRunner::new(RunnerOptions::default())),
+            flow_invokers: BTreeMap::new(),
         }
+    }
+
+    /// The flow service on this state's adapters.
+    pub fn flow_service(&self) -> Arc<FlowService> {
+        FlowService::new(FlowDeps {
+            catalog: self.flow_catalog.clone(),
+            store: self.flow_store.clone(),
+            runner: self.flow_runner.clone(),
+            audit: self.audit.clone(),
+            clock: self.clock.clone(),
+            ids: self.ids.clone(),
+            llm: self.llm.clone(),
+            extra_invokers: self.flow_invokers.clone(),
+        })
     }
 }

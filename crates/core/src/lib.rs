@@ -11,6 +11,7 @@
 
 pub mod adoption;
 pub mod conversation;
+pub mod flow;
 pub mod id;
 pub mod outcome;
 pub mod queue;

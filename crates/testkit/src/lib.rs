@@ -14,6 +14,7 @@ pub mod audit;
 pub mod checkpoint;
 pub mod conversation;
 pub mod embedding;
+pub mod flow;
 pub mod llm;
 pub mod memory_store;
 pub mod queue;

@@ -24,6 +24,7 @@ fn v1_routes() -> Router<AppState> {
     Router::new()
         .merge(crate::adoption::routes())
         .merge(crate::conversation::routes())
+        .merge(crate::flow::routes())
         .merge(crate::session::routes())
 }
 

@@ -3,6 +3,7 @@
 mod adoption;
 mod adoption_llm;
 mod conversation;
+mod flow;
 mod service;
 mod session;
 mod support;

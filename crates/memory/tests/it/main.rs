@@ -138,3 +138,13 @@ mod session {
         })
     });
 }
+
+mod flow {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryFlowStore;
+
+    parlance_testkit::flow_store_suite!(async {
+        Some(Arc::new(MemoryFlowStore::new()) as parlance_testkit::flow::Subject)
+    });
+}

@@ -92,3 +92,15 @@ mod session {
         })
     });
 }
+
+mod flow {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgFlowStore, testing::test_pool};
+
+    parlance_testkit::flow_store_suite!(async {
+        test_pool()
+            .await
+            .map(|pool| Arc::new(PgFlowStore::new(pool)) as parlance_testkit::flow::Subject)
+    });
+}

@@ -1,0 +1,669 @@
+//! Flows over HTTP: the reference's routes and shapes, the example flows
+//! driven to completion by polling, and each reference defect fixed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parlance_app::AppState;
+use parlance_app::flow::{FlowCatalog, InProcessRunner, Invoker, Invokers, RunnerOptions};
+use parlance_core::flow::{Condition, Flow, FlowBuilder, TemplateRef, TransitionDef};
+use parlance_postgres::testing::test_pool;
+use parlance_testkit::{ManualClock, SequentialIds};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use crate::support::{TestServer, keys};
+
+/// Echoes the rendered text once a permit is released.
+struct Gated(Arc<Semaphore>);
+
+#[async_trait]
+impl Invoker for Gated {
+    async fn invoke(&self, rendered: &str) -> Result<String, String> {
+        self.0.acquire().await.map_err(|e| e.to_string())?.forget();
+        Ok(rendered.to_owned())
+    }
+}
+
+/// Always fails.
+struct Failing(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Invoker for Failing {
+    async fn invoke(&self, _rendered: &str) -> Result<String, String> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err("the model is down".into())
+    }
+}
+
+/// Counts calls and answers a fixed text.
+struct Counting(Arc<AtomicUsize>, &'static str);
+
+#[async_trait]
+impl Invoker for Counting {
+    async fn invoke(&self, _rendered: &str) -> Result<String, String> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(self.1.to_owned())
+    }
+}
+
+fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/flows")
+}
+
+/// Small flows built in Rust for the defect tests.
+fn rust_flows() -> Vec<Flow> {
+    let mut only_yes = TransitionDef::new("advance", "think", "answer");
+    only_yes.cond = vec![Condition::Expr("actor_input == 'yes'".into())];
+    vec![
+        // user -> invoker (gated) -> user
+        FlowBuilder::new("gated")
+            .template("ask.j2", "Ask.")
+            .template("think.j2", "thinking about {{ actor_input }}")
+            .template("answer.j2", "Answer: {{ actor_input }}")
+            .user_state("ask", "ask.j2")
+            .invoker_state("think", TemplateRef::Name("think.j2".into()), "gated")
+            .user_state("answer", "answer.j2")
+            .on("user_input", "ask", "think")
+            .on("advance", "think", "answer")
+            .on("again", "answer", "ask")
+            .build()
+            .unwrap(),
+        // an invoker that always fails
+        FlowBuilder::new("failing")
+            .template("ask.j2", "Ask.")
+            .template("think.j2", "{{ actor_input }}")
+            .template("answer.j2", "Answer: {{ actor_input }}")
+            .user_state("ask", "ask.j2")
+            .invoker_state("think", TemplateRef::Name("think.j2".into()), "failing")
+            .user_state("answer", "answer.j2")
+            .on("user_input", "ask", "think")
+            .on("advance", "think", "answer")
+            .build()
+            .unwrap(),
+        // an invoker whose result no transition accepts
+        FlowBuilder::new("picky")
+            .template("ask.j2", "Ask.")
+            .template("think.j2", "{{ actor_input }}")
+            .template("answer.j2", "Answer: {{ actor_input }}")
+            .user_state("ask", "ask.j2")
+            .invoker_state("think", TemplateRef::Name("think.j2".into()), "counting")
+            .user_state("answer", "answer.j2")
+            .on("user_input", "ask", "think")
+            .transition(only_yes)
+            .build()
+            .unwrap(),
+    ]
+}
+
+struct Fixture {
+    server: TestServer,
+    gate: Arc<Semaphore>,
+    failures: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+}
+
+async fn fixture(pool: Option<parlance_postgres::PgPool>) -> Fixture {
+    fixture_with(
+        pool,
+        RunnerOptions {
+            attempts: 2,
+            backoff: Duration::from_millis(5),
+            task_timeout: Duration::from_secs(10),
+        },
+    )
+    .await
+}
+
+async fn fixture_with(pool: Option<parlance_postgres::PgPool>, options: RunnerOptions) -> Fixture {
+    let clock = Arc::new(ManualClock::new());
+    let mut state = match pool {
+        Some(pool) => AppState::postgres(pool, keys()),
+        None => AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new())),
+    };
+    state.clock = clock.clone();
+    state.ids = Arc::new(SequentialIds::new());
+    state.flow_runner = Arc::new(InProcessRunner::new(options));
+    let gate = Arc::new(Semaphore::new(0));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut extra: BTreeMap<String, Arc<dyn Invoker>> = BTreeMap::new();
+    extra.insert("gated".into(), Arc::new(Gated(gate.clone())));
+    extra.insert("failing".into(), Arc::new(Failing(failures.clone())));
+    extra.insert("counting".into(), Arc::new(Counting(calls.clone(), "no")));
+    // The examples' `template` invoker, gated so each poll sees a known step.
+    extra.insert("template".into(), Arc::new(Gated(gate.clone())));
+    let known = |n: &str| Invokers::is_builtin(n) || extra.contains_key(n);
+    let mut catalog = FlowCatalog::load_dir(&examples_dir(), &known).unwrap();
+    for f in rust_flows() {
+        catalog.insert(f);
+    }
+    state.flow_catalog = Arc::new(catalog);
+    state.flow_invokers = extra;
+    Fixture {
+        server: TestServer::start(state, clock).await,
+        gate,
+        failures,
+        calls,
+    }
+}
+
+impl Fixture {
+    async fn start(&self, flow: &str) -> Value {
+        let (status, _, body) = self
+            .server
+            .send(
+                Method::POST,
+                &format!("/v1/ai/{flow}/start_session"),
+                None,
+                true,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    async fn event(
+        &self,
+        flow: &str,
+        session: &str,
+        event: &str,
+        input: &str,
+    ) -> (StatusCode, Value) {
+        let (status, _, body) = self
+            .server
+            .send(
+                Method::POST,
+                &format!("/v1/ai/{flow}/event"),
+                Some(&json!({"session_id": session, "event": event, "event_input": input})),
+                true,
+            )
+            .await;
+        (status, body)
+    }
+
+    async fn poll(&self, flow: &str, session: &str) -> Value {
+        let (status, body) = self.event(flow, session, "poll", "").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// Polls until `done` holds, returning that poll's answer.
+    async fn poll_until(&self, flow: &str, session: &str, done: impl Fn(&Value) -> bool) -> Value {
+        for _ in 0..1000 {
+            let body = self.poll(flow, session).await;
+            if done(&body) {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("poll never reached the expected answer");
+    }
+
+    async fn model(&self, flow: &str, session: &str) -> Value {
+        let (status, _, body) = self
+            .server
+            .send(
+                Method::GET,
+                &format!("/v1/ai/{flow}/model/{session}"),
+                None,
+                true,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        serde_json::from_str(body["response"].as_str().unwrap()).unwrap()
+    }
+}
+
+fn progress(body: &Value) -> (i64, i64, String) {
+    let p = &body["progress"];
+    (
+        p["number_of_subtasks_executed"].as_i64().unwrap_or(-1),
+        p["total_number_of_subtasks"].as_i64().unwrap_or(-1),
+        p["label"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+async fn drive_extraction(f: &Fixture) {
+    let start = f.start("extraction").await;
+    let sid = start["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(start["next_actions"], json!(["user_input"]));
+    let (status, body) = f
+        .event(
+            "extraction",
+            &sid,
+            "user_input",
+            "name: Ada Lovelace; email: ada@example.com; topics: engines, poetry",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["next_actions"], json!(["poll"]));
+    assert_eq!(body["response"], Value::Null);
+    // Progress exists as the event returns: no gap before the first poll.
+    let label = "extracting contact details";
+    assert_eq!(progress(&body), (0, 6, label.into()));
+    assert_eq!(
+        progress(&f.poll("extraction", &sid).await),
+        (0, 6, label.into())
+    );
+    // One permit per invoker call; glue, combine and completion run alone.
+    let steps = [
+        (2, 6, label),
+        (3, 6, label),
+        (6, 10, "summarising topics"),
+        (7, 10, "summarising topics"),
+    ];
+    for (done, total, label) in steps {
+        f.gate.add_permits(1);
+        let body = f
+            .poll_until("extraction", &sid, |b| {
+                progress(b) == (done, total, label.to_owned())
+            })
+            .await;
+        assert_eq!(body["next_actions"], json!(["poll"]));
+        let model = f.model("extraction", &sid).await;
+        if done >= 6 {
+            assert_eq!(model["state"], "summarize");
+            assert_eq!(model["model"]["email"], "ada@example.com");
+            assert_eq!(model["model"]["topics"], json!(["engines", "poetry"]));
+        } else {
+            assert_eq!(model["state"], "extract");
+            assert_eq!(model["model"]["email"], Value::Null);
+        }
+        // Invoker->invoker records nothing: greeting and the user's input.
+        assert_eq!(model["dialogue"].as_array().unwrap().len(), 2);
+    }
+    f.gate.add_permits(1);
+    let done = f
+        .poll_until("extraction", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(done["next_actions"], json!(["accept", "restart"]));
+    assert_eq!(done["progress"], Value::Null);
+    assert_eq!(done["error"], Value::Null);
+    assert_eq!(
+        done["response"],
+        "Thanks Ada Lovelace. We will write to ada@example.com about: engines, poetry.\n\
+         Send `accept` to finish or `restart` to start over."
+    );
+    let model = f.model("extraction", &sid).await;
+    assert_eq!(model["state"], "confirm");
+    assert_eq!(model["model"]["complete"], true);
+    assert_eq!(
+        model["model"]["summary"][1],
+        json!({"index": 1, "topic": "poetry", "note": "Notes on poetry for Ada Lovelace"})
+    );
+    insta::assert_json_snapshot!("extraction_model", model, {
+        ".session_id" => "[id]",
+        ".dialogue[].timestamp" => "[time]",
+    });
+    let (status, fin) = f.event("extraction", &sid, "accept", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(fin["response"], "All set, Ada Lovelace.");
+    assert_eq!(fin["next_actions"], json!([]));
+}
+
+#[tokio::test]
+async fn extraction_flow_runs_to_completion_with_cumulative_progress_on_memory() {
+    drive_extraction(&fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn extraction_flow_runs_to_completion_with_cumulative_progress_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    drive_extraction(&fixture(Some(pool)).await).await;
+}
+
+#[tokio::test]
+async fn condition_routes_on_the_dag_result() {
+    let f = fixture(None).await;
+    let sid = f.start("extraction").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("extraction", &sid, "user_input", "name: Bob; topics: x")
+        .await;
+    f.gate.add_permits(3);
+    let body = f
+        .poll_until("extraction", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(body["next_actions"], json!(["user_input"]));
+    assert!(
+        body["response"]
+            .as_str()
+            .unwrap()
+            .starts_with("I could not find an email")
+    );
+    assert_eq!(f.model("extraction", &sid).await["state"], "missing");
+}
+
+#[tokio::test]
+async fn keeps_reference_paths_and_response_shapes() {
+    let f = fixture(None).await;
+    let (status, _, start) = f
+        .server
+        .send(Method::GET, "/v1/ai/qa/start_session", None, true)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    insta::assert_json_snapshot!("qa_start", start, {".session_id" => "[id]"});
+    let sid = start["session_id"].as_str().unwrap().to_owned();
+    let (status, asked) = f.event("qa", &sid, "user_input", "What is Rust?").await;
+    assert_eq!(status, StatusCode::OK);
+    insta::assert_json_snapshot!("qa_asked", asked, {".session_id" => "[id]"});
+    let answered = f
+        .poll_until("qa", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(answered["next_actions"], json!(["user_input", "done"]));
+    let text = answered["response"].as_str().unwrap();
+    assert!(
+        text.ends_with("Anything else? Ask another question, or send `done`."),
+        "{text}"
+    );
+    let (status, _, ts) = f
+        .server
+        .send(
+            Method::GET,
+            &format!("/v1/ai/qa/task_state/{sid}"),
+            None,
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        ts,
+        json!({"session_id": sid, "ready": true, "next_actions": ["user_input", "done"]})
+    );
+    let model = f.model("qa", &sid).await;
+    assert_eq!(model["model"]["question"], "What is Rust?");
+    assert_eq!(model["model"]["answers"], 1);
+    let (_, bye) = f.event("qa", &sid, "done", "").await;
+    assert_eq!(bye["response"], "Thank you. 1 answer given.");
+    let (status, _, list) = f
+        .server
+        .send(Method::GET, "/v1/products/acme/flows", None, true)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = list["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["extraction", "failing", "gated", "picky", "qa"]);
+    let (status, _, _) = f
+        .server
+        .send(Method::GET, "/v1/products/other/flows", None, true)
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "another product's flows do not exist"
+    );
+}
+
+#[tokio::test]
+async fn missing_event_fields_are_422_and_unknown_sessions_404() {
+    let f = fixture(None).await;
+    let (status, _, _) = f
+        .server
+        .send(
+            Method::POST,
+            "/v1/ai/qa/event",
+            Some(&json!({"session_id": "x", "event": "poll"})),
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, body) = f.event("qa", "nope", "poll", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, _) = f.event("nope", "nope", "poll", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = f
+        .server
+        .send(Method::GET, "/v1/ai/qa/start_session", None, false)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn defect_1_a_refused_event_is_409_not_200_with_the_old_response() {
+    let f = fixture(None).await;
+    let sid = f.start("qa").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = f.event("qa", &sid, "done", "").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    insta::assert_json_snapshot!("transition_not_allowed", body);
+    let (status, body) = f.event("qa", &sid, "user_input", "   ").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["validator"], "non_empty_input");
+    let model = f.model("qa", &sid).await;
+    assert_eq!(model["state"], "ask");
+    assert_eq!(
+        model["dialogue"].as_array().unwrap().len(),
+        1,
+        "nothing recorded"
+    );
+}
+
+#[tokio::test]
+async fn defect_2_a_result_no_transition_accepts_never_reruns_the_dag() {
+    let f = fixture(None).await;
+    let sid = f.start("picky").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("picky", &sid, "user_input", "q").await;
+    let body = f
+        .poll_until("picky", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(body["next_actions"], json!(["retry"]));
+    assert_eq!(body["errors"][0]["task"], "complete");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(f.calls.load(Ordering::SeqCst), 1, "the invoker ran once");
+    let (status, _) = f.event("picky", &sid, "retry", "").await;
+    assert_eq!(status, StatusCode::OK);
+    f.poll_until("picky", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(f.calls.load(Ordering::SeqCst), 2, "once more, on request");
+}
+
+#[tokio::test]
+async fn defect_3_events_while_a_dag_runs_are_409_and_the_completion_event_is_the_engines() {
+    let f = fixture(None).await;
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = f.event("gated", &sid, "user_input", "q").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = f.event("gated", &sid, "advance", "fake answer").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        body["type"],
+        "urn:parlance:problem:event-reserved-for-engine"
+    );
+    let (status, body) = f.event("gated", &sid, "again", "").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["type"], "urn:parlance:problem:dag-running");
+    f.gate.add_permits(1);
+    let done = f
+        .poll_until("gated", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(done["response"], "Answer: thinking about q");
+}
+
+#[tokio::test]
+async fn defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later() {
+    let f = fixture(None).await;
+    let sid = f.start("failing").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("failing", &sid, "user_input", "q").await;
+    let body = f
+        .poll_until("failing", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(body["next_actions"], json!(["retry"]));
+    assert_eq!(body["error"], "the model is down");
+    assert_eq!(
+        body["errors"],
+        json!([{"invocation_id": "think-00000000-0000-0000-0000-000000000002", "task": "0", "message": "the model is down"}])
+    );
+    assert_eq!(
+        f.failures.load(Ordering::SeqCst),
+        2,
+        "one retry, then it stops"
+    );
+    let (status, _, ts) = f
+        .server
+        .send(
+            Method::GET,
+            &format!("/v1/ai/failing/task_state/{sid}"),
+            None,
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ts["ready"], true, "never stuck in poll");
+    // Polls keep answering 200 with the typed error.
+    assert_eq!(f.poll("failing", &sid).await["error"], "the model is down");
+}
+
+#[tokio::test]
+async fn defect_7_progress_is_visible_as_soon_as_the_event_returns() {
+    let f = fixture(None).await;
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, body) = f.event("gated", &sid, "user_input", "q").await;
+    assert_eq!(progress(&body), (0, 2, "think".into()));
+    let poll = f.poll("gated", &sid).await;
+    assert_eq!(poll["next_actions"], json!(["poll"]));
+    assert_eq!(progress(&poll), (0, 2, "think".into()));
+    assert_eq!(poll["response"], Value::Null, "never the user's own input");
+    f.gate.add_permits(1);
+}
+
+#[tokio::test]
+async fn defect_16_polls_write_nothing() {
+    let f = fixture(None).await;
+    let sid = f.start("qa").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = f.model("qa", &sid).await["version"].clone();
+    for _ in 0..3 {
+        f.poll("qa", &sid).await;
+    }
+    assert_eq!(f.model("qa", &sid).await["version"], before);
+}
+
+#[tokio::test]
+async fn cancel_stops_the_dag_and_returns_to_the_last_user_state() {
+    let f = fixture(None).await;
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("gated", &sid, "user_input", "q").await;
+    let (status, body) = f.event("gated", &sid, "cancel", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["next_actions"], json!(["user_input"]));
+    f.gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let model = f.model("gated", &sid).await;
+    assert_eq!(model["state"], "ask", "the late result is dropped");
+    let (status, _) = f.event("gated", &sid, "cancel", "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "nothing to cancel");
+}
+
+#[test]
+fn example_flows_load_and_validate() {
+    let catalog = FlowCatalog::load_dir(&examples_dir(), &Invokers::is_builtin).unwrap();
+    let names: Vec<&str> = catalog.iter().map(|f| f.name()).collect();
+    assert_eq!(names, ["extraction", "qa"]);
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("parlance-flows-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn loading_reports_every_problem_with_the_file_and_location() {
+    let dir = scratch("bad");
+    let flow = dir.join("broken");
+    std::fs::create_dir_all(flow.join("templates")).unwrap();
+    std::fs::write(flow.join("templates/a.j2"), "A").unwrap();
+    std::fs::write(
+        flow.join("flow.yaml"),
+        "name: broken\ninitial: a\nstates:\n  - {id: a, kind: user, template: a.j2}\n  \
+         - {id: b, kind: invoker, template: nope.j2, invoker: telepathy}\n\
+         transitions:\n  - {event: go, from: a, to: b}\n  - {event: advance, from: b, to: a}\n",
+    )
+    .unwrap();
+    let err = FlowCatalog::load_dir(&dir, &Invokers::is_builtin)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("broken/flow.yaml: states[1].template: unknown template `nope.j2`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("broken/flow.yaml: states[1].invoker: unknown invoker `telepathy`"),
+        "{err}"
+    );
+    std::fs::write(flow.join("templates/nope.j2"), "N").unwrap();
+    assert!(FlowCatalog::load_dir(&dir, &|_: &str| true).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(unix)]
+#[test]
+fn templates_never_follow_links_out_of_the_folder() {
+    let dir = scratch("links");
+    let secret = dir.join("secret.txt");
+    std::fs::write(&secret, "do not read").unwrap();
+    let templates = dir.join("templates");
+    std::fs::create_dir_all(templates.join("sub")).unwrap();
+    std::fs::write(templates.join("sub/a.j2"), "A").unwrap();
+    std::os::unix::fs::symlink(&secret, templates.join("leak.j2")).unwrap();
+    let read = parlance_app::flow::catalog::read_templates(&templates).unwrap();
+    assert_eq!(read.keys().collect::<Vec<_>>(), ["sub/a.j2"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_task_over_its_timeout_is_retried_then_fails_the_dag() {
+    let f = fixture_with(
+        None,
+        RunnerOptions {
+            attempts: 2,
+            backoff: Duration::from_millis(1),
+            task_timeout: Duration::from_millis(20),
+        },
+    )
+    .await;
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("gated", &sid, "user_input", "q").await;
+    let body = f
+        .poll_until("gated", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(body["next_actions"], json!(["retry"]));
+    assert_eq!(body["error"], "timed out after 20ms");
+    assert_eq!(f.model("gated", &sid).await["state"], "think");
+}

@@ -1,0 +1,351 @@
+//! Flow definitions: states, transitions, model fields; the Rust builder and
+//! the YAML/JSON flow file format.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::dialogue::Persistence;
+
+/// What a state does once entered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    /// Render the template, then wait for the user.
+    User,
+    /// Run a task DAG, then continue on its own.
+    Invoker,
+}
+
+impl StateKind {
+    /// `user` or `invoker`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateKind::User => "user",
+            StateKind::Invoker => "invoker",
+        }
+    }
+}
+
+/// A composite template reference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum TemplateRef {
+    /// One template: one task.
+    Name(String),
+    /// A chain: each step gets the previous result.
+    Chain(Vec<TemplateRef>),
+    /// Parallel branches combined into a JSON object, in key order.
+    Map(Vec<(String, TemplateRef)>),
+    /// One task per element of the list `over` evaluates to.
+    MapOver {
+        /// The template run per element.
+        map: String,
+        /// An expression over the render data giving the list.
+        over: String,
+    },
+}
+
+impl TemplateRef {
+    /// Every template name referred to, in order.
+    pub fn names(&self) -> Vec<&str> {
+        let mut out = Vec::new();
+        self.collect(&mut out);
+        out
+    }
+
+    fn collect<'a>(&'a self, out: &mut Vec<&'a str>) {
+        match self {
+            TemplateRef::Name(n) => out.push(n),
+            TemplateRef::Chain(steps) => steps.iter().for_each(|s| s.collect(out)),
+            TemplateRef::Map(branches) => branches.iter().for_each(|(_, t)| t.collect(out)),
+            TemplateRef::MapOver { map, .. } => out.push(map),
+        }
+    }
+
+    /// Reads a template reference from its file form: a string, a list, a
+    /// mapping, or `{map, over}`.
+    pub fn from_value(v: &Value) -> Result<TemplateRef, String> {
+        match v {
+            Value::String(s) => Ok(TemplateRef::Name(s.clone())),
+            Value::Array(items) => Ok(TemplateRef::Chain(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| {
+                        TemplateRef::from_value(item).map_err(|e| format!("[{i}]: {e}"))
+                    })
+                    .collect::<Result<_, _>>()?,
+            )),
+            Value::Object(map) => {
+                if map.len() == 2 && map.contains_key("map") && map.contains_key("over") {
+                    let (Some(m), Some(o)) = (map["map"].as_str(), map["over"].as_str()) else {
+                        return Err("`map` and `over` must be strings".into());
+                    };
+                    return Ok(TemplateRef::MapOver {
+                        map: m.to_owned(),
+                        over: o.to_owned(),
+                    });
+                }
+                Ok(TemplateRef::Map(
+                    map.iter()
+                        .map(|(k, t)| {
+                            TemplateRef::from_value(t)
+                                .map(|t| (k.clone(), t))
+                                .map_err(|e| format!("{k}: {e}"))
+                        })
+                        .collect::<Result<_, _>>()?,
+                ))
+            }
+            other => Err(format!(
+                "a template must be a string, a list or a mapping, not {other}"
+            )),
+        }
+    }
+}
+
+/// One state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateDef {
+    /// Unique id.
+    pub id: String,
+    /// User or invoker.
+    pub kind: StateKind,
+    /// Its template (a plain name for user states).
+    pub template: Option<TemplateRef>,
+    /// Which invoker runs its tasks (invoker states; `template` by default).
+    pub invoker: String,
+    /// A label shown in progress while it runs (defaults to the id).
+    pub label: Option<String>,
+}
+
+/// A condition: a minijinja expression, or a Rust closure (builder only).
+#[derive(Clone)]
+pub enum Condition {
+    /// An expression over the render data.
+    Expr(String),
+    /// A Rust predicate over the render data.
+    Fn(Arc<dyn Fn(&Value) -> bool + Send + Sync>),
+}
+
+impl fmt::Debug for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Condition::Expr(e) => write!(f, "Expr({e:?})"),
+            Condition::Fn(_) => f.write_str("Fn(..)"),
+        }
+    }
+}
+
+/// One transition.
+#[derive(Debug, Clone)]
+pub struct TransitionDef {
+    /// The event that fires it.
+    pub event: String,
+    /// Source state.
+    pub from: String,
+    /// Target state.
+    pub to: String,
+    /// All must hold.
+    pub cond: Vec<Condition>,
+    /// None may hold.
+    pub unless: Vec<Condition>,
+    /// Named validators, run first; an error aborts the event.
+    pub validators: Vec<String>,
+    /// Dialogue persistence for this transition only.
+    pub persistence: Option<Persistence>,
+    /// Model fields set from expressions, evaluated against the same data.
+    pub assign: Vec<(String, String)>,
+    /// A self-transition without exit/enter.
+    pub internal: bool,
+}
+
+impl TransitionDef {
+    /// A transition with no conditions, validators or actions.
+    pub fn new(event: &str, from: &str, to: &str) -> Self {
+        Self {
+            event: event.to_owned(),
+            from: from.to_owned(),
+            to: to.to_owned(),
+            cond: Vec::new(),
+            unless: Vec::new(),
+            validators: Vec::new(),
+            persistence: None,
+            assign: Vec::new(),
+            internal: false,
+        }
+    }
+}
+
+/// One model field and its default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelField {
+    /// Name (a render-data key).
+    pub name: String,
+    /// Value of a new session.
+    pub default: Value,
+}
+
+/// A flow as declared, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct FlowDef {
+    /// The flow's key in URLs.
+    pub name: String,
+    /// A human description.
+    pub description: String,
+    /// The initial state (a user state).
+    pub initial: Option<String>,
+    /// States in declaration order.
+    pub states: Vec<StateDef>,
+    /// Transitions in declaration order.
+    pub transitions: Vec<TransitionDef>,
+    /// The flow's own model fields.
+    pub model: Vec<ModelField>,
+    /// Template sources by name.
+    pub templates: BTreeMap<String, String>,
+}
+
+/// The YAML/JSON file form of a flow (templates come from its folder).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FlowFile {
+    name: String,
+    #[serde(default)]
+    description: String,
+    initial: Option<String>,
+    states: Vec<StateFile>,
+    #[serde(default)]
+    transitions: Vec<TransitionFile>,
+    #[serde(default)]
+    model: serde_json::Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateFile {
+    id: String,
+    kind: StateKind,
+    template: Option<Value>,
+    invoker: Option<String>,
+    label: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TransitionFile {
+    event: String,
+    from: String,
+    to: String,
+    cond: Option<String>,
+    unless: Option<String>,
+    #[serde(default)]
+    validators: Vec<String>,
+    persistence: Option<Vec<String>>,
+    #[serde(default)]
+    assign: BTreeMap<String, String>,
+    #[serde(default)]
+    internal: bool,
+}
+
+/// One problem found in a flow, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FlowProblem {
+    /// Where: `states[2].template`, `transitions[0].cond`, `file`, ...
+    pub location: String,
+    /// What is wrong, lowercase.
+    pub message: String,
+}
+
+impl fmt::Display for FlowProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.location, self.message)
+    }
+}
+
+fn problem(location: impl Into<String>, message: impl Into<String>) -> FlowProblem {
+    FlowProblem {
+        location: location.into(),
+        message: message.into(),
+    }
+}
+
+impl FlowDef {
+    /// Reads a flow file (YAML, of which JSON is a subset) with its template
+    /// sources. Shape errors are reported as problems with their location.
+    pub fn from_file_text(
+        text: &str,
+        templates: BTreeMap<String, String>,
+    ) -> Result<FlowDef, Vec<FlowProblem>> {
+        let raw: Value = serde_norway::from_str(text)
+            .map_err(|e| vec![problem("file", format!("not valid yaml or json: {e}"))])?;
+        let file: FlowFile = serde_json::from_value(raw)
+            .map_err(|e| vec![problem("file", format!("bad flow file: {e}"))])?;
+        let mut problems = Vec::new();
+        let mut def = FlowDef {
+            name: file.name,
+            description: file.description,
+            initial: file.initial,
+            templates,
+            model: file
+                .model
+                .into_iter()
+                .map(|(name, default)| ModelField { name, default })
+                .collect(),
+            ..FlowDef::default()
+        };
+        for (i, s) in file.states.into_iter().enumerate() {
+            let template = match s.template.as_ref().map(TemplateRef::from_value) {
+                None => None,
+                Some(Ok(t)) => Some(t),
+                Some(Err(e)) => {
+                    problems.push(problem(format!("states[{i}].template"), e));
+                    None
+                }
+            };
+            def.states.push(StateDef {
+                id: s.id,
+                kind: s.kind,
+                template,
+                invoker: s.invoker.unwrap_or_else(|| "template".to_owned()),
+                label: s.label,
+            });
+        }
+        for (i, t) in file.transitions.into_iter().enumerate() {
+            let persistence = match t.persistence {
+                None => None,
+                Some(names) => {
+                    let mut flags = Persistence::NONE;
+                    for n in names {
+                        match Persistence::from_name(&n) {
+                            Some(f) => flags = flags | f,
+                            None => problems.push(problem(
+                                format!("transitions[{i}].persistence"),
+                                format!("unknown persistence flag `{n}`"),
+                            )),
+                        }
+                    }
+                    Some(flags)
+                }
+            };
+            def.transitions.push(TransitionDef {
+                event: t.event,
+                from: t.from,
+                to: t.to,
+                cond: t.cond.into_iter().map(Condition::Expr).collect(),
+                unless: t.unless.into_iter().map(Condition::Expr).collect(),
+                validators: t.validators,
+                persistence,
+                assign: t.assign.into_iter().collect(),
+                internal: t.internal,
+            });
+        }
+        if problems.is_empty() {
+            Ok(def)
+        } else {
+            Err(problems)
+        }
+    }
+}

@@ -1,0 +1,1365 @@
+//! The validated flow and its transition engine.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+
+use minijinja::Environment;
+use minijinja::value::Serde;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::dag::{self, DagPlan};
+use super::def::{
+    Condition, FlowDef, FlowProblem, ModelField, StateDef, StateKind, TemplateRef, TransitionDef,
+};
+use super::dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
+use crate::Timestamp;
+
+/// Events the API handles itself; a flow may not declare them.
+pub const RESERVED_EVENTS: [&str; 3] = ["poll", "cancel", "retry"];
+/// The event a failed DAG fires, when the invoker state declares it.
+pub const ON_ERROR: &str = "on_error";
+/// The event a finished DAG fires, when the invoker state declares it.
+pub const ON_COMPLETE: &str = "on_complete";
+
+/// Where a hook runs in a transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookPoint {
+    /// After validators, conditions and the engine's own bookkeeping.
+    Before,
+    /// On leaving the source (skipped by internal transitions).
+    Exit,
+    /// Before the state changes (after `assign` actions).
+    On,
+    /// On entering the target (skipped by internal transitions).
+    Enter,
+    /// Last, before the engine records the assistant half.
+    After,
+}
+
+/// Which transitions a hook applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookScope {
+    /// Every transition (`before_transition`, `on_enter_state`, ...).
+    Any,
+    /// Transitions of this event (`before_<event>`, ...).
+    Event(String),
+    /// Exit or enter of this state (`on_exit_<state>`, `on_enter_<state>`).
+    State(String),
+}
+
+/// What a hook sees and may change.
+pub struct HookContext<'a> {
+    /// Where it runs.
+    pub point: HookPoint,
+    /// The event.
+    pub event: &'a str,
+    /// The source state.
+    pub source: &'a str,
+    /// The target state.
+    pub target: &'a str,
+    /// The session as it is at this point (its `state` is the source until
+    /// the state update, the target after).
+    pub session: &'a mut FlowSession,
+    /// Dialogue persistence for this transition only; setting it changes the
+    /// halves not yet recorded.
+    pub persistence: &'a mut Persistence,
+}
+
+/// A hook: an error message aborts the transition with nothing saved.
+pub type HookFn = Arc<dyn Fn(&mut HookContext<'_>) -> Result<(), String> + Send + Sync>;
+
+/// What a validator sees.
+pub struct ValidatorContext<'a> {
+    /// The event.
+    pub event: &'a str,
+    /// The event's input.
+    pub input: &'a str,
+    /// The session before the transition.
+    pub session: &'a FlowSession,
+}
+
+/// A validator: an error message aborts the event (later candidates are not
+/// tried).
+pub type ValidatorFn = Arc<dyn Fn(&ValidatorContext<'_>) -> Result<(), String> + Send + Sync>;
+
+#[derive(Clone)]
+struct Hook {
+    point: HookPoint,
+    scope: HookScope,
+    f: HookFn,
+}
+
+/// A task failure recorded on the session; the list is cleared by the next
+/// successful transition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskError {
+    /// The DAG run that failed.
+    pub invocation_id: String,
+    /// Which task (or `complete` when no transition accepted the result).
+    pub task: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// The DAG a session is waiting for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Running {
+    /// The run.
+    pub invocation_id: String,
+    /// The invoker chain it belongs to.
+    pub chain_id: String,
+    /// The invoker state it runs for.
+    pub state: String,
+}
+
+/// A flow session's state (the dialogue is kept apart, append-only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowSession {
+    /// The session id.
+    pub session_id: String,
+    /// The flow's name.
+    pub flow: String,
+    /// The current state.
+    pub state: String,
+    /// The flow's own model fields.
+    pub model: Map<String, Value>,
+    /// `user` when the last transition left a user state, else `assistant`.
+    pub actor: Option<Actor>,
+    /// The last transition's input: the user's text or the DAG result.
+    pub actor_input: String,
+    /// Kind of the last transition's source.
+    pub source_type: Option<StateKind>,
+    /// Kind of the last transition's target.
+    pub target_type: Option<StateKind>,
+    /// Task failures since the last successful transition.
+    pub errors: Vec<TaskError>,
+    /// The DAG being waited for, if any.
+    pub running: Option<Running>,
+    /// Where `cancel` returns to.
+    pub last_user_state: String,
+}
+
+/// Why an operation was refused; the session is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlowError {
+    /// The flow definition is wrong.
+    #[error("invalid flow: {}", join_problems(.0))]
+    Invalid(Vec<FlowProblem>),
+    /// No transition for this event accepts it in this state.
+    #[error("event `{event}` is not allowed in state `{state}`")]
+    TransitionNotAllowed {
+        /// The event.
+        event: String,
+        /// The current state.
+        state: String,
+    },
+    /// A validator refused the input.
+    #[error("validator `{validator}` refused the input: {message}")]
+    Validator {
+        /// Which validator.
+        validator: String,
+        /// Its message.
+        message: String,
+    },
+    /// Only the engine may fire this event.
+    #[error("event `{event}` is fired by the engine when the task graph finishes")]
+    EventReservedForEngine {
+        /// The event.
+        event: String,
+    },
+    /// A task graph is running; only poll and cancel are accepted.
+    #[error("a task graph is running in state `{state}`; poll or cancel")]
+    DagRunning {
+        /// The invoker state.
+        state: String,
+    },
+    /// Nothing is running to complete, fail or cancel.
+    #[error("invocation `{invocation_id}` is not the one running")]
+    StaleInvocation {
+        /// The invocation named.
+        invocation_id: String,
+    },
+    /// `retry` is offered only in an invoker state with nothing running.
+    #[error("nothing to retry in state `{state}`")]
+    RetryNotOffered {
+        /// The current state.
+        state: String,
+    },
+    /// A hook returned an error.
+    #[error("{point:?} hook failed: {message}")]
+    Hook {
+        /// Where.
+        point: HookPoint,
+        /// Its message.
+        message: String,
+    },
+    /// A template or expression failed.
+    #[error("rendering `{what}` failed: {message}")]
+    Render {
+        /// The template name or expression.
+        what: String,
+        /// The renderer's message.
+        message: String,
+    },
+}
+
+fn join_problems(p: &[FlowProblem]) -> String {
+    p.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Where a client event ends up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fired {
+    /// The session after the transition.
+    pub session: FlowSession,
+    /// Dialogue elements to append, in order.
+    pub appended: Vec<DialogueElement>,
+    /// What the API answers: the target template rendered, for user targets.
+    pub response: Option<String>,
+    /// The DAG to enqueue in the same commit, for invoker targets.
+    pub dag: Option<DagPlan>,
+    /// `(from, to, event)` of the transition taken, if one was.
+    pub transition: Option<(String, String, String)>,
+}
+
+/// A validated flow, ready to run.
+#[derive(Clone)]
+pub struct Flow {
+    def: Arc<FlowDef>,
+    env: Arc<Environment<'static>>,
+    hooks: Vec<Hook>,
+    validators: BTreeMap<String, ValidatorFn>,
+}
+
+impl fmt::Debug for Flow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Flow")
+            .field("name", &self.def.name)
+            .finish()
+    }
+}
+
+fn builtin_validators() -> BTreeMap<String, ValidatorFn> {
+    let mut v: BTreeMap<String, ValidatorFn> = BTreeMap::new();
+    v.insert(
+        "non_empty_input".into(),
+        Arc::new(|c: &ValidatorContext<'_>| {
+            if c.input.trim().is_empty() {
+                Err("the input is empty".into())
+            } else {
+                Ok(())
+            }
+        }),
+    );
+    v.insert(
+        "json_input".into(),
+        Arc::new(|c: &ValidatorContext<'_>| {
+            serde_json::from_str::<Value>(c.input)
+                .map(|_| ())
+                .map_err(|e| format!("the input is not json: {e}"))
+        }),
+    );
+    v
+}
+
+/// Builds a flow in Rust, with hooks and validators as closures.
+#[derive(Default)]
+pub struct FlowBuilder {
+    def: FlowDef,
+    hooks: Vec<Hook>,
+    validators: BTreeMap<String, ValidatorFn>,
+}
+
+impl FlowBuilder {
+    /// A flow named `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            def: FlowDef {
+                name: name.to_owned(),
+                ..FlowDef::default()
+            },
+            ..Self::default()
+        }
+    }
+
+    /// Starts from a definition read from a file.
+    pub fn from_def(def: FlowDef) -> Self {
+        Self {
+            def,
+            ..Self::default()
+        }
+    }
+
+    /// Adds a template source.
+    pub fn template(mut self, name: &str, source: &str) -> Self {
+        self.def
+            .templates
+            .insert(name.to_owned(), source.to_owned());
+        self
+    }
+
+    /// Adds a user state rendering `template`; the first user state added is
+    /// initial unless [`initial`](Self::initial) says otherwise.
+    pub fn user_state(mut self, id: &str, template: &str) -> Self {
+        if self.def.initial.is_none() {
+            self.def.initial = Some(id.to_owned());
+        }
+        self.def.states.push(StateDef {
+            id: id.to_owned(),
+            kind: StateKind::User,
+            template: Some(TemplateRef::Name(template.to_owned())),
+            invoker: "template".to_owned(),
+            label: None,
+        });
+        self
+    }
+
+    /// Adds an invoker state running `template` through `invoker`.
+    pub fn invoker_state(mut self, id: &str, template: TemplateRef, invoker: &str) -> Self {
+        self.def.states.push(StateDef {
+            id: id.to_owned(),
+            kind: StateKind::Invoker,
+            template: Some(template),
+            invoker: invoker.to_owned(),
+            label: None,
+        });
+        self
+    }
+
+    /// Sets the initial state.
+    pub fn initial(mut self, id: &str) -> Self {
+        self.def.initial = Some(id.to_owned());
+        self
+    }
+
+    /// Adds a transition.
+    pub fn transition(mut self, t: TransitionDef) -> Self {
+        self.def.transitions.push(t);
+        self
+    }
+
+    /// Adds a plain transition `from --event--> to`.
+    pub fn on(self, event: &str, from: &str, to: &str) -> Self {
+        self.transition(TransitionDef::new(event, from, to))
+    }
+
+    /// Adds a model field with its default.
+    pub fn field(mut self, name: &str, default: Value) -> Self {
+        self.def.model.push(ModelField {
+            name: name.to_owned(),
+            default,
+        });
+        self
+    }
+
+    /// Adds a hook.
+    pub fn hook(
+        mut self,
+        point: HookPoint,
+        scope: HookScope,
+        f: impl Fn(&mut HookContext<'_>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.hooks.push(Hook {
+            point,
+            scope,
+            f: Arc::new(f),
+        });
+        self
+    }
+
+    /// Registers a named validator.
+    pub fn validator(
+        mut self,
+        name: &str,
+        f: impl Fn(&ValidatorContext<'_>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.validators.insert(name.to_owned(), Arc::new(f));
+        self
+    }
+
+    /// Validates and compiles the flow, reporting every problem at once.
+    pub fn build(self) -> Result<Flow, FlowError> {
+        let mut validators = builtin_validators();
+        validators.extend(self.validators);
+        Flow::compile(self.def, self.hooks, validators)
+    }
+}
+
+fn json_to_mj(v: &Value) -> minijinja::Value {
+    minijinja::Value::from(Serde(v))
+}
+
+impl Flow {
+    /// Validates a definition with the built-in validators only.
+    pub fn from_def(def: FlowDef) -> Result<Flow, FlowError> {
+        FlowBuilder::from_def(def).build()
+    }
+
+    /// Reads and validates a flow file with its template sources.
+    pub fn from_file_text(
+        text: &str,
+        templates: BTreeMap<String, String>,
+    ) -> Result<Flow, FlowError> {
+        let def = FlowDef::from_file_text(text, templates).map_err(FlowError::Invalid)?;
+        Flow::from_def(def)
+    }
+
+    fn compile(
+        def: FlowDef,
+        hooks: Vec<Hook>,
+        validators: BTreeMap<String, ValidatorFn>,
+    ) -> Result<Flow, FlowError> {
+        let mut problems = Vec::new();
+        let mut p = |loc: String, msg: String| {
+            problems.push(FlowProblem {
+                location: loc,
+                message: msg,
+            })
+        };
+        let mut env = Environment::new();
+        for (name, source) in &def.templates {
+            if let Err(e) = env.add_template_owned(name.clone(), source.clone()) {
+                p(
+                    format!("templates/{name}"),
+                    format!("template does not compile: {e}"),
+                );
+            }
+        }
+        if def.name.is_empty() {
+            p("name".into(), "the flow has no name".into());
+        }
+        let mut ids = BTreeSet::new();
+        for (i, s) in def.states.iter().enumerate() {
+            let loc = format!("states[{i}]");
+            if !ids.insert(s.id.as_str()) {
+                p(
+                    format!("{loc}.id"),
+                    format!("duplicate state id `{}`", s.id),
+                );
+            }
+            match &s.template {
+                None => p(
+                    format!("{loc}.template"),
+                    format!("state `{}` has no template", s.id),
+                ),
+                Some(t) => {
+                    if s.kind == StateKind::User && !matches!(t, TemplateRef::Name(_)) {
+                        p(
+                            format!("{loc}.template"),
+                            format!("user state `{}` needs a single template name", s.id),
+                        );
+                    }
+                    check_template(t, &def.templates, &env, &format!("{loc}.template"), &mut p);
+                }
+            }
+        }
+        if def.states.is_empty() {
+            p("states".into(), "the flow has no states".into());
+        }
+        match def.initial.as_deref() {
+            None => p("initial".into(), "no initial state".into()),
+            Some(init) => match def.states.iter().find(|s| s.id == init) {
+                None => p("initial".into(), format!("unknown initial state `{init}`")),
+                Some(s) if s.kind != StateKind::User => p(
+                    "initial".into(),
+                    format!("initial state `{init}` must be a user state"),
+                ),
+                Some(_) => {}
+            },
+        }
+        let fields: BTreeSet<&str> = def.model.iter().map(|f| f.name.as_str()).collect();
+        for (i, t) in def.transitions.iter().enumerate() {
+            let loc = format!("transitions[{i}]");
+            if RESERVED_EVENTS.contains(&t.event.as_str()) || t.event.is_empty() {
+                p(
+                    format!("{loc}.event"),
+                    format!("event name `{}` is reserved", t.event),
+                );
+            }
+            if !ids.contains(t.from.as_str()) {
+                p(format!("{loc}.from"), format!("unknown state `{}`", t.from));
+            }
+            if !ids.contains(t.to.as_str()) {
+                p(format!("{loc}.to"), format!("unknown state `{}`", t.to));
+            }
+            if t.internal && t.from != t.to {
+                p(
+                    format!("{loc}.internal"),
+                    "an internal transition must be a self-transition".into(),
+                );
+            }
+            for (name, conds) in [("cond", &t.cond), ("unless", &t.unless)] {
+                for c in conds {
+                    if let Condition::Expr(e) = c
+                        && let Err(err) = env.compile_expression(e)
+                    {
+                        p(
+                            format!("{loc}.{name}"),
+                            format!("bad expression `{e}`: {err}"),
+                        );
+                    }
+                }
+            }
+            for v in &t.validators {
+                if !validators.contains_key(v) {
+                    p(
+                        format!("{loc}.validators"),
+                        format!("unknown validator `{v}`"),
+                    );
+                }
+            }
+            for (field, expr) in &t.assign {
+                if !fields.contains(field.as_str()) {
+                    p(
+                        format!("{loc}.assign.{field}"),
+                        format!("unknown model field `{field}`"),
+                    );
+                }
+                if let Err(err) = env.compile_expression(expr) {
+                    p(
+                        format!("{loc}.assign.{field}"),
+                        format!("bad expression `{expr}`: {err}"),
+                    );
+                }
+            }
+        }
+        for (i, s) in def.states.iter().enumerate() {
+            if s.kind == StateKind::Invoker
+                && !def
+                    .transitions
+                    .iter()
+                    .any(|t| t.from == s.id && t.event != ON_ERROR)
+            {
+                p(
+                    format!("states[{i}]"),
+                    format!("invoker state `{}` has no outgoing event", s.id),
+                );
+            }
+        }
+        if let Some(init) = def.initial.as_deref() {
+            let mut seen = BTreeSet::from([init]);
+            let mut queue = VecDeque::from([init]);
+            while let Some(s) = queue.pop_front() {
+                for t in def.transitions.iter().filter(|t| t.from == s) {
+                    if seen.insert(t.to.as_str()) {
+                        queue.push_back(t.to.as_str());
+                    }
+                }
+            }
+            for (i, s) in def.states.iter().enumerate() {
+                if !seen.contains(s.id.as_str()) && ids.contains(init) {
+                    p(
+                        format!("states[{i}]"),
+                        format!("state `{}` is unreachable", s.id),
+                    );
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(FlowError::Invalid(problems));
+        }
+        Ok(Flow {
+            def: Arc::new(def),
+            env: Arc::new(env),
+            hooks,
+            validators,
+        })
+    }
+
+    /// The definition.
+    pub fn def(&self) -> &FlowDef {
+        &self.def
+    }
+
+    /// The flow's name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// A state by id.
+    pub fn state(&self, id: &str) -> Option<&StateDef> {
+        self.def.states.iter().find(|s| s.id == id)
+    }
+
+    fn kind(&self, id: &str) -> StateKind {
+        self.state(id).map_or(StateKind::User, |s| s.kind)
+    }
+
+    /// The event the engine fires when `state`'s DAG finishes: `on_complete`
+    /// if declared, else the first event declared out of it.
+    pub fn completion_event(&self, state: &str) -> Option<&str> {
+        let out = || self.def.transitions.iter().filter(move |t| t.from == state);
+        out()
+            .find(|t| t.event == ON_COMPLETE)
+            .or_else(|| out().find(|t| t.event != ON_ERROR))
+            .map(|t| t.event.as_str())
+    }
+
+    fn reserved_for_engine(&self, state: &str, event: &str) -> bool {
+        self.kind(state) == StateKind::Invoker
+            && (event == ON_ERROR || self.completion_event(state) == Some(event))
+    }
+
+    /// The events out of `state`, unique, in declaration order.
+    pub fn events_from(&self, state: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for t in self.def.transitions.iter().filter(|t| t.from == state) {
+            if !out.contains(&t.event) {
+                out.push(t.event.clone());
+            }
+        }
+        out
+    }
+
+    /// What the client may send now: `poll` while a DAG runs; in an invoker
+    /// state with nothing running, `retry` and the events the engine does
+    /// not own; else the state's events in declaration order.
+    pub fn next_actions(&self, session: &FlowSession) -> Vec<String> {
+        if session.running.is_some() {
+            return vec!["poll".to_owned()];
+        }
+        let events = self.events_from(&session.state);
+        if self.kind(&session.state) == StateKind::Invoker {
+            let mut out = vec!["retry".to_owned()];
+            out.extend(
+                events
+                    .into_iter()
+                    .filter(|e| !self.reserved_for_engine(&session.state, e)),
+            );
+            return out;
+        }
+        events
+    }
+
+    /// The data every template and expression sees.
+    pub fn render_data(
+        &self,
+        session: &FlowSession,
+        dialogue: &[DialogueElement],
+        now: Timestamp,
+    ) -> Value {
+        let mut data = session.model.clone();
+        data.insert("state".into(), Value::String(session.state.clone()));
+        data.insert("state_id".into(), Value::String(session.state.clone()));
+        data.insert(
+            "session_id".into(),
+            Value::String(session.session_id.clone()),
+        );
+        data.insert(
+            "actor".into(),
+            session
+                .actor
+                .map_or(Value::Null, |a| Value::String(a.as_str().into())),
+        );
+        data.insert(
+            "actor_input".into(),
+            Value::String(session.actor_input.clone()),
+        );
+        data.insert(
+            "parsed_actor_input".into(),
+            serde_json::from_str(&session.actor_input).unwrap_or(Value::Null),
+        );
+        data.insert("current_datetime".into(), Value::String(now.to_string()));
+        data.insert(
+            "chat_history".into(),
+            Value::String(format_dialogue(dialogue, DialogueFormat::Yaml)),
+        );
+        Value::Object(data)
+    }
+
+    /// Renders the template `name` with `data`.
+    pub fn render(&self, name: &str, data: &Value) -> Result<String, FlowError> {
+        let err = |e: minijinja::Error| FlowError::Render {
+            what: name.to_owned(),
+            message: e.to_string(),
+        };
+        self.env
+            .get_template(name)
+            .map_err(err)?
+            .render(json_to_mj(data))
+            .map_err(err)
+    }
+
+    /// Evaluates an expression over `data`.
+    pub fn eval(&self, expr: &str, data: &Value) -> Result<Value, FlowError> {
+        let err = |e: minijinja::Error| FlowError::Render {
+            what: expr.to_owned(),
+            message: e.to_string(),
+        };
+        let v = self
+            .env
+            .compile_expression(expr)
+            .map_err(err)?
+            .eval(json_to_mj(data))
+            .map_err(err)?;
+        if v.is_undefined() {
+            return Ok(Value::Null);
+        }
+        serde_json::to_value(&v).map_err(|e| FlowError::Render {
+            what: expr.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    fn holds(&self, c: &Condition, data: &Value) -> Result<bool, FlowError> {
+        match c {
+            Condition::Fn(f) => Ok(f(data)),
+            Condition::Expr(e) => {
+                let err = |er: minijinja::Error| FlowError::Render {
+                    what: e.clone(),
+                    message: er.to_string(),
+                };
+                Ok(self
+                    .env
+                    .compile_expression(e)
+                    .map_err(err)?
+                    .eval(json_to_mj(data))
+                    .map_err(err)?
+                    .is_true())
+            }
+        }
+    }
+
+    /// A new session in the initial state with the greeting rendered and
+    /// recorded as `assistant`/`init`. Enter hooks of the initial state run.
+    pub fn start(&self, session_id: &str, now: Timestamp) -> Result<Fired, FlowError> {
+        let initial = self.def.initial.clone().unwrap_or_default();
+        let mut session = FlowSession {
+            session_id: session_id.to_owned(),
+            flow: self.def.name.clone(),
+            state: initial.clone(),
+            model: self
+                .def
+                .model
+                .iter()
+                .map(|f| (f.name.clone(), f.default.clone()))
+                .collect(),
+            actor: None,
+            actor_input: String::new(),
+            source_type: None,
+            target_type: None,
+            errors: Vec::new(),
+            running: None,
+            last_user_state: initial.clone(),
+        };
+        let mut persistence = Persistence::TARGET_RENDERED;
+        self.run_hooks(
+            HookPoint::Enter,
+            "init",
+            &initial,
+            &initial,
+            &mut session,
+            &mut persistence,
+            false,
+        )?;
+        let template = self.user_template(&initial);
+        let rendered = self.render(&template, &self.render_data(&session, &[], now))?;
+        let appended = vec![DialogueElement {
+            actor: Actor::Assistant,
+            event: "init".into(),
+            actor_text: Some(rendered.clone()),
+            timestamp: now,
+        }];
+        Ok(Fired {
+            session,
+            appended,
+            response: Some(rendered),
+            dag: None,
+            transition: None,
+        })
+    }
+
+    fn user_template(&self, state: &str) -> String {
+        match self.state(state).and_then(|s| s.template.as_ref()) {
+            Some(TemplateRef::Name(n)) => n.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// A client event. `invocation_id` names the DAG if the target is an
+    /// invoker state (the caller supplies ids; the engine draws none).
+    pub fn fire(
+        &self,
+        session: &FlowSession,
+        dialogue: &[DialogueElement],
+        event: &str,
+        input: &str,
+        invocation_id: &str,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
+        if self.reserved_for_engine(&session.state, event) {
+            return Err(FlowError::EventReservedForEngine {
+                event: event.to_owned(),
+            });
+        }
+        if let Some(r) = &session.running {
+            return Err(FlowError::DagRunning {
+                state: r.state.clone(),
+            });
+        }
+        self.take(session, dialogue, event, input, invocation_id, None, now)
+    }
+
+    /// Applies a finished DAG: fires the state's completion event with the
+    /// result. When no transition accepts it (or a hook fails) the session
+    /// stays in the invoker state with a typed error and `retry` offered; it
+    /// never re-runs the DAG on its own.
+    pub fn complete(
+        &self,
+        session: &FlowSession,
+        dialogue: &[DialogueElement],
+        invocation_id: &str,
+        result: &str,
+        next_invocation_id: &str,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
+        let running = self.check_running(session, invocation_id)?;
+        let mut idle = session.clone();
+        idle.running = None;
+        let event = self
+            .completion_event(&running.state)
+            .unwrap_or_default()
+            .to_owned();
+        match self.take(
+            &idle,
+            dialogue,
+            &event,
+            result,
+            next_invocation_id,
+            Some(&running.chain_id),
+            now,
+        ) {
+            Ok(f) => Ok(f),
+            Err(e) => {
+                idle.errors.push(TaskError {
+                    invocation_id: invocation_id.to_owned(),
+                    task: "complete".into(),
+                    message: e.to_string(),
+                });
+                Ok(Fired {
+                    session: idle,
+                    appended: Vec::new(),
+                    response: None,
+                    dag: None,
+                    transition: None,
+                })
+            }
+        }
+    }
+
+    /// Applies a failed DAG: records the error and follows the state's
+    /// `on_error` transition if declared (with the message as input), else
+    /// stays in the invoker state with `retry` offered.
+    pub fn fail(
+        &self,
+        session: &FlowSession,
+        dialogue: &[DialogueElement],
+        error: TaskError,
+        next_invocation_id: &str,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
+        let running = self.check_running(session, &error.invocation_id)?;
+        let mut idle = session.clone();
+        idle.running = None;
+        let message = error.message.as_str();
+        let has_on_error = self
+            .def
+            .transitions
+            .iter()
+            .any(|t| t.from == running.state && t.event == ON_ERROR);
+        let mut fired = if has_on_error {
+            match self.take(
+                &idle,
+                dialogue,
+                ON_ERROR,
+                message,
+                next_invocation_id,
+                None,
+                now,
+            ) {
+                Ok(f) => f,
+                Err(_) => Fired {
+                    session: idle,
+                    appended: Vec::new(),
+                    response: None,
+                    dag: None,
+                    transition: None,
+                },
+            }
+        } else {
+            Fired {
+                session: idle,
+                appended: Vec::new(),
+                response: None,
+                dag: None,
+                transition: None,
+            }
+        };
+        fired.session.errors.push(error);
+        Ok(fired)
+    }
+
+    /// Stops the running DAG and returns to the last user state (no hooks
+    /// run; nothing is recorded in the dialogue).
+    pub fn cancel(&self, session: &FlowSession) -> Result<FlowSession, FlowError> {
+        let Some(r) = &session.running else {
+            return Err(FlowError::StaleInvocation {
+                invocation_id: String::new(),
+            });
+        };
+        let _ = r;
+        let mut s = session.clone();
+        s.running = None;
+        s.state = s.last_user_state.clone();
+        Ok(s)
+    }
+
+    /// Runs the current invoker state's DAG again (after a failure or a
+    /// rejected result), as a new chain.
+    pub fn retry(
+        &self,
+        session: &FlowSession,
+        dialogue: &[DialogueElement],
+        invocation_id: &str,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
+        if let Some(r) = &session.running {
+            return Err(FlowError::DagRunning {
+                state: r.state.clone(),
+            });
+        }
+        if self.kind(&session.state) != StateKind::Invoker {
+            return Err(FlowError::RetryNotOffered {
+                state: session.state.clone(),
+            });
+        }
+        let mut s = session.clone();
+        let plan = self.plan(&s, dialogue, invocation_id, None, now)?;
+        s.running = Some(Running {
+            invocation_id: plan.invocation_id.clone(),
+            chain_id: plan.chain_id.clone(),
+            state: s.state.clone(),
+        });
+        Ok(Fired {
+            session: s,
+            appended: Vec::new(),
+            response: None,
+            dag: Some(plan),
+            transition: None,
+        })
+    }
+
+    fn check_running(
+        &self,
+        session: &FlowSession,
+        invocation_id: &str,
+    ) -> Result<Running, FlowError> {
+        match &session.running {
+            Some(r) if r.invocation_id == invocation_id => Ok(r.clone()),
+            _ => Err(FlowError::StaleInvocation {
+                invocation_id: invocation_id.to_owned(),
+            }),
+        }
+    }
+
+    fn plan(
+        &self,
+        s: &FlowSession,
+        dialogue: &[DialogueElement],
+        invocation_id: &str,
+        chain: Option<&str>,
+        now: Timestamp,
+    ) -> Result<DagPlan, FlowError> {
+        let state = self
+            .state(&s.state)
+            .ok_or_else(|| FlowError::TransitionNotAllowed {
+                event: String::new(),
+                state: s.state.clone(),
+            })?;
+        let template = state
+            .template
+            .clone()
+            .unwrap_or(TemplateRef::Chain(Vec::new()));
+        let invocation = format!("{}-{invocation_id}", state.id);
+        Ok(dag::compile(
+            &template,
+            &state.invoker,
+            invocation.clone(),
+            chain.map_or(invocation, str::to_owned),
+            state.id.clone(),
+            state.label.clone().unwrap_or_else(|| state.id.clone()),
+            self.render_data(s, dialogue, now),
+        ))
+    }
+
+    /// The default dialogue persistence of a transition (the seed's table by
+    /// transition type; `file_upload` records the event only).
+    pub fn default_persistence(source: StateKind, target: StateKind, event: &str) -> Persistence {
+        let source_bits = if event == "file_upload" {
+            Persistence::SOURCE_EVENT
+        } else {
+            Persistence::SOURCE_RAW
+        };
+        match (source, target) {
+            (StateKind::User, StateKind::User) => source_bits | Persistence::TARGET_RENDERED,
+            (StateKind::User, StateKind::Invoker) => source_bits,
+            (StateKind::Invoker, StateKind::User) => Persistence::TARGET_RENDERED,
+            (StateKind::Invoker, StateKind::Invoker) => Persistence::NONE,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &self,
+        session: &FlowSession,
+        dialogue: &[DialogueElement],
+        event: &str,
+        input: &str,
+        invocation_id: &str,
+        chain: Option<&str>,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
+        let not_allowed = || FlowError::TransitionNotAllowed {
+            event: event.to_owned(),
+            state: session.state.clone(),
+        };
+        let mut probe = session.clone();
+        probe.actor_input = input.to_owned();
+        let mut data = None;
+        for t in self
+            .def
+            .transitions
+            .iter()
+            .filter(|t| t.from == session.state && t.event == event)
+        {
+            for v in &t.validators {
+                if let Some(f) = self.validators.get(v) {
+                    f(&ValidatorContext {
+                        event,
+                        input,
+                        session,
+                    })
+                    .map_err(|message| FlowError::Validator {
+                        validator: v.clone(),
+                        message,
+                    })?;
+                }
+            }
+            let data = data.get_or_insert_with(|| self.render_data(&probe, dialogue, now));
+            let mut ok = true;
+            for c in &t.cond {
+                if !self.holds(c, data)? {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                for c in &t.unless {
+                    if self.holds(c, data)? {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                return self.apply(t, session, dialogue, input, invocation_id, chain, now);
+            }
+        }
+        Err(not_allowed())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_hooks(
+        &self,
+        point: HookPoint,
+        event: &str,
+        source: &str,
+        target: &str,
+        session: &mut FlowSession,
+        persistence: &mut Persistence,
+        specific_first: bool,
+    ) -> Result<(), FlowError> {
+        let scope_state = match point {
+            HookPoint::Exit => Some(source),
+            HookPoint::Enter => Some(target),
+            _ => None,
+        };
+        let generic = |h: &&Hook| h.point == point && h.scope == HookScope::Any;
+        let specific = |h: &&Hook| {
+            h.point == point
+                && match &h.scope {
+                    HookScope::Any => false,
+                    HookScope::Event(e) => scope_state.is_none() && e == event,
+                    HookScope::State(s) => scope_state == Some(s.as_str()),
+                }
+        };
+        let ordered: Vec<&Hook> = if specific_first {
+            self.hooks
+                .iter()
+                .filter(specific)
+                .chain(self.hooks.iter().filter(generic))
+                .collect()
+        } else {
+            self.hooks
+                .iter()
+                .filter(generic)
+                .chain(self.hooks.iter().filter(specific))
+                .collect()
+        };
+        for h in ordered {
+            let mut ctx = HookContext {
+                point,
+                event,
+                source,
+                target,
+                session,
+                persistence,
+            };
+            (h.f)(&mut ctx).map_err(|message| FlowError::Hook { point, message })?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        t: &TransitionDef,
+        session: &FlowSession,
+        dialogue: &[DialogueElement],
+        input: &str,
+        invocation_id: &str,
+        chain: Option<&str>,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
+        let (source, target) = (t.from.as_str(), t.to.as_str());
+        let (sk, tk) = (self.kind(source), self.kind(target));
+        let mut s = session.clone();
+        // The engine's own bookkeeping comes first, so every hook sees the
+        // current transition type, actor and input.
+        s.source_type = Some(sk);
+        s.target_type = Some(tk);
+        s.actor = Some(if sk == StateKind::User {
+            Actor::User
+        } else {
+            Actor::Assistant
+        });
+        s.actor_input = input.to_owned();
+        let mut persistence = t
+            .persistence
+            .unwrap_or_else(|| Self::default_persistence(sk, tk, &t.event));
+        let mut appended = Vec::new();
+        if persistence.intersects(Persistence::SOURCE) {
+            appended.push(DialogueElement {
+                actor: s.actor.unwrap_or(Actor::User),
+                event: t.event.clone(),
+                actor_text: persistence
+                    .contains(Persistence::SOURCE_RAW)
+                    .then(|| input.to_owned()),
+                timestamp: now,
+            });
+        }
+        let ev = t.event.as_str();
+        self.run_hooks(
+            HookPoint::Before,
+            ev,
+            source,
+            target,
+            &mut s,
+            &mut persistence,
+            false,
+        )?;
+        if !t.internal {
+            self.run_hooks(
+                HookPoint::Exit,
+                ev,
+                source,
+                target,
+                &mut s,
+                &mut persistence,
+                false,
+            )?;
+        }
+        if !t.assign.is_empty() {
+            let mut all = dialogue.to_vec();
+            all.extend(appended.iter().cloned());
+            let data = self.render_data(&s, &all, now);
+            let mut values = Vec::new();
+            for (field, expr) in &t.assign {
+                values.push((field.clone(), self.eval(expr, &data)?));
+            }
+            for (field, v) in values {
+                s.model.insert(field, v);
+            }
+        }
+        self.run_hooks(
+            HookPoint::On,
+            ev,
+            source,
+            target,
+            &mut s,
+            &mut persistence,
+            false,
+        )?;
+        s.state = target.to_owned();
+        if tk == StateKind::User {
+            s.last_user_state = target.to_owned();
+        }
+        if !t.internal {
+            self.run_hooks(
+                HookPoint::Enter,
+                ev,
+                source,
+                target,
+                &mut s,
+                &mut persistence,
+                false,
+            )?;
+        }
+        self.run_hooks(
+            HookPoint::After,
+            ev,
+            source,
+            target,
+            &mut s,
+            &mut persistence,
+            true,
+        )?;
+        s.errors.clear();
+        let mut response = None;
+        let mut dag = None;
+        s.running = None;
+        let mut all = dialogue.to_vec();
+        all.extend(appended.iter().cloned());
+        match tk {
+            StateKind::User => {
+                let rendered = self.render(
+                    &self.user_template(target),
+                    &self.render_data(&s, &all, now),
+                )?;
+                if persistence.intersects(Persistence::TARGET) {
+                    let mut parts = Vec::new();
+                    if persistence.contains(Persistence::TARGET_RAW) {
+                        parts.push(input.to_owned());
+                    }
+                    if persistence.contains(Persistence::TARGET_RENDERED) {
+                        parts.push(rendered.clone());
+                    }
+                    appended.push(DialogueElement {
+                        actor: Actor::Assistant,
+                        event: t.event.clone(),
+                        actor_text: Some(parts.join("\n")),
+                        timestamp: now,
+                    });
+                }
+                response = Some(rendered);
+            }
+            StateKind::Invoker => {
+                let plan = self.plan(&s, &all, invocation_id, chain, now)?;
+                s.running = Some(Running {
+                    invocation_id: plan.invocation_id.clone(),
+                    chain_id: plan.chain_id.clone(),
+                    state: target.to_owned(),
+                });
+                dag = Some(plan);
+            }
+        }
+        Ok(Fired {
+            session: s,
+            appended,
+            response,
+            dag,
+            transition: Some((source.to_owned(), target.to_owned(), t.event.clone())),
+        })
+    }
+
+    /// A Mermaid `stateDiagram-v2` of the flow: each state with its kind,
+    /// one line per transition (events sharing endpoints merged), states with
+    /// no way out to `[*]`.
+    pub fn to_mermaid(&self) -> String {
+        use std::fmt::Write as _;
+        let id = |s: &str| -> String {
+            s.chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect()
+        };
+        let mut out = String::from("stateDiagram-v2\n");
+        if let Some(init) = &self.def.initial {
+            let _ = writeln!(out, "    [*] --> {}", id(init));
+        }
+        for s in &self.def.states {
+            let _ = writeln!(out, "    {}: {} ({})", id(&s.id), s.id, s.kind.as_str());
+        }
+        let mut seen: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+        for t in &self.def.transitions {
+            match seen
+                .iter_mut()
+                .find(|(f, to, _)| *f == t.from && *to == t.to)
+            {
+                Some((_, _, evs)) => {
+                    if !evs.contains(&t.event.as_str()) {
+                        evs.push(&t.event);
+                    }
+                }
+                None => seen.push((&t.from, &t.to, vec![&t.event])),
+            }
+        }
+        for (f, t, evs) in seen {
+            let _ = writeln!(out, "    {} --> {}: {}", id(f), id(t), evs.join(", "));
+        }
+        for s in &self.def.states {
+            if !self.def.transitions.iter().any(|t| t.from == s.id) {
+                let _ = writeln!(out, "    {} --> [*]", id(&s.id));
+            }
+        }
+        out
+    }
+}
+
+fn check_template(
+    t: &TemplateRef,
+    templates: &BTreeMap<String, String>,
+    env: &Environment<'static>,
+    loc: &str,
+    p: &mut impl FnMut(String, String),
+) {
+    match t {
+        TemplateRef::Name(n) => {
+            if !templates.contains_key(n) {
+                p(loc.to_owned(), format!("unknown template `{n}`"));
+            }
+        }
+        TemplateRef::Chain(steps) => {
+            if steps.is_empty() {
+                p(loc.to_owned(), "an empty chain".into());
+            }
+            for (i, s) in steps.iter().enumerate() {
+                check_template(s, templates, env, &format!("{loc}[{i}]"), p);
+            }
+        }
+        TemplateRef::Map(branches) => {
+            if branches.is_empty() {
+                p(loc.to_owned(), "an empty map".into());
+            }
+            for (k, s) in branches {
+                check_template(s, templates, env, &format!("{loc}.{k}"), p);
+            }
+        }
+        TemplateRef::MapOver { map, over } => {
+            if !templates.contains_key(map) {
+                p(format!("{loc}.map"), format!("unknown template `{map}`"));
+            }
+            if let Err(e) = env.compile_expression(over) {
+                p(
+                    format!("{loc}.over"),
+                    format!("bad expression `{over}`: {e}"),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! Contract suite for [`FlowStore`] adapters.
+//!
+//! Run it from an adapter's tests with
+//! `parlance_testkit::flow_store_suite!(async { Some(store) });`.
+
+use std::sync::Arc;
+
+use parlance_core::flow::{Actor, DialogueElement, FlowSession, Running};
+use parlance_core::{ProductId, Timestamp};
+use parlance_ports::{ErrorKind, FlowStore, ProgressUpdate};
+use serde_json::json;
+
+/// Runs every case of this suite against the adapter the factory builds.
+#[macro_export]
+macro_rules! flow_store_suite {
+    ($factory:expr) => {
+        $crate::contract_tests! {
+            factory = $factory;
+            suite = $crate::flow;
+            cases = [
+                create_then_load_round_trips,
+                create_twice_conflicts,
+                save_with_a_stale_version_conflicts,
+                dialogue_is_appended_in_order,
+                unknown_sessions_are_not_found,
+                sessions_are_scoped_by_product,
+                progress_accumulates_across_a_chain,
+                concurrent_saves_exactly_one_wins,
+            ]
+        }
+    };
+}
+
+/// The subject of this suite.
+pub type Subject = Arc<dyn FlowStore>;
+
+fn product(p: &str) -> ProductId {
+    ProductId::parse(p).expect("valid product id")
+}
+
+fn at(micros: i64) -> Timestamp {
+    Timestamp::from_micros(1_767_225_600_000_000 + micros).expect("in range")
+}
+
+fn session(id: &str, state: &str) -> FlowSession {
+    FlowSession {
+        session_id: id.to_owned(),
+        flow: "qa".to_owned(),
+        state: state.to_owned(),
+        model: json!({"question": "why?", "answers": 2, "nested": {"a": [1, 2]}})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        actor: Some(Actor::User),
+        actor_input: "line one\nline two".to_owned(),
+        source_type: None,
+        target_type: None,
+        errors: Vec::new(),
+        running: None,
+        last_user_state: "ask".to_owned(),
+    }
+}
+
+fn el(actor: Actor, text: Option<&str>, t: i64) -> DialogueElement {
+    DialogueElement {
+        actor,
+        event: "user_input".to_owned(),
+        actor_text: text.map(str::to_owned),
+        timestamp: at(t),
+    }
+}
+
+/// What is created is what is loaded, version 1.
+pub async fn create_then_load_round_trips(store: Subject) {
+    let p = product("p");
+    let mut s = session("s1", "ask");
+    s.running = Some(Running {
+        invocation_id: "answer-1".into(),
+        chain_id: "answer-1".into(),
+        state: "answer".into(),
+    });
+    let init = [el(Actor::Assistant, Some("hello\n  there"), 1)];
+    assert_eq!(store.create(&p, &s, &init, at(1)).await.expect("create"), 1);
+    let got = store.load(&p, "s1").await.expect("load");
+    assert_eq!(got.session, s);
+    assert_eq!(got.version, 1);
+    assert_eq!(got.dialogue_len, 1);
+    assert_eq!(store.dialogue(&p, "s1").await.expect("dialogue"), init);
+}
+
+/// A second create with the same id is a conflict.
+pub async fn create_twice_conflicts(store: Subject) {
+    let p = product("p");
+    store
+        .create(&p, &session("s1", "ask"), &[], at(1))
+        .await
+        .expect("create");
+    let err = store
+        .create(&p, &session("s1", "ask"), &[], at(2))
+        .await
+        .expect_err("duplicate");
+    assert_eq!(err.kind, ErrorKind::Conflict);
+}
+
+/// Saving against an old version fails and changes nothing.
+pub async fn save_with_a_stale_version_conflicts(store: Subject) {
+    let p = product("p");
+    store
+        .create(&p, &session("s1", "ask"), &[], at(1))
+        .await
+        .expect("create");
+    let v2 = store
+        .save(&p, &session("s1", "answer"), 1, &[], None, at(2))
+        .await
+        .expect("save");
+    assert_eq!(v2, 2);
+    let err = store
+        .save(
+            &p,
+            &session("s1", "followup"),
+            1,
+            &[el(Actor::User, Some("lost"), 3)],
+            None,
+            at(3),
+        )
+        .await
+        .expect_err("stale");
+    assert_eq!(err.kind, ErrorKind::Conflict);
+    let got = store.load(&p, "s1").await.expect("load");
+    assert_eq!((got.session.state.as_str(), got.version), ("answer", 2));
+    assert!(store.dialogue(&p, "s1").await.expect("dialogue").is_empty());
+}
+
+/// Saves append to the dialogue; nothing is rewritten.
+pub async fn dialogue_is_appended_in_order(store: Subject) {
+    let p = product("p");
+    let first = el(Actor::Assistant, Some("hi"), 1);
+    store
+        .create(
+            &p,
+            &session("s1", "ask"),
+            std::slice::from_ref(&first),
+            at(1),
+        )
+        .await
+        .expect("create");
+    let turn = [
+        el(Actor::User, Some("question"), 2),
+        el(Actor::Assistant, None, 3),
+    ];
+    store
+        .save(&p, &session("s1", "ask"), 1, &turn, None, at(2))
+        .await
+        .expect("save");
+    store
+        .save(&p, &session("s1", "ask"), 2, &[], None, at(3))
+        .await
+        .expect("save");
+    let got = store.dialogue(&p, "s1").await.expect("dialogue");
+    assert_eq!(got, [first, turn[0].clone(), turn[1].clone()]);
+    assert_eq!(store.load(&p, "s1").await.expect("load").dialogue_len, 3);
+}
+
+/// Unknown sessions and chains are `NotFound` (or absent progress).
+pub async fn unknown_sessions_are_not_found(store: Subject) {
+    let p = product("p");
+    assert_eq!(
+        store.load(&p, "nope").await.expect_err("missing").kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        store.dialogue(&p, "nope").await.expect_err("missing").kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        store
+            .save(&p, &session("nope", "ask"), 1, &[], None, at(1))
+            .await
+            .expect_err("missing")
+            .kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        store.progress(&p, "nope", "c").await.expect("progress"),
+        None
+    );
+}
+
+/// Another product never sees the session.
+pub async fn sessions_are_scoped_by_product(store: Subject) {
+    store
+        .create(&product("a"), &session("s1", "ask"), &[], at(1))
+        .await
+        .expect("create");
+    assert_eq!(
+        store
+            .load(&product("b"), "s1")
+            .await
+            .expect_err("other product")
+            .kind,
+        ErrorKind::NotFound
+    );
+    store
+        .create(&product("b"), &session("s1", "other"), &[], at(1))
+        .await
+        .expect("same id, other product");
+    assert_eq!(
+        store
+            .load(&product("a"), "s1")
+            .await
+            .expect("load")
+            .session
+            .state,
+        "ask"
+    );
+}
+
+/// A chain's totals grow with each DAG that joins it; done counts tasks.
+pub async fn progress_accumulates_across_a_chain(store: Subject) {
+    let p = product("p");
+    store
+        .create(&p, &session("s1", "ask"), &[], at(1))
+        .await
+        .expect("create");
+    let start = |total, label: &str| ProgressUpdate {
+        chain_id: "c1".into(),
+        add_total: total,
+        add_done: 0,
+        label: Some(label.into()),
+    };
+    store
+        .save(
+            &p,
+            &session("s1", "one"),
+            1,
+            &[],
+            Some(&start(2, "one")),
+            at(2),
+        )
+        .await
+        .expect("save");
+    store.task_done(&p, "s1", "c1", 2, 0).await.expect("done");
+    store
+        .save(
+            &p,
+            &session("s1", "two"),
+            2,
+            &[],
+            Some(&start(4, "two")),
+            at(3),
+        )
+        .await
+        .expect("save");
+    store.task_done(&p, "s1", "c1", 1, 3).await.expect("done");
+    let finish = ProgressUpdate {
+        chain_id: "c1".into(),
+        add_total: 0,
+        add_done: 1,
+        label: None,
+    };
+    store
+        .save(&p, &session("s1", "ask"), 3, &[], Some(&finish), at(4))
+        .await
+        .expect("save");
+    let got = store
+        .progress(&p, "s1", "c1")
+        .await
+        .expect("progress")
+        .expect("exists");
+    assert_eq!((got.total, got.done, got.label.as_str()), (9, 4, "two"));
+    assert_eq!(
+        store
+            .task_done(&p, "s1", "other", 1, 0)
+            .await
+            .expect_err("no chain")
+            .kind,
+        ErrorKind::NotFound
+    );
+}
+
+/// Of many saves against one version, exactly one succeeds.
+pub async fn concurrent_saves_exactly_one_wins(store: Subject) {
+    let p = product("p");
+    store
+        .create(&p, &session("s1", "ask"), &[], at(1))
+        .await
+        .expect("create");
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let store = store.clone();
+        let p = p.clone();
+        handles.push(tokio::spawn(async move {
+            store
+                .save(
+                    &p,
+                    &session("s1", &format!("s{i}")),
+                    1,
+                    &[el(Actor::User, Some("x"), i)],
+                    None,
+                    at(i),
+                )
+                .await
+        }));
+    }
+    let mut wins = 0;
+    for h in handles {
+        match h.await.expect("join") {
+            Ok(_) => wins += 1,
+            Err(e) => assert_eq!(e.kind, ErrorKind::Conflict),
+        }
+    }
+    assert_eq!(wins, 1);
+    assert_eq!(store.dialogue(&p, "s1").await.expect("dialogue").len(), 1);
+}
