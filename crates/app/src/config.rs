@@ -71,6 +71,16 @@ pub struct ServeConfig {
     /// a `templates/` folder. Every flow is validated at start-up.
     #[arg(long, env = "PARLANCE_FLOWS")]
     pub flows: Option<std::path::PathBuf>,
+
+    /// Deliver outbound conversation messages by POSTing them here (signed
+    /// with HMAC-SHA256); without it they go to the in-process loopback
+    /// channel.
+    #[arg(long, env = "PARLANCE_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// Name of the environment variable holding the webhook signing secret.
+    #[arg(long, default_value = "PARLANCE_WEBHOOK_SECRET")]
+    pub webhook_secret_env: String,
 }
 
 impl ServeConfig {
@@ -89,6 +99,8 @@ impl ServeConfig {
             embedding_model: None,
             no_worker: false,
             flows: None,
+            webhook_url: None,
+            webhook_secret_env: "PARLANCE_WEBHOOK_SECRET".to_owned(),
         }
     }
 }
