@@ -9,9 +9,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parlance_app::AppState;
-use parlance_app::flow::{FlowCatalog, InProcessRunner, Invoker, Invokers, RunnerOptions};
+use parlance_app::flow::{FlowCatalog, Invoker, Invokers, QueueRunner, RunnerOptions};
+use parlance_app::worker::{EmbeddedWorker, Worker, WorkerConfig, standard_handlers};
 use parlance_core::flow::{Condition, Flow, FlowBuilder, TemplateRef, TransitionDef};
+use parlance_core::queue::Backoff;
+use parlance_memory::{MemoryFlowStore, MemoryTaskQueue};
+use parlance_ports::{Clock, QueueConfig, SystemClock, TaskQueue, WorkerId};
 use parlance_postgres::testing::test_pool;
+use parlance_postgres::{PgFlowStore, PgTaskQueue};
 use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -106,6 +111,8 @@ struct Fixture {
     gate: Arc<Semaphore>,
     failures: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
+    /// Runs the flows' task graphs off the queue.
+    _worker: EmbeddedWorker,
 }
 
 async fn fixture(pool: Option<parlance_postgres::PgPool>) -> Fixture {
@@ -113,22 +120,56 @@ async fn fixture(pool: Option<parlance_postgres::PgPool>) -> Fixture {
         pool,
         RunnerOptions {
             attempts: 2,
-            backoff: Duration::from_millis(5),
             task_timeout: Duration::from_secs(10),
         },
+        Duration::from_millis(5),
     )
     .await
 }
 
-async fn fixture_with(pool: Option<parlance_postgres::PgPool>, options: RunnerOptions) -> Fixture {
+/// The queue's own clock and back-off: retries are due after `backoff` of
+/// real time (the sessions keep the manual clock).
+fn queue_config(backoff: Duration) -> QueueConfig {
+    QueueConfig {
+        backoff: Backoff {
+            base: backoff,
+            cap: backoff * 8,
+        },
+        ..QueueConfig::default()
+    }
+}
+
+async fn fixture_with(
+    pool: Option<parlance_postgres::PgPool>,
+    options: RunnerOptions,
+    backoff: Duration,
+) -> Fixture {
+    let system: Arc<dyn Clock> = Arc::new(SystemClock);
     let clock = Arc::new(ManualClock::new());
-    let mut state = match pool {
-        Some(pool) => AppState::postgres(pool, keys()),
+    let mut state = match &pool {
+        Some(pool) => AppState::postgres(pool.clone(), keys()),
         None => AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new())),
     };
     state.clock = clock.clone();
     state.ids = Arc::new(SequentialIds::new());
-    state.flow_runner = Arc::new(InProcessRunner::new(options));
+    match pool {
+        Some(pool) => {
+            let queue = Arc::new(PgTaskQueue::new(
+                pool.clone(),
+                system.clone(),
+                queue_config(backoff),
+            ));
+            state.flow_store = Arc::new(PgFlowStore::with_queue(pool, queue.clone()));
+            state.queue = queue;
+        }
+        None => {
+            let queue: Arc<dyn TaskQueue> =
+                Arc::new(MemoryTaskQueue::new(system.clone(), queue_config(backoff)));
+            state.flow_store = Arc::new(MemoryFlowStore::with_queue(queue.clone()));
+            state.queue = queue;
+        }
+    }
+    state.flow_runner = Arc::new(QueueRunner::new(state.queue.clone(), options));
     let gate = Arc::new(Semaphore::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
@@ -145,11 +186,22 @@ async fn fixture_with(pool: Option<parlance_postgres::PgPool>, options: RunnerOp
     }
     state.flow_catalog = Arc::new(catalog);
     state.flow_invokers = extra;
+    let worker = EmbeddedWorker::spawn(Worker::new(
+        WorkerId(uuid::Uuid::from_u128(1)),
+        state.queue.clone(),
+        standard_handlers(&state),
+        system,
+        WorkerConfig {
+            poll_every: Duration::from_millis(5),
+            ..WorkerConfig::default()
+        },
+    ));
     Fixture {
         server: TestServer::start(state, clock).await,
         gate,
         failures,
         calls,
+        _worker: worker,
     }
 }
 
@@ -650,9 +702,9 @@ async fn a_task_over_its_timeout_is_retried_then_fails_the_dag() {
         None,
         RunnerOptions {
             attempts: 2,
-            backoff: Duration::from_millis(1),
             task_timeout: Duration::from_millis(20),
         },
+        Duration::from_millis(1),
     )
     .await;
     let sid = f.start("gated").await["session_id"]
