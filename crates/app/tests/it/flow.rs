@@ -719,3 +719,108 @@ async fn a_task_over_its_timeout_is_retried_then_fails_the_dag() {
     assert_eq!(body["error"], "timed out after 20ms");
     assert_eq!(f.model("gated", &sid).await["state"], "think");
 }
+
+/// A flow's task graph is durable: enqueued on PostgreSQL, its first task
+/// claimed by a worker that then dies with the whole process, it is finished
+/// by a fresh process's worker once the dead worker's lease runs out, and
+/// the session completes (through the invoker->invoker hop) as if nothing
+/// happened.
+#[tokio::test]
+async fn a_flow_dag_survives_a_restart_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let product = parlance_core::ProductId::parse("acme").unwrap();
+    let input = "name: Ada Lovelace; email: ada@example.com; topics: engines, poetry";
+    let session_id = {
+        // The first process: the event enqueues the DAG with the session.
+        let mut state = AppState::postgres(pool.clone(), keys());
+        state.flow_catalog = Arc::new(parlance_app::flow::example_catalog().unwrap());
+        let svc = state.flow_service();
+        let sid = svc
+            .start_session(&product, "extraction")
+            .await
+            .unwrap()
+            .session_id;
+        let asked = svc
+            .event(&product, "extraction", &sid, "user_input", input)
+            .await
+            .unwrap();
+        assert_eq!(asked.next_actions, ["poll"]);
+        // Its worker claims the first task for a moment, then the process
+        // dies: the task is neither completed nor released.
+        let leases = state
+            .queue
+            .claim(
+                &WorkerId(uuid::Uuid::from_u128(7)),
+                parlance_ports::queue::DEFAULT_QUEUE,
+                1,
+                Duration::from_secs(300),
+            )
+            .await
+            .unwrap();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].kind, "flow.invoke");
+        sid
+    };
+    // A fresh process on the same database; it declares a worker dead
+    // after 50 ms of silence (30 s by default) so the test need not wait.
+    let mut state = AppState::postgres(pool.clone(), keys());
+    let queue = Arc::new(PgTaskQueue::new(
+        pool.clone(),
+        Arc::new(SystemClock),
+        QueueConfig {
+            worker_stale_after: Duration::from_millis(50),
+            ..QueueConfig::default()
+        },
+    ));
+    state.flow_store = Arc::new(PgFlowStore::with_queue(pool.clone(), queue.clone()));
+    state.flow_runner = Arc::new(QueueRunner::new(queue.clone(), RunnerOptions::default()));
+    state.queue = queue;
+    state.flow_catalog = Arc::new(parlance_app::flow::example_catalog().unwrap());
+    let svc = state.flow_service();
+    let flow = state.flow_catalog.get("extraction").unwrap();
+    let polled = svc.poll(&product, &flow, &session_id).await.unwrap();
+    assert_eq!(
+        polled.next_actions,
+        ["poll"],
+        "still running after the crash"
+    );
+    let worker = Worker::new(
+        WorkerId(uuid::Uuid::from_u128(8)),
+        state.queue.clone(),
+        standard_handlers(&state),
+        Arc::new(SystemClock),
+        WorkerConfig::default(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut done = None;
+    for _ in 0..200 {
+        state.queue.recover_expired().await.unwrap();
+        worker.step().await.unwrap();
+        let polled = svc.poll(&product, &flow, &session_id).await.unwrap();
+        if polled.next_actions != ["poll"] {
+            done = Some(polled);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let done = done.expect("the session completed after the restart");
+    assert_eq!(done.next_actions, ["accept", "restart"]);
+    assert_eq!(done.error, None);
+    assert_eq!(
+        done.response.as_deref(),
+        Some(
+            "Thanks Ada Lovelace. We will write to ada@example.com about: engines, poetry.\n\
+             Send `accept` to finish or `restart` to start over."
+        )
+    );
+    let model = svc
+        .model(&product, "extraction", &session_id)
+        .await
+        .unwrap();
+    let model: Value = serde_json::from_str(&model.response.unwrap()).unwrap();
+    assert_eq!(model["state"], "confirm");
+    assert_eq!(model["model"]["topics"], json!(["engines", "poetry"]));
+    assert_eq!(model["model"]["complete"], true);
+}
