@@ -111,6 +111,8 @@ struct Fixture {
     gate: Arc<Semaphore>,
     failures: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
+    /// The queue the flows' task graphs run on.
+    queue: Arc<dyn TaskQueue>,
     /// Runs the flows' task graphs off the queue.
     _worker: EmbeddedWorker,
 }
@@ -196,11 +198,13 @@ async fn fixture_with(
             ..WorkerConfig::default()
         },
     ));
+    let queue = state.queue.clone();
     Fixture {
         server: TestServer::start(state, clock).await,
         gate,
         failures,
         calls,
+        queue,
         _worker: worker,
     }
 }
@@ -636,6 +640,41 @@ async fn cancel_stops_the_dag_and_returns_to_the_last_user_state() {
     assert_eq!(model["state"], "ask", "the late result is dropped");
     let (status, _) = f.event("gated", &sid, "cancel", "").await;
     assert_eq!(status, StatusCode::CONFLICT, "nothing to cancel");
+}
+
+#[tokio::test]
+async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll() {
+    let f = fixture(None).await;
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("gated", &sid, "user_input", "q").await;
+    let model = f.model("gated", &sid).await;
+    let dag = model["running"]["dag_id"]
+        .as_i64()
+        .expect("the session names its run");
+    // The run ends behind the session's back (an operator, or a worker
+    // lost on the last attempt): no handler reports it.
+    f.queue
+        .cancel_dag(parlance_ports::DagId(dag))
+        .await
+        .unwrap();
+    let body = f.poll("gated", &sid).await;
+    assert_eq!(body["next_actions"], json!(["retry"]));
+    assert_eq!(body["error"], "the task graph was cancelled");
+    f.gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let model = f.model("gated", &sid).await;
+    assert_eq!(model["state"], "think");
+    assert_eq!(model["running"], Value::Null, "the late result is dropped");
+    let (status, _) = f.event("gated", &sid, "retry", "").await;
+    assert_eq!(status, StatusCode::OK);
+    f.gate.add_permits(1);
+    let done = f
+        .poll_until("gated", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(done["response"], "Answer: thinking about q");
 }
 
 #[test]
