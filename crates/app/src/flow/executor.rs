@@ -137,7 +137,12 @@ impl DagRunner for QueueRunner {
             // A map-over-list counts as done once its elements are: its
             // consumer credits it.
             let maps = task.deps.iter().filter(|d| is_map(**d)).count();
-            let own = usize::from(!matches!(task.kind, TaskKind::Complete { .. }));
+            // The completion is counted in the commit it makes, a map over
+            // a list by its consumer.
+            let own = usize::from(!matches!(
+                task.kind,
+                TaskKind::Complete { .. } | TaskKind::MapOver { .. }
+            ));
             let mut payload = base(task.id, own + maps);
             let mut map = None;
             let kind = match &task.kind {
@@ -236,5 +241,135 @@ pub(crate) fn as_text(v: &Value) -> String {
             parlance_core::flow::dag::map_results(&parts)
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parlance_core::flow::TemplateRef;
+    use parlance_core::flow::dag::compile;
+    use parlance_memory::MemoryTaskQueue;
+    use parlance_ports::{QueueConfig, SystemClock};
+
+    fn name(n: &str) -> TemplateRef {
+        TemplateRef::Name(n.to_owned())
+    }
+
+    fn spec(template: &TemplateRef) -> DagSpec {
+        let plan = compile(
+            template,
+            "template",
+            "s-1".into(),
+            "s-1".into(),
+            "s".into(),
+            "label".into(),
+            json!({"items": [1, 2]}),
+        );
+        let queue = Arc::new(MemoryTaskQueue::new(
+            Arc::new(SystemClock),
+            QueueConfig::default(),
+        ));
+        let product = ProductId::parse("p").unwrap();
+        QueueRunner::new(queue, RunnerOptions::default()).compile(&DagJob {
+            product_id: &product,
+            session_id: "sess",
+            flow: "f",
+            plan: &plan,
+        })
+    }
+
+    fn shape(spec: &DagSpec) -> (Vec<(&str, &str)>, Vec<(&str, &str)>) {
+        (
+            spec.nodes
+                .iter()
+                .map(|n| (n.key.as_str(), n.kind.as_str()))
+                .collect(),
+            spec.edges
+                .iter()
+                .map(|(p, c)| (p.as_str(), c.as_str()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_chain_is_a_sequence_through_glue_nodes() {
+        let s = spec(&TemplateRef::Chain(vec![name("a"), name("b")]));
+        assert_eq!(
+            shape(&s),
+            (
+                vec![
+                    ("0", INVOKE_KIND),
+                    ("1", GLUE_KIND),
+                    ("2", INVOKE_KIND),
+                    ("3", COMPLETE_KIND)
+                ],
+                vec![("0", "1"), ("1", "2"), ("2", "3")]
+            )
+        );
+        assert_eq!(s.nodes[0].payload["template"], "a");
+        assert_eq!(s.nodes[2].payload["has_input"], true);
+        assert_eq!(
+            s.nodes[3].payload["credit"], 0,
+            "the completion counts itself"
+        );
+        assert!(s.nodes.iter().all(|n| n.max_attempts == 3));
+        assert_eq!(
+            s.nodes[0].timeout,
+            Some(Duration::from_secs(120) + LEASE_MARGIN)
+        );
+    }
+
+    #[test]
+    fn a_map_fans_out_to_a_combine_node() {
+        let s = spec(&TemplateRef::Map(vec![
+            ("x".into(), name("x")),
+            ("y".into(), name("y")),
+        ]));
+        assert_eq!(
+            shape(&s),
+            (
+                vec![
+                    ("0", INVOKE_KIND),
+                    ("1", INVOKE_KIND),
+                    ("2", COMBINE_KIND),
+                    ("3", COMPLETE_KIND)
+                ],
+                vec![("0", "2"), ("1", "2"), ("2", "3")]
+            )
+        );
+        assert_eq!(s.nodes[2].payload["keys"], json!(["x", "y"]));
+        s.plan(&parlance_core::queue::DagLimits::default())
+            .expect("a valid queue DAG");
+    }
+
+    #[test]
+    fn a_map_over_a_list_is_a_dynamic_fan_out() {
+        let s = spec(&TemplateRef::MapOver {
+            map: "m".into(),
+            over: "items".into(),
+        });
+        assert_eq!(
+            shape(&s),
+            (
+                vec![("0", MAP_KIND), ("1", COMPLETE_KIND)],
+                vec![("0", "1")]
+            )
+        );
+        let map = s.nodes[0].map.as_ref().expect("a map node");
+        assert_eq!(map.kind, INVOKE_KIND);
+        assert_eq!(map.payload["template"], "m");
+        assert_eq!(map.payload["element"], true);
+        assert_eq!(s.nodes[0].payload["credit"], 0, "done with its elements");
+        assert_eq!(s.nodes[1].payload["credit"], 1, "credits the map");
+    }
+
+    #[test]
+    fn results_hand_on_text_and_map_lists_as_json() {
+        assert_eq!(as_text(&json!("plain")), "plain");
+        assert_eq!(as_text(&json!(["{\"a\":1}", "b"])), "[{\"a\":1},\"b\"]");
+        assert_eq!(plan_task_of("3[1]"), "3");
+        assert_eq!(plan_task_of("3#combine"), "3");
+        assert_eq!(plan_task_of("12"), "12");
     }
 }

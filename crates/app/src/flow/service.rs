@@ -129,7 +129,6 @@ impl FlowService {
 
     /// Saves a transition; one that starts a DAG enqueues it in the same
     /// commit, with its progress.
-    #[allow(clippy::too_many_arguments)]
     async fn commit(
         &self,
         product: &ProductId,

@@ -220,7 +220,7 @@ impl FlowTask {
             .enumerate()
             .map(|(i, item)| dag::task_context(&data, Some(&dag::map_element(i, item))))
             .collect();
-        self.count(lease, p, 0, elements.len() as i64).await;
+        self.count(lease, p, p.credit, elements.len() as i64).await;
         Ok(Value::Array(elements))
     }
 
