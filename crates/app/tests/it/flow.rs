@@ -558,7 +558,27 @@ async fn defect_3_events_while_a_dag_runs_are_409_and_the_completion_event_is_th
 
 #[tokio::test]
 async fn defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later() {
-    let f = fixture(None).await;
+    defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on(
+        fixture(None).await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on_postgres()
+{
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on(
+        fixture(Some(pool)).await,
+    )
+    .await;
+}
+
+async fn defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on(
+    f: Fixture,
+) {
     let sid = f.start("failing").await["session_id"]
         .as_str()
         .unwrap()
@@ -625,7 +645,18 @@ async fn defect_16_polls_write_nothing() {
 
 #[tokio::test]
 async fn cancel_stops_the_dag_and_returns_to_the_last_user_state() {
-    let f = fixture(None).await;
+    cancel_stops_the_dag_and_returns_to_the_last_user_state_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn cancel_stops_the_dag_and_returns_to_the_last_user_state_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    cancel_stops_the_dag_and_returns_to_the_last_user_state_on(fixture(Some(pool)).await).await;
+}
+
+async fn cancel_stops_the_dag_and_returns_to_the_last_user_state_on(f: Fixture) {
     let sid = f.start("gated").await["session_id"]
         .as_str()
         .unwrap()
@@ -644,7 +675,22 @@ async fn cancel_stops_the_dag_and_returns_to_the_last_user_state() {
 
 #[tokio::test]
 async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll() {
-    let f = fixture(None).await;
+    a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on(fixture(None).await)
+        .await;
+}
+
+#[tokio::test]
+async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on(
+        fixture(Some(pool)).await,
+    )
+    .await;
+}
+
+async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on(f: Fixture) {
     let sid = f.start("gated").await["session_id"]
         .as_str()
         .unwrap()
@@ -737,8 +783,22 @@ fn templates_never_follow_links_out_of_the_folder() {
 
 #[tokio::test]
 async fn a_task_over_its_timeout_is_retried_then_fails_the_dag() {
+    a_task_over_its_timeout_is_retried_then_fails_the_dag_on(None).await;
+}
+
+#[tokio::test]
+async fn a_task_over_its_timeout_is_retried_then_fails_the_dag_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    a_task_over_its_timeout_is_retried_then_fails_the_dag_on(Some(pool)).await;
+}
+
+async fn a_task_over_its_timeout_is_retried_then_fails_the_dag_on(
+    pool: Option<parlance_postgres::PgPool>,
+) {
     let f = fixture_with(
-        None,
+        pool,
         RunnerOptions {
             attempts: 2,
             task_timeout: Duration::from_millis(20),
