@@ -279,7 +279,10 @@ mod tests {
         })
     }
 
-    fn shape(spec: &DagSpec) -> (Vec<(&str, &str)>, Vec<(&str, &str)>) {
+    /// `(key, kind)` of each node, or `(parent, child)` of each edge.
+    type Pairs<'a> = Vec<(&'a str, &'a str)>;
+
+    fn shape(spec: &DagSpec) -> (Pairs<'_>, Pairs<'_>) {
         (
             spec.nodes
                 .iter()
