@@ -30,7 +30,7 @@ pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids
 pub use conversation::{Applied, ConversationStore, ListFilter};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
-pub use flow::{ChainProgress, FlowStore, ProgressUpdate, StoredFlowSession};
+pub use flow::{ChainProgress, DagStart, FlowStore, ProgressUpdate, StoredFlowSession};
 pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,
