@@ -379,11 +379,7 @@ impl PgTaskQueue {
         if let Some(dag) = &lease.dag {
             lock_run(&mut tx, dag.dag_id).await?;
         }
-        let node_id = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await;
-        let node_id = match node_id {
-            Ok(n) => n,
-            Err(e) => return Err(e),
-        };
+        let node_id = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await?;
         if let (Some(dag), Some(node_id)) = (&lease.dag, node_id) {
             fail_run(&mut tx, dag.dag_id, node_id, error, now).await?;
         }
