@@ -478,3 +478,39 @@ async fn operators_list_and_retry_dead_letters() {
     let err = run(TasksAction::Retry { id: id.0 }).await.unwrap_err();
     assert!(err.to_string().contains("not found"), "{err}");
 }
+
+#[tokio::test]
+async fn the_embedded_worker_picks_up_work_and_stops() {
+    use parlance_app::AppState;
+    use parlance_app::worker::EmbeddedWorker;
+    let clock = Arc::new(ManualClock::new());
+    let state = AppState::memory_with(
+        crate::support::keys(),
+        clock,
+        Arc::new(parlance_ports::SequentialIds::new()),
+    );
+    let worker = EmbeddedWorker::start(&state);
+    // No machine registers this kind, so the worker dead-letters it.
+    let id = state
+        .queue
+        .enqueue(&[TaskSpec::new(product(), "unregistered", json!({}))])
+        .await
+        .unwrap()[0]
+        .unwrap();
+    let q = state.queue.clone();
+    wait_until(
+        "the worker to take the task",
+        Duration::from_secs(10),
+        || {
+            let q = q.clone();
+            async move {
+                let dead = q.list_discarded("default", 10).await.unwrap();
+                dead.first().is_some_and(|d| d.id == id)
+            }
+        },
+    )
+    .await;
+    tokio::time::timeout(Duration::from_secs(15), worker.stop())
+        .await
+        .expect("the worker stops");
+}
