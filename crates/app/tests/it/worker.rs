@@ -346,7 +346,7 @@ async fn a_killed_worker_process_loses_no_dag_node() {
     assert!(done_at_kill < mixed_total(SLEEPERS), "killed mid-DAG");
 
     let mut second = spawn_worker(&url);
-    wait_until("the DAG to finish", Duration::from_secs(60), || {
+    wait_until("the DAG to finish", Duration::from_secs(180), || {
         let q = &queue;
         async move { q.dag_status(id).await.unwrap().state.is_finished() }
     })
