@@ -229,7 +229,7 @@ async fn shutdown_releases_the_leases_still_held() {
     let run = tokio::spawn(w.run(async move {
         let _ = stopped.wait_for(|s| *s).await;
     }));
-    wait_until("both tasks to start", Duration::from_secs(5), || {
+    wait_until("both tasks to start", Duration::from_secs(30), || {
         let n = slow.started.load(Ordering::SeqCst);
         async move { n == 2 }
     })
@@ -317,7 +317,7 @@ async fn a_killed_worker_process_loses_no_dag_node() {
     // Kill it while sleepers run and some nodes are already done.
     wait_until(
         "nodes to finish and sleepers to run",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || {
             let (q, p) = (&queue, pool.clone());
             async move {
@@ -500,7 +500,7 @@ async fn the_embedded_worker_picks_up_work_and_stops() {
     let q = state.queue.clone();
     wait_until(
         "the worker to take the task",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || {
             let q = q.clone();
             async move {
