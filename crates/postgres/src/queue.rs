@@ -880,8 +880,17 @@ impl TaskQueue for PgTaskQueue {
             order.push((decoded.2, leases.len(), decoded.1));
             leases.push(decoded.0);
         }
-        let mut contexts: std::collections::HashMap<i64, DagTask> =
-            self.dag_tasks(&nodes).await?.into_iter().collect();
+        let mut contexts: HashMap<i64, DagTask> = match self.dag_tasks(&nodes).await {
+            Ok(c) => c.into_iter().collect(),
+            Err(e) => {
+                // Hand the claimed tasks back rather than leave them leased
+                // until their deadline; a failure here is best effort too.
+                for lease in &leases {
+                    let _ = self.release(lease).await;
+                }
+                return Err(e);
+            }
+        };
         for (_, i, node) in &order {
             if let Some(n) = node {
                 leases[*i].dag = contexts.remove(n);
