@@ -91,6 +91,11 @@ async fn run(admin_url: &str, url: &str, secs: u64) -> anyhow::Result<()> {
     reset(&setup).await?;
     dag_throughput(url, "100-way fan-out", 20, fan_out(100), 102).await?;
     setup.close().await;
+    let admin = parlance_postgres::connect(&DatabaseUrl::new(admin_url), &PoolOptions::default())?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
+        .execute(&admin)
+        .await?;
+    admin.close().await;
     Ok(())
 }
 

@@ -610,7 +610,9 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// leases lost), pending nodes never run. A finished run is unchanged.
     async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus>;
 
-    /// The run's progress. `NotFound` for an unknown id.
+    /// The run's progress. `NotFound` for an unknown id. Runs are looked up
+    /// by id alone: a caller serving a tenant checks `product_id` and
+    /// answers not found for another product's run.
     async fn dag_status(&self, id: DagId) -> PortResult<DagStatus>;
 
     /// Every node of the run in node order (declared first, then added by

@@ -466,11 +466,7 @@ impl PgTaskQueue {
         if let Some(dag) = &lease.dag {
             lock_run(&mut tx, dag.dag_id).await?;
         }
-        let node_id = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await;
-        let node_id = match node_id {
-            Ok(n) => n,
-            Err(e) => return Err(e),
-        };
+        let node_id = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await?;
         if let (Some(dag), Some(node_id)) = (&lease.dag, node_id) {
             fail_run(&mut tx, dag.dag_id, node_id, error, now).await?;
         }
@@ -901,8 +897,17 @@ impl TaskQueue for PgTaskQueue {
             order.push((decoded.2, leases.len(), decoded.1));
             leases.push(decoded.0);
         }
-        let mut contexts: std::collections::HashMap<i64, DagTask> =
-            self.dag_tasks(&nodes).await?.into_iter().collect();
+        let mut contexts: HashMap<i64, DagTask> = match self.dag_tasks(&nodes).await {
+            Ok(c) => c.into_iter().collect(),
+            Err(e) => {
+                // Hand the claimed tasks back rather than leave them leased
+                // until their deadline; a failure here is best effort too.
+                for lease in &leases {
+                    let _ = self.release(lease).await;
+                }
+                return Err(e);
+            }
+        };
         for (_, i, node) in &order {
             if let Some(n) = node {
                 leases[*i].dag = contexts.remove(n);

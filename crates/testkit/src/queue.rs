@@ -41,6 +41,7 @@ macro_rules! task_queue_suite {
                 dag_chain_passes_results_in_order,
                 dag_fan_out_fan_in_joins_once_in_edge_order,
                 concurrent_branch_completions_fire_the_join_once,
+                random_dags_run_each_node_once_after_its_parents,
                 dag_dynamic_map_grows_total,
                 dag_empty_map_still_completes,
                 failing_node_fails_dag_and_cancels_queued_siblings,
@@ -719,6 +720,96 @@ pub async fn concurrent_branch_completions_fire_the_join_once(s: Subject) {
     let st = s.queue.dag_status(id).await.expect("status");
     let n = u32::try_from(BRANCHES + 1).expect("small");
     assert_eq!((st.state, st.total, st.done), (DagState::Completed, n, n));
+}
+
+/// A tiny deterministic generator, so the random cases replay exactly.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Random DAGs drained in random batch sizes and completion orders: every
+/// node is claimed once, only after all its parents completed, with their
+/// results in declared edge order; each run ends completed with
+/// `done == total`.
+pub async fn random_dags_run_each_node_once_after_its_parents(s: Subject) {
+    let mut rng = Lcg(0x5eed);
+    for _ in 0..6 {
+        let n = 2 + rng.below(10) as usize;
+        let mut dag = DagSpec::new(product());
+        for i in 0..n {
+            dag = dag.node(NodeSpec::new(format!("n{i}"), "step", json!({"i": i})));
+        }
+        let mut parents: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (j, ps) in parents.iter_mut().enumerate().skip(1) {
+            for i in 0..j {
+                if rng.below(10) < 3 {
+                    dag = dag.edge(format!("n{i}"), format!("n{j}"));
+                    ps.push(i);
+                }
+            }
+        }
+        // Declared edge order per child is by parent index here, since edges
+        // were added child by child in increasing parent order.
+        let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
+        let mut done = vec![false; n];
+        let mut claimed = vec![0u32; n];
+        loop {
+            let max = 1 + rng.below(4) as usize;
+            let mut got = claim(&s, 1 + u128::from(rng.below(3) as u8), max).await;
+            if got.is_empty() {
+                break;
+            }
+            // Finish in a random order, sometimes as one batch.
+            for k in (1..got.len()).rev() {
+                got.swap(k, rng.below(k as u64 + 1) as usize);
+            }
+            let mut batch = Vec::new();
+            for l in &got {
+                let key = node_key(l);
+                let i: usize = key[1..].parse().expect("n<i>");
+                claimed[i] += 1;
+                assert_eq!(claimed[i], 1, "{key} claimed twice");
+                assert!(parents[i].iter().all(|&p| done[p]), "{key} ran early");
+                let want: Vec<(String, Value)> = parents[i]
+                    .iter()
+                    .map(|p| (format!("n{p}"), json!(format!("r{p}"))))
+                    .collect();
+                assert_eq!(inputs(l), want, "{key} inputs");
+                batch.push((l.clone(), json!(format!("r{i}"))));
+            }
+            if rng.below(2) == 0 {
+                let out = s.queue.complete_many(&batch).await.expect("complete many");
+                assert!(out.iter().all(Result::is_ok), "{out:?}");
+            } else {
+                for (l, v) in &batch {
+                    s.queue.complete(l, v.clone()).await.expect("complete");
+                }
+            }
+            for (l, _) in &batch {
+                let i: usize = node_key(l)[1..].parse().expect("n<i>");
+                done[i] = true;
+            }
+        }
+        assert!(done.iter().all(|d| *d), "every node ran: {done:?}");
+        let st = s.queue.dag_status(id).await.expect("status");
+        let total = u32::try_from(n).expect("small");
+        assert_eq!(
+            (st.state, st.total, st.done),
+            (DagState::Completed, total, total)
+        );
+    }
 }
 
 /// A map node's list fans out at run time: one node per element, results

@@ -231,7 +231,7 @@ async fn shutdown_releases_the_leases_still_held() {
     let run = tokio::spawn(w.run(async move {
         let _ = stopped.wait_for(|s| *s).await;
     }));
-    wait_until("both tasks to start", Duration::from_secs(5), || {
+    wait_until("both tasks to start", Duration::from_secs(30), || {
         let n = slow.started.load(Ordering::SeqCst);
         async move { n == 2 }
     })
@@ -298,7 +298,7 @@ async fn a_killed_worker_process_loses_no_dag_node() {
     // Kill it while sleepers run and some nodes are already done.
     wait_until(
         "nodes to finish and sleepers to run",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || {
             let (q, p) = (&queue, pool.clone());
             async move {
@@ -327,7 +327,7 @@ async fn a_killed_worker_process_loses_no_dag_node() {
     assert!(done_at_kill < mixed_total(SLEEPERS), "killed mid-DAG");
 
     let mut second = spawn_worker(&url);
-    wait_until("the DAG to finish", Duration::from_secs(60), || {
+    wait_until("the DAG to finish", Duration::from_secs(180), || {
         let q = &queue;
         async move { q.dag_status(id).await.unwrap().state.is_finished() }
     })
@@ -458,4 +458,40 @@ async fn operators_list_and_retry_dead_letters() {
     assert_eq!(retried.trim(), format!("task {} is available again", id.0));
     let err = run(TasksAction::Retry { id: id.0 }).await.unwrap_err();
     assert!(err.to_string().contains("not found"), "{err}");
+}
+
+#[tokio::test]
+async fn the_embedded_worker_picks_up_work_and_stops() {
+    use parlance_app::AppState;
+    use parlance_app::worker::EmbeddedWorker;
+    let clock = Arc::new(ManualClock::new());
+    let state = AppState::memory_with(
+        crate::support::keys(),
+        clock,
+        Arc::new(parlance_ports::SequentialIds::new()),
+    );
+    let worker = EmbeddedWorker::start(&state);
+    // No machine registers this kind, so the worker dead-letters it.
+    let id = state
+        .queue
+        .enqueue(&[TaskSpec::new(product(), "unregistered", json!({}))])
+        .await
+        .unwrap()[0]
+        .unwrap();
+    let q = state.queue.clone();
+    wait_until(
+        "the worker to take the task",
+        Duration::from_secs(30),
+        || {
+            let q = q.clone();
+            async move {
+                let dead = q.list_discarded("default", 10).await.unwrap();
+                dead.first().is_some_and(|d| d.id == id)
+            }
+        },
+    )
+    .await;
+    tokio::time::timeout(Duration::from_secs(15), worker.stop())
+        .await
+        .expect("the worker stops");
 }
