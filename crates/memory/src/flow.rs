@@ -159,6 +159,11 @@ impl FlowStore for MemoryFlowStore {
         product_id: &ProductId,
         session_id: &str,
     ) -> PortResult<StoredFlowSession> {
+        // A save that enqueues a DAG holds the gate from the enqueue to the
+        // save; waiting for it here means a worker that claims one of the
+        // DAG's tasks at once still sees the session that owns the run, as a
+        // PostgreSQL transaction would show it.
+        let _gate = self.gate.lock().await;
         self.lock()
             .sessions
             .get(&key(product_id, session_id))
