@@ -148,3 +148,13 @@ mod flow {
         Some(Arc::new(MemoryFlowStore::new()) as parlance_testkit::flow::Subject)
     });
 }
+
+mod crisis_log {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryCrisisLog;
+
+    parlance_testkit::crisis_log_suite!(async {
+        Some(Arc::new(MemoryCrisisLog::new()) as parlance_testkit::crisis_log::Subject)
+    });
+}

@@ -104,3 +104,15 @@ mod flow {
             .map(|pool| Arc::new(PgFlowStore::new(pool)) as parlance_testkit::flow::Subject)
     });
 }
+
+mod crisis_log {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgCrisisLog, testing::test_pool};
+
+    parlance_testkit::crisis_log_suite!(async {
+        test_pool()
+            .await
+            .map(|pool| Arc::new(PgCrisisLog::new(pool)) as parlance_testkit::crisis_log::Subject)
+    });
+}
