@@ -71,6 +71,17 @@ pub struct ServeConfig {
     /// a `templates/` folder. Every flow is validated at start-up.
     #[arg(long, env = "PARLANCE_FLOWS")]
     pub flows: Option<std::path::PathBuf>,
+
+    /// The support agent's crisis resource directory (JSON: verified
+    /// hotlines by region). Without one the crisis reply gives only the
+    /// universal advice to contact local emergency services.
+    #[arg(long, env = "PARLANCE_RESOURCE_DIRECTORY")]
+    pub resource_directory: Option<std::path::PathBuf>,
+
+    /// The support agent's knowledge base (JSON: vetted answers). Without
+    /// one, factual questions get no answer rather than a guess.
+    #[arg(long, env = "PARLANCE_KNOWLEDGE_BASE")]
+    pub knowledge_base: Option<std::path::PathBuf>,
 }
 
 impl ServeConfig {
@@ -89,6 +100,8 @@ impl ServeConfig {
             embedding_model: None,
             no_worker: false,
             flows: None,
+            resource_directory: None,
+            knowledge_base: None,
         }
     }
 }

@@ -1,0 +1,1 @@
+//! The support agent's scene of `parlance demo`.

@@ -1,0 +1,1 @@
+//! Scripted-model tests of the support agent.
