@@ -218,3 +218,14 @@ async fn session_id_alone_owns_the_memory() {
         "another product's path is not the key's"
     );
 }
+
+#[tokio::test]
+async fn the_demo_plays_the_support_agent_scene() {
+    let mut out = Vec::new();
+    parlance_app::demo::run(&mut out).await.expect("demo");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(text.contains("== support agent:"), "{text}");
+    assert!(text.contains("agent (reflective): Last time you told me"));
+    assert!(text.contains("Done. I've deleted 2 memories about exams."));
+    assert!(text.contains("crisis level 2 via keyword_fallback; resources: found"));
+}
