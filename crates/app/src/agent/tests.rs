@@ -14,7 +14,9 @@ use parlance_memory::{
     HashingEmbedder, MemoryCheckpointer, MemoryCrisisLog, MemoryMemoryStore, OfflineLlm, Reply,
     When,
 };
-use parlance_ports::{Checkpointer, CrisisLog, LlmError, ManualClock, MemoryStore, SequentialIds};
+use parlance_ports::{
+    Checkpointer, CrisisLog, IdGen, LlmError, ManualClock, MemoryStore, SequentialIds,
+};
 use serde_json::{Value, json};
 
 use super::AgentData;
@@ -25,6 +27,7 @@ struct Harness {
     store: Arc<MemoryMemoryStore>,
     log: Arc<MemoryCrisisLog>,
     checkpointer: Arc<MemoryCheckpointer>,
+    ids: Arc<SequentialIds>,
     product: ProductId,
 }
 
@@ -35,6 +38,7 @@ impl Harness {
             store: Arc::new(MemoryMemoryStore::new()),
             log: Arc::new(MemoryCrisisLog::new()),
             checkpointer: Arc::new(MemoryCheckpointer::new()),
+            ids: Arc::new(SequentialIds::new()),
             product: ProductId::parse("p").unwrap(),
         }
     }
@@ -51,7 +55,7 @@ impl Harness {
             embedder: Some(Arc::new(HashingEmbedder::default())),
             data: Arc::new(AgentData::examples().unwrap()),
             clock: Arc::new(ManualClock::new()),
-            ids: Arc::new(SequentialIds::new()),
+            ids: self.ids.clone(),
             caller_history: Vec::new(),
         }
     }
@@ -82,7 +86,7 @@ impl Harness {
 
     async fn add_fact(&self, object: &str, quote: &str) {
         let r = MemoryRecord {
-            id: MemoryId::from_uuid(uuid::Uuid::now_v7()),
+            id: MemoryId::from_uuid(self.ids.new_uuid()),
             owner: OwnerId::parse("u1").unwrap(),
             entry: MemoryEntry::Semantic(SemanticEntry {
                 category: "work".into(),
