@@ -318,14 +318,16 @@ pub async fn end_session(
         at: state.clock.now(),
     };
     state.memory_store.add(product_id, &record).await?;
+    let mut memory = state
+        .memory_store
+        .session_memory(product_id, &owner, &thread_id)
+        .await?
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    memory.insert("summary".to_owned(), json!(s.summary));
     state
         .memory_store
-        .put_session_memory(
-            product_id,
-            &owner,
-            &thread_id,
-            &json!({"summary": s.summary}),
-        )
+        .put_session_memory(product_id, &owner, &thread_id, &Value::Object(memory))
         .await?;
     Ok(record.into())
 }

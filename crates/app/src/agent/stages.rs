@@ -337,7 +337,15 @@ impl Stage<SupportState, AgentContext> for CrisisResponse {
             Location::Known(r) => Some(r.clone()),
             _ => None,
         };
+        let exercise_active = s.exercise_type.is_some();
         Ok(SupportDelta {
+            // A crisis ends any exercise, and a pending deletion must not be
+            // confirmed by an answer to "are you safe?".
+            pending_action: s.pending_action.is_some().then_some(None),
+            exercise_type: exercise_active.then_some(None),
+            exercise_step: exercise_active.then_some(None),
+            exercise_therapeutic_approach: exercise_active.then_some(None),
+            grounded_status: Some(text("not_attempted")),
             diagnostics: diag(&[
                 ("resource_lookup_status", json!(status)),
                 ("inferred_location", json!(place)),
@@ -404,6 +412,10 @@ impl Stage<SupportState, AgentContext> for TurnDispatch {
             Dispatch::Therapeutic => (Route::Therapeutic, "therapeutic_reply"),
         };
         d.route = Some(Some(route));
+        d.resource_lookup_status = Some(text("not_attempted"));
+        if d.grounded_query.is_none() {
+            d.grounded_status = Some(text("not_attempted"));
+        }
         d.diagnostics = diag(&[("dispatch", json!(name))]);
         Ok(d)
     }
@@ -533,8 +545,10 @@ pub struct SafetyCheck;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for SafetyCheck {
-    async fn run(&self, _s: &SupportState, _c: &AgentContext) -> Result<SupportDelta, StageError> {
+    async fn run(&self, s: &SupportState, _c: &AgentContext) -> Result<SupportDelta, StageError> {
         Ok(SupportDelta {
+            // The answer to a safety question must not confirm a deletion.
+            pending_action: s.pending_action.is_some().then_some(None),
             response_text: Some(crisis::SAFETY_CHECK.to_owned()),
             response_style: Some(text("safety_check")),
             therapeutic_approach: Some(text("pfa")),
@@ -788,6 +802,11 @@ impl Stage<SupportState, AgentContext> for MemoryExtraction {
                 kept.push(f);
             }
         }
+        let concerns: Vec<String> = kept
+            .iter()
+            .filter(|f| f.predicate.to_uppercase().contains("WORRIES"))
+            .map(|f| f.object.clone())
+            .collect();
         for f in kept {
             let entry = MemoryEntry::Semantic(f);
             let embedding = embed(c, &entry.search_text()).await;
@@ -804,6 +823,11 @@ impl Stage<SupportState, AgentContext> for MemoryExtraction {
                 .map_err(store_err)?;
             added += 1;
         }
+        if !concerns.is_empty() {
+            note_concerns(c, &s.session_memory, concerns)
+                .await
+                .map_err(store_err)?;
+        }
         Ok(SupportDelta {
             diagnostics: diag(&[
                 ("memory_extraction", json!("ran")),
@@ -813,6 +837,31 @@ impl Stage<SupportState, AgentContext> for MemoryExtraction {
             ..SupportDelta::default()
         })
     }
+}
+
+/// Adds `concerns` to the thread's session memory in the store (loaded into
+/// `session_memory` on the next turn).
+async fn note_concerns(
+    c: &AgentContext,
+    current: &SessionMemory,
+    concerns: Vec<String>,
+) -> Result<(), PortError> {
+    let mut all = current.active_concerns.clone().unwrap_or_default();
+    for concern in concerns {
+        if !all.iter().any(|a| a.eq_ignore_ascii_case(&concern)) {
+            all.push(concern);
+        }
+    }
+    let mut memory = c
+        .memory_store
+        .session_memory(&c.product_id, &c.owner, &c.thread)
+        .await?
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    memory.insert("active_concerns".to_owned(), json!(all));
+    c.memory_store
+        .put_session_memory(&c.product_id, &c.owner, &c.thread, &Value::Object(memory))
+        .await
 }
 
 /// The embedding of `text`, or `None` without a provider or when it fails

@@ -522,3 +522,60 @@ async fn a_fact_from_session_one_is_retrieved_in_session_two() {
         .unwrap();
     assert_eq!(semantic.len(), 1);
 }
+
+#[tokio::test]
+async fn a_crisis_drops_a_pending_deletion_and_ends_an_exercise() {
+    let h = Harness::new(OfflineLlm::new());
+    h.add_fact("boss", "my boss is terrible").await;
+    h.turn("forget what I said about my boss").await;
+    let out = h.turn("I want to kill myself").await;
+    assert_eq!(out.response_type, "crisis");
+    let out = h.turn("yes").await;
+    assert_ne!(
+        out.response_type, "memory_control",
+        "\"yes\" answered the safety question"
+    );
+    assert_eq!(h.memories("u1").await.len(), 1, "nothing deleted");
+    h.turn("can we do a grounding exercise").await;
+    h.turn("I want to end my life").await;
+    let key = ThreadKey {
+        product_id: h.product.clone(),
+        owner: OwnerId::parse("u1").unwrap(),
+        thread: ThreadId::parse("s1").unwrap(),
+    };
+    let cp = h.checkpointer.load(&key, &LoadWindow::all()).await.unwrap();
+    assert_eq!(cp.objects["exercise_state.exercise_type"], Value::Null);
+}
+
+#[tokio::test]
+async fn a_factual_side_question_keeps_the_exercise_step() {
+    let h = Harness::new(OfflineLlm::new());
+    h.turn("grounding exercise please").await;
+    let out = h.turn("What is box breathing?").await;
+    assert_eq!(out.response_type, "grounded_answer");
+    let out = h.turn("a lamp, a cup, a door, a book, a pen").await;
+    assert!(
+        out.response_text.contains("four things"),
+        "{}",
+        out.response_text
+    );
+}
+
+#[tokio::test]
+async fn worries_become_active_concerns_of_the_session() {
+    let h = Harness::new(OfflineLlm::new().with_rule(
+        When::PromptName("memory_extraction".into()),
+        Reply::json(&json!({"facts": [
+            {"category": "work", "subject": "User", "predicate": "WORRIES_ABOUT",
+             "object": "deadline", "evidence_quote": "the deadline"}
+        ]})),
+    ));
+    h.turn("I keep thinking about the deadline").await;
+    h.turn("It is a lot").await;
+    let prompts = h.prompts("therapeutic_reply");
+    assert!(
+        prompts[1].contains("Active concerns: deadline"),
+        "{}",
+        prompts[1]
+    );
+}

@@ -293,4 +293,11 @@ fn triage_orders_safety_memory_exercise_and_lookup() {
         Dispatch::Therapeutic
     );
     assert_eq!(grounded_query("I feel sad"), None);
+    assert!(
+        matches!(
+            dispatch("What is box breathing?", false, false, true),
+            Dispatch::GroundedLookup(_)
+        ),
+        "a factual side-question during an exercise"
+    );
 }

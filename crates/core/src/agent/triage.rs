@@ -383,8 +383,9 @@ pub enum Dispatch {
 }
 
 /// Triage by rule, in priority order: safety check, a pending confirmation
-/// (an unclear answer drops it and goes on), a memory command, the exercise,
-/// a factual question, else a therapeutic reply.
+/// (an unclear answer drops it and goes on), a memory command, a factual
+/// question (a side-turn that leaves an active exercise where it is), the
+/// exercise, else a therapeutic reply.
 pub fn dispatch(
     message: &str,
     needs_clarification: bool,
@@ -400,11 +401,12 @@ pub fn dispatch(
     if parse_memory_command(message).is_some() {
         return Dispatch::MemoryControl;
     }
-    if exercise_active || exercise::wants_grounding(message) {
-        return Dispatch::Exercise;
-    }
+    // A factual side-question keeps an active exercise where it is.
     if let Some(q) = grounded_query(message) {
         return Dispatch::GroundedLookup(q);
+    }
+    if exercise_active || exercise::wants_grounding(message) {
+        return Dispatch::Exercise;
     }
     Dispatch::Therapeutic
 }
