@@ -579,3 +579,35 @@ async fn worries_become_active_concerns_of_the_session() {
         prompts[1]
     );
 }
+
+#[test]
+fn operator_files_load_from_paths_and_bad_ones_are_refused() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agent");
+    let data = AgentData::load(
+        Some(&root.join("resource-directory.example.json")),
+        Some(&root.join("knowledge-base.example.json")),
+    )
+    .unwrap();
+    assert!(
+        data.directory
+            .note
+            .as_deref()
+            .unwrap()
+            .starts_with("EXAMPLE ONLY")
+    );
+    assert!(!data.knowledge.entries.is_empty());
+    let empty = AgentData::load(None, None).unwrap();
+    assert!(empty.directory.resources.is_empty());
+    let dir = std::env::temp_dir().join(format!("parlance-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"resources": [{"name": "x", "phone": "1", "region": "y", "extra": 1}]}"#,
+    )
+    .unwrap();
+    let err = AgentData::load(Some(&bad), None).unwrap_err();
+    assert!(format!("{err:#}").contains("unknown field"), "{err:#}");
+    assert!(AgentData::load(Some(&dir.join("missing.json")), None).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
