@@ -553,7 +553,9 @@ async fn a_factual_side_question_keeps_the_exercise_step() {
     h.turn("grounding exercise please").await;
     let out = h.turn("What is box breathing?").await;
     assert_eq!(out.response_type, "grounded_answer");
+    assert_eq!(out.response_style_source, "gate");
     let out = h.turn("a lamp, a cup, a door, a book, a pen").await;
+    assert_eq!(out.response_style_source, "exercise");
     assert!(
         out.response_text.contains("four things"),
         "{}",

@@ -233,7 +233,7 @@ pub struct SupportOutput {
     /// (guided_exercise), `safety` (safety_check, crisis_response) or
     /// `utility` (memory_control, grounded_lookup); `none` without a style.
     pub response_style_type: &'static str,
-    /// Who chose the style: `exercise` when an exercise is active, `gate`
+    /// Who chose the style: `exercise` for a guided-exercise step, `gate`
     /// for crisis and utility routes, `model` otherwise; `none` without one.
     pub response_style_source: &'static str,
     /// The approach used.
@@ -279,7 +279,7 @@ impl TurnView for SupportState {
         };
         let response_style_source = match (&self.response_style, self.route) {
             (None, _) => "none",
-            _ if self.exercise_type.is_some() => "exercise",
+            (Some(style), _) if style == "guided_exercise" => "exercise",
             (_, Some(Route::Crisis | Route::MemoryControl | Route::GroundedLookup)) => "gate",
             _ => "model",
         };
