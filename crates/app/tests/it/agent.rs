@@ -229,3 +229,55 @@ async fn the_demo_plays_the_support_agent_scene() {
     assert!(text.contains("Done. I've deleted 2 memories about exams."));
     assert!(text.contains("crisis level 2 via keyword_fallback; resources: found"));
 }
+
+#[tokio::test]
+async fn caller_history_and_working_memory_reach_the_prompt() {
+    let clock = Arc::new(ManualClock::new());
+    let mut state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+    let llm = Arc::new(model());
+    state.llm = llm.clone();
+    let s = TestServer::start(state, clock).await;
+    let (status, v) = call(
+        &s,
+        Method::POST,
+        "/turns",
+        Some(json!({"message": "   ", "user_id": "ana"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let body = json!({
+        "message": "It happened again",
+        "user_id": "ana",
+        "history": [
+            {"role": "user", "content": "My neighbour plays loud music at night"},
+            {"role": "assistant", "content": "That sounds exhausting."}
+        ],
+        "working_memory": [
+            {"type": "episodic", "summary": "talked about poor sleep", "primary_themes": ["sleep"]},
+            "Prefers short answers"
+        ],
+        "installed_skills": ["sleep_hygiene"]
+    });
+    let (status, v) = call(&s, Method::POST, "/turns", Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let prompt: String = llm
+        .received()
+        .iter()
+        .filter(|r| r.prompt_name.as_deref() == Some("therapeutic_reply"))
+        .flat_map(|r| r.messages.iter().map(|m| m.content.clone()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        prompt.contains("Last session (sleep): talked about poor sleep"),
+        "{prompt}"
+    );
+    assert!(prompt.contains("Prefers short answers"));
+    assert!(prompt.contains("My neighbour plays loud music at night"));
+    assert!(prompt.contains("Installed skills: sleep_hygiene"));
+    let (_, thread) = call(&s, Method::GET, "/threads/default?user_id=ana", None).await;
+    assert_eq!(
+        thread["transcript"].as_array().unwrap().len(),
+        2,
+        "the caller's history is context, not stored"
+    );
+}
