@@ -466,7 +466,8 @@ fn therapeutic_schema() -> Value {
 fn therapeutic_prompt(s: &SupportState) -> String {
     let mut p = String::from(
         "You are a warm, careful support companion, not a clinician. Reply briefly and kindly. \
-         Answer only JSON with response_style, therapeutic_approach and reply.",
+         Never name hotlines, phone numbers or websites: verified resources are given \
+         separately. Answer only JSON with response_style, therapeutic_approach and reply.",
     );
     if !s.procedural_rules.is_empty() {
         p.push_str("\nAlways follow these style rules:");
