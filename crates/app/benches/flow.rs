@@ -134,6 +134,8 @@ async fn main() {
     };
     let mut state = AppState::postgres(pool.clone(), ApiKeys::new());
     state.flow_catalog = Arc::new(catalog());
+    // The DAGs run on the durable queue: a worker in this process runs them.
+    let worker = parlance_app::worker::EmbeddedWorker::start(&state);
     let svc = state.flow_service();
     let p = ProductId::parse("bench").expect("product");
 
@@ -169,4 +171,5 @@ async fn main() {
         }
         len = new_len;
     }
+    worker.stop().await;
 }

@@ -11,7 +11,8 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark reports on stdout
 
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,24 +23,8 @@ use parlance_app::session::{SWEEP_BATCH, SessionEvent, apply_event, sweep_once};
 use parlance_core::session::{ConversationEvent, SessionId, SessionState, TourCatalog};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::ManualClock;
-use parlance_postgres::PgPool;
-use sqlx::{Connection as _, Executor as _};
 
-/// xorshift64*: a fixed, dependency-free pseudo-random sequence.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::common::{Rng, drop_database, pgbench};
 
 /// One event of the mix, as the core and the service see it.
 #[derive(Clone)]
@@ -159,27 +144,6 @@ fn bench_core(events: usize) {
     );
 }
 
-/// `DATABASE_URL` with its database replaced by `db`.
-fn url_for(db: &str) -> String {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let base = url.split('?').next().unwrap_or(&url);
-    let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
-    format!("{prefix}/{db}")
-}
-
-async fn drop_database(pool: PgPool) {
-    let name: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&pool)
-        .await
-        .expect("database name");
-    pool.close().await;
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let mut admin = sqlx::PgConnection::connect(&url).await.expect("admin");
-    let _ = admin
-        .execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-        .await;
-}
-
 async fn bench_pg(clients: usize, secs: u64) {
     let Some(pool) = parlance_postgres::testing::test_pool().await else {
         println!("pg: skipped, DATABASE_URL is not set");
@@ -236,52 +200,6 @@ async fn bench_pg(clients: usize, secs: u64) {
         ),
         Err(e) => println!("pgbench: not run: {e}"),
     }
-}
-
-async fn pgbench(clients: usize, secs: u64) -> Result<f64, String> {
-    const DB: &str = "parlance_bench_pgbench";
-    let url = std::env::var("DATABASE_URL").map_err(|e| e.to_string())?;
-    let mut admin = sqlx::PgConnection::connect(&url)
-        .await
-        .map_err(|e| e.to_string())?;
-    admin
-        .execute(format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)").as_str())
-        .await
-        .map_err(|e| e.to_string())?;
-    admin
-        .execute(format!("CREATE DATABASE {DB}").as_str())
-        .await
-        .map_err(|e| e.to_string())?;
-    let target = url_for(DB);
-    let init = Command::new("pgbench")
-        .args(["-i", "-q", "-s", "10", &target])
-        .output()
-        .map_err(|e| format!("cannot run pgbench: {e}"))?;
-    if !init.status.success() {
-        return Err(String::from_utf8_lossy(&init.stderr).into_owned());
-    }
-    let run = Command::new("pgbench")
-        .args([
-            "-N",
-            "-c",
-            &clients.to_string(),
-            "-j",
-            "2",
-            "-T",
-            &secs.to_string(),
-            &target,
-        ])
-        .output()
-        .map_err(|e| format!("cannot run pgbench: {e}"))?;
-    let out = String::from_utf8_lossy(&run.stdout).into_owned();
-    let _ = admin
-        .execute(format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)").as_str())
-        .await;
-    out.lines()
-        .find(|l| l.starts_with("tps = "))
-        .and_then(|l| l["tps = ".len()..].split_whitespace().next())
-        .and_then(|x| x.parse().ok())
-        .ok_or_else(|| format!("no tps in pgbench output: {out}"))
 }
 
 /// Stores `total` sessions of which `due` are past their deadline, then

@@ -82,6 +82,16 @@ pub struct ServeConfig {
     /// one, factual questions get no answer rather than a guess.
     #[arg(long, env = "PARLANCE_KNOWLEDGE_BASE")]
     pub knowledge_base: Option<std::path::PathBuf>,
+
+    /// Deliver outbound conversation messages by POSTing them here (signed
+    /// with HMAC-SHA256); without it they go to the in-process loopback
+    /// channel.
+    #[arg(long, env = "PARLANCE_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// Name of the environment variable holding the webhook signing secret.
+    #[arg(long, default_value = "PARLANCE_WEBHOOK_SECRET")]
+    pub webhook_secret_env: String,
 }
 
 impl ServeConfig {
@@ -102,6 +112,8 @@ impl ServeConfig {
             flows: None,
             resource_directory: None,
             knowledge_base: None,
+            webhook_url: None,
+            webhook_secret_env: "PARLANCE_WEBHOOK_SECRET".to_owned(),
         }
     }
 }

@@ -531,6 +531,23 @@ impl<W: Write> Demo<W> {
 /// Both example flows, on the offline model: a question answered, then an
 /// extraction routed on its parsed result.
 async fn flow_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
+    // A worker runs the flows' task graphs off the durable queue.
+    let worker = crate::worker::EmbeddedWorker::spawn(crate::worker::Worker::new(
+        parlance_ports::WorkerId(uuid::Uuid::from_u128(1)),
+        Arc::clone(&demo.state().queue),
+        crate::worker::standard_handlers(demo.state()),
+        Arc::clone(&demo.state().clock),
+        crate::worker::WorkerConfig {
+            poll_every: std::time::Duration::from_millis(10),
+            ..crate::worker::WorkerConfig::default()
+        },
+    ));
+    let played = flow_steps(demo).await;
+    worker.stop().await;
+    played
+}
+
+async fn flow_steps<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
     use serde_json::json;
     demo.scene("flows: a question, the offline model's answer, a follow-up")?;
     let (s, start) = demo

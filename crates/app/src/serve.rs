@@ -54,6 +54,19 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<(AppState, ApiK
         config.resource_directory.as_deref(),
         config.knowledge_base.as_deref(),
     )?);
+    if let Some(url) = &config.webhook_url {
+        let secret = std::env::var(&config.webhook_secret_env).with_context(|| {
+            format!(
+                "--webhook-url needs a signing secret in ${}",
+                config.webhook_secret_env
+            )
+        })?;
+        state.channel = Arc::new(crate::conversation::webhook::WebhookChannel::new(
+            url.clone(),
+            secret,
+            std::time::Duration::from_secs(10),
+        )?);
+    }
     Ok((state, key))
 }
 

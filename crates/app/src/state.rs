@@ -23,7 +23,7 @@ use parlance_postgres::{
 use crate::agent::AgentData;
 use crate::auth::ApiKeys;
 use crate::flow::{
-    DagRunner, FlowCatalog, FlowDeps, FlowService, InProcessRunner, Invoker, RunnerOptions,
+    DagRunner, FlowCatalog, FlowDeps, FlowService, Invoker, QueueRunner, RunnerOptions,
 };
 use crate::session::{CATALOG_TTL, CachedTourCatalogs};
 
@@ -103,7 +103,8 @@ pub struct AppState {
     pub flow_store: Arc<dyn FlowStore>,
     /// The flows loaded at start-up (`--flows`).
     pub flow_catalog: Arc<FlowCatalog>,
-    /// Runs flow task DAGs (in process until the task queue takes over).
+    /// Compiles flow task DAGs for the task queue (`queue`), and cancels
+    /// them.
     pub flow_runner: Arc<dyn DagRunner>,
     /// Invokers registered from Rust, beside `template`, `llm`, `llm_json`.
     pub flow_invokers: BTreeMap<String, Arc<dyn Invoker>>,
@@ -118,6 +119,8 @@ impl AppState {
     /// State on the in-memory adapters with the given clock and ids.
     pub fn memory_with(keys: ApiKeys, clock: Arc<dyn Clock>, ids: Arc<dyn IdGen>) -> Self {
         let audit = Arc::new(MemoryAuditLog::new());
+        let queue: Arc<dyn TaskQueue> =
+            Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default()));
         Self {
             backend: Backend::Memory,
             conversations: Arc::new(MemoryConversationStore::new(audit.clone())),
@@ -126,7 +129,9 @@ impl AppState {
             tours: Arc::new(MemoryTourCatalogs::new()),
             audit,
             adoption: Arc::new(MemoryAdoptionStore::new()),
-            queue: Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default())),
+            flow_store: Arc::new(MemoryFlowStore::with_queue(queue.clone())),
+            flow_runner: Arc::new(QueueRunner::new(queue.clone(), RunnerOptions::default())),
+            queue,
             checkpointer: Arc::new(MemoryCheckpointer::new()),
             memory_store: Arc::new(MemoryMemoryStore::new()),
             crisis_log: Arc::new(MemoryCrisisLog::new()),
@@ -137,25 +142,26 @@ impl AppState {
             body_limit: 1024 * 1024,
             llm: Arc::new(OfflineLlm::new()),
             embedder: Arc::new(HashingEmbedder::default()),
-            flow_store: Arc::new(MemoryFlowStore::new()),
             flow_catalog: Arc::new(FlowCatalog::new()),
-            flow_runner: Arc::new(InProcessRunner::new(RunnerOptions::default())),
             flow_invokers: BTreeMap::new(),
         }
     }
 
     /// State on PostgreSQL (the pool must be migrated) with the system clock.
     pub fn postgres(pool: PgPool, keys: ApiKeys) -> Self {
+        let queue = Arc::new(PgTaskQueue::new(
+            pool.clone(),
+            Arc::new(SystemClock),
+            QueueConfig::default(),
+        ));
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
             conversations: Arc::new(PgConversationStore::new(pool.clone())),
             channel: Arc::new(LoopbackChannel::new()),
             adoption: Arc::new(PgAdoptionStore::new(pool.clone())),
-            queue: Arc::new(PgTaskQueue::new(
-                pool.clone(),
-                Arc::new(SystemClock),
-                QueueConfig::default(),
-            )),
+            flow_store: Arc::new(PgFlowStore::with_queue(pool.clone(), queue.clone())),
+            flow_runner: Arc::new(QueueRunner::new(queue.clone(), RunnerOptions::default())),
+            queue,
             checkpointer: Arc::new(PgCheckpointer::new(pool.clone())),
             memory_store: Arc::new(PgMemoryStore::new(pool.clone())),
             crisis_log: Arc::new(PgCrisisLog::new(pool.clone())),
@@ -165,7 +171,6 @@ impl AppState {
                 Arc::new(PgTourCatalogs::new(pool.clone())),
                 CATALOG_TTL,
             )),
-            flow_store: Arc::new(PgFlowStore::new(pool.clone())),
             backend: Backend::Postgres(pool),
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),
@@ -174,7 +179,6 @@ impl AppState {
             llm: Arc::new(OfflineLlm::new()),
             embedder: Arc::new(HashingEmbedder::default()),
             flow_catalog: Arc::new(FlowCatalog::new()),
-            flow_runner: Arc::new(InProcessRunner::new(RunnerOptions::default())),
             flow_invokers: BTreeMap::new(),
         }
     }

@@ -1,13 +1,14 @@
 //! Flow sessions in maps.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use parlance_core::flow::{DialogueElement, FlowSession};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    ChainProgress, FlowStore, PortError, PortResult, ProgressUpdate, StoredFlowSession,
+    ChainProgress, DagId, DagStart, FlowStore, PortError, PortResult, ProgressUpdate,
+    StoredFlowSession, TaskQueue,
 };
 
 type Key = (ProductId, String);
@@ -20,15 +21,102 @@ struct Inner {
 }
 
 /// Flow sessions held in memory.
-#[derive(Debug, Default)]
+///
+/// Saves are serialised by an async gate, so a save that enqueues a DAG can
+/// check the version, enqueue and apply without another save slipping in
+/// between: the run exists if and only if the save succeeded, as in one
+/// database transaction.
+#[derive(Default)]
 pub struct MemoryFlowStore {
     inner: Mutex<Inner>,
+    gate: tokio::sync::Mutex<()>,
+    queue: Option<Arc<dyn TaskQueue>>,
+}
+
+impl std::fmt::Debug for MemoryFlowStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryFlowStore")
+            .field("inner", &self.inner)
+            .field("has_queue", &self.queue.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemoryFlowStore {
-    /// An empty store.
+    /// An empty store without a task queue (`save_and_enqueue` is
+    /// `Unavailable`).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that enqueues DAGs on `queue`.
+    pub fn with_queue(queue: Arc<dyn TaskQueue>) -> Self {
+        Self {
+            queue: Some(queue),
+            ..Self::default()
+        }
+    }
+
+    /// Checks that `expected_version` is still current.
+    fn check(&self, product_id: &ProductId, session_id: &str, expected: i64) -> PortResult<()> {
+        let inner = self.lock();
+        let stored = inner
+            .sessions
+            .get(&key(product_id, session_id))
+            .ok_or_else(|| PortError::not_found("no such flow session"))?;
+        if stored.version != expected {
+            return Err(PortError::conflict("flow session version moved"));
+        }
+        Ok(())
+    }
+
+    fn apply(
+        &self,
+        product_id: &ProductId,
+        session: &FlowSession,
+        expected_version: i64,
+        append: &[DialogueElement],
+        progress: Option<&ProgressUpdate>,
+    ) -> PortResult<i64> {
+        let mut inner = self.lock();
+        let k = key(product_id, &session.session_id);
+        let stored = inner
+            .sessions
+            .get_mut(&k)
+            .ok_or_else(|| PortError::not_found("no such flow session"))?;
+        if stored.version != expected_version {
+            return Err(PortError::conflict("flow session version moved"));
+        }
+        stored.version += 1;
+        stored.session = session.clone();
+        stored.dialogue_len += append.len() as i64;
+        let version = stored.version;
+        inner
+            .dialogue
+            .entry(k)
+            .or_default()
+            .extend_from_slice(append);
+        if let Some(p) = progress {
+            let entry = inner
+                .progress
+                .entry((
+                    product_id.clone(),
+                    session.session_id.clone(),
+                    p.chain_id.clone(),
+                ))
+                .or_insert_with(|| ChainProgress {
+                    chain_id: p.chain_id.clone(),
+                    total: 0,
+                    done: 0,
+                    label: String::new(),
+                });
+            entry.total += p.add_total;
+            entry.done += p.add_done;
+            if let Some(label) = &p.label {
+                entry.label = label.clone();
+            }
+        }
+        Ok(version)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -87,45 +175,44 @@ impl FlowStore for MemoryFlowStore {
         progress: Option<&ProgressUpdate>,
         _now: Timestamp,
     ) -> PortResult<i64> {
-        let mut inner = self.lock();
-        let k = key(product_id, &session.session_id);
-        let stored = inner
-            .sessions
-            .get_mut(&k)
-            .ok_or_else(|| PortError::not_found("no such flow session"))?;
-        if stored.version != expected_version {
-            return Err(PortError::conflict("flow session version moved"));
+        let _gate = self.gate.lock().await;
+        self.apply(product_id, session, expected_version, append, progress)
+    }
+
+    async fn save_and_enqueue(
+        &self,
+        product_id: &ProductId,
+        session: &FlowSession,
+        expected_version: i64,
+        append: &[DialogueElement],
+        start: &DagStart,
+        _now: Timestamp,
+    ) -> PortResult<(i64, DagId)> {
+        let Some(queue) = &self.queue else {
+            return Err(PortError::unavailable("this flow store has no task queue"));
+        };
+        let _gate = self.gate.lock().await;
+        self.check(product_id, &session.session_id, expected_version)?;
+        let dag = queue.enqueue_dag(&start.dag).await?;
+        let mut session = session.clone();
+        if let Some(r) = &mut session.running {
+            r.dag_id = Some(dag.0);
         }
-        stored.version += 1;
-        stored.session = session.clone();
-        stored.dialogue_len += append.len() as i64;
-        let version = stored.version;
-        inner
-            .dialogue
-            .entry(k)
-            .or_default()
-            .extend_from_slice(append);
-        if let Some(p) = progress {
-            let entry = inner
-                .progress
-                .entry((
-                    product_id.clone(),
-                    session.session_id.clone(),
-                    p.chain_id.clone(),
-                ))
-                .or_insert_with(|| ChainProgress {
-                    chain_id: p.chain_id.clone(),
-                    total: 0,
-                    done: 0,
-                    label: String::new(),
-                });
-            entry.total += p.add_total;
-            entry.done += p.add_done;
-            if let Some(label) = &p.label {
-                entry.label = label.clone();
+        match self.apply(
+            product_id,
+            &session,
+            expected_version,
+            append,
+            Some(&start.progress),
+        ) {
+            Ok(version) => Ok((version, dag)),
+            Err(e) => {
+                // Unreachable while the gate is held; never leave a run
+                // behind a save that did not happen.
+                let _ = queue.cancel_dag(dag).await;
+                Err(e)
             }
         }
-        Ok(version)
     }
 
     async fn dialogue(

@@ -7,6 +7,7 @@ use parlance_core::{ProductId, Timestamp};
 use serde::Serialize;
 
 use crate::PortResult;
+use crate::queue::{DagId, DagSpec};
 
 /// A session as stored, with its version for compare-and-swap.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +47,16 @@ pub struct ProgressUpdate {
     pub label: Option<String>,
 }
 
+/// A DAG that starts with a transition: enqueued in the transition's commit,
+/// with the progress it adds to its chain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DagStart {
+    /// The chain progress the DAG adds (its counted tasks).
+    pub progress: ProgressUpdate,
+    /// The task-queue DAG that runs it.
+    pub dag: DagSpec,
+}
+
 /// Storage of flow sessions.
 #[async_trait]
 pub trait FlowStore: Send + Sync + 'static {
@@ -76,6 +87,23 @@ pub trait FlowStore: Send + Sync + 'static {
         progress: Option<&ProgressUpdate>,
         now: Timestamp,
     ) -> PortResult<i64>;
+
+    /// As [`FlowStore::save`] with `start.progress`, and enqueues
+    /// `start.dag` on the store's task queue in the same commit: the run
+    /// exists if and only if the save succeeded, so no poll ever sees a
+    /// session waiting for a DAG that was never enqueued. The stored
+    /// session's `running.dag_id` is the new run's id. Returns the new
+    /// version and the run; `Conflict` when the version moved (nothing is
+    /// enqueued), `Unavailable` when the store has no task queue.
+    async fn save_and_enqueue(
+        &self,
+        product_id: &ProductId,
+        session: &FlowSession,
+        expected_version: i64,
+        append: &[DialogueElement],
+        start: &DagStart,
+        now: Timestamp,
+    ) -> PortResult<(i64, DagId)>;
 
     /// The whole dialogue, oldest first.
     async fn dialogue(

@@ -1,13 +1,17 @@
 //! Flow sessions in `flow_sessions`, `flow_dialogue` and `flow_progress`.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use parlance_core::flow::{Actor, DialogueElement, FlowSession};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    ChainProgress, FlowStore, PortError, PortResult, ProgressUpdate, StoredFlowSession,
+    ChainProgress, DagId, DagStart, FlowStore, PortError, PortResult, ProgressUpdate,
+    StoredFlowSession,
 };
 use sqlx::{PgPool, Postgres, QueryBuilder, Row as _};
 
+use crate::PgTaskQueue;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
@@ -15,12 +19,23 @@ use crate::time::{from_pg, to_pg};
 #[derive(Debug, Clone)]
 pub struct PgFlowStore {
     pool: PgPool,
+    queue: Option<Arc<PgTaskQueue>>,
 }
 
 impl PgFlowStore {
-    /// A store on `pool` (migrated).
+    /// A store on `pool` (migrated), without a task queue
+    /// (`save_and_enqueue` is `Unavailable`).
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self { pool, queue: None }
+    }
+
+    /// A store on `pool` that enqueues DAGs on `queue` in its own
+    /// transactions (the queue must use the same database).
+    pub fn with_queue(pool: PgPool, queue: Arc<PgTaskQueue>) -> Self {
+        Self {
+            pool,
+            queue: Some(queue),
+        }
     }
 }
 
@@ -65,6 +80,83 @@ async fn insert_dialogue(
             .push_bind(to_pg(e.timestamp));
     });
     q.build().execute(&mut **tx).await.map(|_| ())
+}
+
+/// The compare-and-swap save inside `tx`.
+async fn save_in(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    product_id: &ProductId,
+    session: &FlowSession,
+    expected_version: i64,
+    append: &[DialogueElement],
+    progress: Option<&ProgressUpdate>,
+    now: Timestamp,
+) -> PortResult<i64> {
+    let data = encode(session)?;
+    let row = sqlx::query(
+        "UPDATE flow_sessions SET data = $3, state = $4, version = version + 1, \
+             dialogue_len = dialogue_len + $5, updated_at = $6 \
+             WHERE product_id = $1 AND session_id = $2 AND version = $7 \
+             RETURNING version, dialogue_len",
+    )
+    .bind(product_id.as_str())
+    .bind(&session.session_id)
+    .bind(&data)
+    .bind(&session.state)
+    .bind(append.len() as i64)
+    .bind(to_pg(now))
+    .bind(expected_version)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(pg_err("save flow session"))?;
+    let Some(row) = row else {
+        let exists =
+            sqlx::query("SELECT 1 FROM flow_sessions WHERE product_id = $1 AND session_id = $2")
+                .bind(product_id.as_str())
+                .bind(&session.session_id)
+                .fetch_optional(&mut **tx)
+                .await
+                .map_err(pg_err("save flow session"))?;
+        return Err(match exists {
+            Some(_) => PortError::conflict("flow session version moved"),
+            None => PortError::not_found("no such flow session"),
+        });
+    };
+    let version: i64 = row
+        .try_get("version")
+        .map_err(pg_err("save flow session"))?;
+    let len: i64 = row
+        .try_get("dialogue_len")
+        .map_err(pg_err("save flow session"))?;
+    insert_dialogue(
+        tx,
+        product_id,
+        &session.session_id,
+        len - append.len() as i64 + 1,
+        append,
+    )
+    .await
+    .map_err(pg_err("append flow dialogue"))?;
+    if let Some(p) = progress {
+        sqlx::query(
+            "INSERT INTO flow_progress (product_id, session_id, chain_id, label, total, done) \
+                 VALUES ($1, $2, $3, COALESCE($4, ''), $5, $6) \
+                 ON CONFLICT (product_id, session_id, chain_id) \
+                 DO UPDATE SET total = flow_progress.total + EXCLUDED.total, \
+                 done = flow_progress.done + EXCLUDED.done, \
+                 label = COALESCE($4, flow_progress.label)",
+        )
+        .bind(product_id.as_str())
+        .bind(&session.session_id)
+        .bind(&p.chain_id)
+        .bind(p.label.as_deref())
+        .bind(p.add_total)
+        .bind(p.add_done)
+        .execute(&mut **tx)
+        .await
+        .map_err(pg_err("start flow progress"))?;
+    }
+    Ok(version)
 }
 
 #[async_trait]
@@ -133,74 +225,52 @@ impl FlowStore for PgFlowStore {
         progress: Option<&ProgressUpdate>,
         now: Timestamp,
     ) -> PortResult<i64> {
-        let data = encode(session)?;
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let row = sqlx::query(
-            "UPDATE flow_sessions SET data = $3, state = $4, version = version + 1, \
-             dialogue_len = dialogue_len + $5, updated_at = $6 \
-             WHERE product_id = $1 AND session_id = $2 AND version = $7 \
-             RETURNING version, dialogue_len",
-        )
-        .bind(product_id.as_str())
-        .bind(&session.session_id)
-        .bind(&data)
-        .bind(&session.state)
-        .bind(append.len() as i64)
-        .bind(to_pg(now))
-        .bind(expected_version)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(pg_err("save flow session"))?;
-        let Some(row) = row else {
-            let exists = sqlx::query(
-                "SELECT 1 FROM flow_sessions WHERE product_id = $1 AND session_id = $2",
-            )
-            .bind(product_id.as_str())
-            .bind(&session.session_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(pg_err("save flow session"))?;
-            return Err(match exists {
-                Some(_) => PortError::conflict("flow session version moved"),
-                None => PortError::not_found("no such flow session"),
-            });
-        };
-        let version: i64 = row
-            .try_get("version")
-            .map_err(pg_err("save flow session"))?;
-        let len: i64 = row
-            .try_get("dialogue_len")
-            .map_err(pg_err("save flow session"))?;
-        insert_dialogue(
+        let version = save_in(
             &mut tx,
             product_id,
-            &session.session_id,
-            len - append.len() as i64 + 1,
+            session,
+            expected_version,
             append,
+            progress,
+            now,
         )
-        .await
-        .map_err(pg_err("append flow dialogue"))?;
-        if let Some(p) = progress {
-            sqlx::query(
-                "INSERT INTO flow_progress (product_id, session_id, chain_id, label, total, done) \
-                 VALUES ($1, $2, $3, COALESCE($4, ''), $5, $6) \
-                 ON CONFLICT (product_id, session_id, chain_id) \
-                 DO UPDATE SET total = flow_progress.total + EXCLUDED.total, \
-                 done = flow_progress.done + EXCLUDED.done, \
-                 label = COALESCE($4, flow_progress.label)",
-            )
-            .bind(product_id.as_str())
-            .bind(&session.session_id)
-            .bind(&p.chain_id)
-            .bind(p.label.as_deref())
-            .bind(p.add_total)
-            .bind(p.add_done)
-            .execute(&mut *tx)
-            .await
-            .map_err(pg_err("start flow progress"))?;
-        }
+        .await?;
         tx.commit().await.map_err(pg_err("commit"))?;
         Ok(version)
+    }
+
+    async fn save_and_enqueue(
+        &self,
+        product_id: &ProductId,
+        session: &FlowSession,
+        expected_version: i64,
+        append: &[DialogueElement],
+        start: &DagStart,
+        now: Timestamp,
+    ) -> PortResult<(i64, DagId)> {
+        let Some(queue) = &self.queue else {
+            return Err(PortError::unavailable("this flow store has no task queue"));
+        };
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        let dag = queue.enqueue_dag_in(&mut tx, &start.dag).await?;
+        let mut session = session.clone();
+        if let Some(r) = &mut session.running {
+            r.dag_id = Some(dag.0);
+        }
+        // A lost compare-and-swap rolls the run back with the save.
+        let version = save_in(
+            &mut tx,
+            product_id,
+            &session,
+            expected_version,
+            append,
+            Some(&start.progress),
+            now,
+        )
+        .await?;
+        tx.commit().await.map_err(pg_err("commit"))?;
+        Ok((version, dag))
     }
 
     async fn dialogue(

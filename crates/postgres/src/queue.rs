@@ -240,6 +240,93 @@ impl PgTaskQueue {
         Ok(ids)
     }
 
+    /// Validates and enqueues a DAG inside the caller's transaction (see
+    /// [`TaskQueue::enqueue_dag`]): the run exists only if the caller
+    /// commits, and workers are woken by `pg_notify` at commit.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` for a bad spec; database errors classified.
+    pub async fn enqueue_dag_in(
+        &self,
+        conn: &mut PgConnection,
+        spec: &DagSpec,
+    ) -> PortResult<DagId> {
+        let plan = spec.plan(&self.config.dag_limits)?;
+        let now = self.clock.now();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO dag_runs (product_id, queue, total_nodes, created_at) \
+             VALUES ($1, $2, $3, $4) RETURNING id",
+        )
+        .bind(spec.product_id.as_str())
+        .bind(&spec.queue)
+        .bind(i32::try_from(spec.nodes.len()).unwrap_or(i32::MAX))
+        .bind(to_pg(now))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(pg_err("insert dag run"))?;
+        let n = &spec.nodes;
+        let map_specs: Vec<Option<Value>> = n
+            .iter()
+            .map(|x| {
+                x.map
+                    .as_ref()
+                    .map(|m| json!({"kind": m.kind, "payload": m.payload, "label": m.label}))
+            })
+            .collect();
+        let mut node_ids: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO dag_nodes (dag_run_id, key, kind, label, payload, map_spec, priority, \
+             max_attempts, timeout_ms, remaining_deps) \
+             SELECT $1, k, kd, l, p, m, pr, ma, tm, rd FROM UNNEST($2::text[], $3::text[], \
+             $4::text[], $5::jsonb[], $6::jsonb[], $7::int2[], $8::int4[], $9::int8[], \
+             $10::int4[]) WITH ORDINALITY AS t(k, kd, l, p, m, pr, ma, tm, rd, ord) \
+             ORDER BY ord RETURNING id",
+        )
+        .bind(id)
+        .bind(n.iter().map(|x| x.key.as_str()).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.kind.as_str()).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.label.as_deref()).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.payload.clone()).collect::<Vec<_>>())
+        .bind(map_specs)
+        .bind(n.iter().map(|x| x.priority).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| to_i32(x.max_attempts)).collect::<Vec<_>>())
+        .bind(n.iter().map(|x| x.timeout.map(millis)).collect::<Vec<_>>())
+        .bind(
+            plan.remaining_deps
+                .iter()
+                .map(|&d| to_i32(d))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(pg_err("insert dag nodes"))?;
+        node_ids.sort_unstable();
+        if !plan.edges.is_empty() {
+            sqlx::query(
+                "INSERT INTO dag_edges (dag_run_id, parent_id, child_id, position) \
+                 SELECT $1, p, c, pos FROM UNNEST($2::int8[], $3::int8[], $4::int4[]) \
+                 AS t(p, c, pos)",
+            )
+            .bind(id)
+            .bind(plan.edges.iter().map(|e| node_ids[e.0]).collect::<Vec<_>>())
+            .bind(plan.edges.iter().map(|e| node_ids[e.1]).collect::<Vec<_>>())
+            .bind(
+                plan.edges
+                    .iter()
+                    .map(|e| i32::try_from(e.2).unwrap_or(i32::MAX))
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut *conn)
+            .await
+            .map_err(pg_err("insert dag edges"))?;
+        }
+        let roots: Vec<i64> = plan.roots.iter().map(|&r| node_ids[r]).collect();
+        enqueue_nodes(&mut *conn, &roots, now).await?;
+        notify(&mut *conn).await?;
+        self.shared.notify.notify_waiters();
+        Ok(DagId(id))
+    }
+
     fn ensure_listener(&self) {
         self.shared.listener.get_or_init(|| {
             let pool = self.pool.clone();
@@ -738,81 +825,11 @@ impl TaskQueue for PgTaskQueue {
 
     #[tracing::instrument(level = "debug", skip_all, fields(product_id = %spec.product_id, nodes = spec.nodes.len()))]
     async fn enqueue_dag(&self, spec: &DagSpec) -> PortResult<DagId> {
-        let plan = spec.plan(&self.config.dag_limits)?;
-        let now = self.clock.now();
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO dag_runs (product_id, queue, total_nodes, created_at) \
-             VALUES ($1, $2, $3, $4) RETURNING id",
-        )
-        .bind(spec.product_id.as_str())
-        .bind(&spec.queue)
-        .bind(i32::try_from(spec.nodes.len()).unwrap_or(i32::MAX))
-        .bind(to_pg(now))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(pg_err("insert dag run"))?;
-        let n = &spec.nodes;
-        let map_specs: Vec<Option<Value>> = n
-            .iter()
-            .map(|x| {
-                x.map
-                    .as_ref()
-                    .map(|m| json!({"kind": m.kind, "payload": m.payload, "label": m.label}))
-            })
-            .collect();
-        let mut node_ids: Vec<i64> = sqlx::query_scalar(
-            "INSERT INTO dag_nodes (dag_run_id, key, kind, label, payload, map_spec, priority, \
-             max_attempts, timeout_ms, remaining_deps) \
-             SELECT $1, k, kd, l, p, m, pr, ma, tm, rd FROM UNNEST($2::text[], $3::text[], \
-             $4::text[], $5::jsonb[], $6::jsonb[], $7::int2[], $8::int4[], $9::int8[], \
-             $10::int4[]) WITH ORDINALITY AS t(k, kd, l, p, m, pr, ma, tm, rd, ord) \
-             ORDER BY ord RETURNING id",
-        )
-        .bind(id)
-        .bind(n.iter().map(|x| x.key.as_str()).collect::<Vec<_>>())
-        .bind(n.iter().map(|x| x.kind.as_str()).collect::<Vec<_>>())
-        .bind(n.iter().map(|x| x.label.as_deref()).collect::<Vec<_>>())
-        .bind(n.iter().map(|x| x.payload.clone()).collect::<Vec<_>>())
-        .bind(map_specs)
-        .bind(n.iter().map(|x| x.priority).collect::<Vec<_>>())
-        .bind(n.iter().map(|x| to_i32(x.max_attempts)).collect::<Vec<_>>())
-        .bind(n.iter().map(|x| x.timeout.map(millis)).collect::<Vec<_>>())
-        .bind(
-            plan.remaining_deps
-                .iter()
-                .map(|&d| to_i32(d))
-                .collect::<Vec<_>>(),
-        )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(pg_err("insert dag nodes"))?;
-        node_ids.sort_unstable();
-        if !plan.edges.is_empty() {
-            sqlx::query(
-                "INSERT INTO dag_edges (dag_run_id, parent_id, child_id, position) \
-                 SELECT $1, p, c, pos FROM UNNEST($2::int8[], $3::int8[], $4::int4[]) \
-                 AS t(p, c, pos)",
-            )
-            .bind(id)
-            .bind(plan.edges.iter().map(|e| node_ids[e.0]).collect::<Vec<_>>())
-            .bind(plan.edges.iter().map(|e| node_ids[e.1]).collect::<Vec<_>>())
-            .bind(
-                plan.edges
-                    .iter()
-                    .map(|e| i32::try_from(e.2).unwrap_or(i32::MAX))
-                    .collect::<Vec<_>>(),
-            )
-            .execute(&mut *tx)
-            .await
-            .map_err(pg_err("insert dag edges"))?;
-        }
-        let roots: Vec<i64> = plan.roots.iter().map(|&r| node_ids[r]).collect();
-        enqueue_nodes(&mut tx, &roots, now).await?;
-        notify(&mut tx).await?;
+        let id = self.enqueue_dag_in(&mut tx, spec).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
         self.shared.notify.notify_waiters();
-        Ok(DagId(id))
+        Ok(id)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(worker = %worker, queue = %queue, max = max))]

@@ -31,6 +31,21 @@ macro_rules! flow_store_suite {
     };
 }
 
+/// Runs the cases of a store that enqueues DAGs on a task queue.
+#[macro_export]
+macro_rules! flow_store_enqueue_suite {
+    ($factory:expr) => {
+        $crate::contract_tests! {
+            factory = $factory;
+            suite = $crate::flow::enqueue;
+            cases = [
+                a_save_that_starts_a_dag_enqueues_it_with_the_session,
+                a_stale_save_enqueues_nothing,
+            ]
+        }
+    };
+}
+
 /// The subject of this suite.
 pub type Subject = Arc<dyn FlowStore>;
 
@@ -78,6 +93,7 @@ pub async fn create_then_load_round_trips(store: Subject) {
         invocation_id: "answer-1".into(),
         chain_id: "answer-1".into(),
         state: "answer".into(),
+        dag_id: Some(7),
     });
     let init = [el(Actor::Assistant, Some("hello\n  there"), 1)];
     assert_eq!(store.create(&p, &s, &init, at(1)).await.expect("create"), 1);
@@ -311,4 +327,130 @@ pub async fn concurrent_saves_exactly_one_wins(store: Subject) {
     }
     assert_eq!(wins, 1);
     assert_eq!(store.dialogue(&p, "s1").await.expect("dialogue").len(), 1);
+}
+
+/// Cases of [`FlowStore::save_and_enqueue`]: the subject is the store and
+/// the task queue it enqueues on.
+pub mod enqueue {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use parlance_core::flow::Running;
+    use parlance_ports::{
+        DagSpec, DagStart, DagState, ErrorKind, FlowStore, NodeSpec, ProgressUpdate, TaskQueue,
+        WorkerId,
+    };
+    use serde_json::json;
+
+    use super::{at, el, product, session};
+    use parlance_core::flow::Actor;
+
+    /// The subject of these cases.
+    pub type Subject = (Arc<dyn FlowStore>, Arc<dyn TaskQueue>);
+
+    const QUEUE: &str = "flow-contract";
+
+    fn start(p: &parlance_core::ProductId) -> DagStart {
+        let mut dag = DagSpec::new(p.clone())
+            .node(NodeSpec::new("0", "test.flow", json!({"n": 0})))
+            .node(NodeSpec::new("1", "test.flow", json!({"n": 1})))
+            .edge("0", "1");
+        dag.queue = QUEUE.to_owned();
+        DagStart {
+            progress: ProgressUpdate {
+                chain_id: "think-1".into(),
+                add_total: 2,
+                add_done: 0,
+                label: Some("think".into()),
+            },
+            dag,
+        }
+    }
+
+    fn running() -> parlance_core::flow::FlowSession {
+        let mut s = session("s1", "think");
+        s.running = Some(Running {
+            invocation_id: "think-1".into(),
+            chain_id: "think-1".into(),
+            state: "think".into(),
+            dag_id: None,
+        });
+        s
+    }
+
+    /// The run, the session naming it, the dialogue and the progress are
+    /// written together.
+    pub async fn a_save_that_starts_a_dag_enqueues_it_with_the_session(subject: Subject) {
+        let (store, queue) = subject;
+        let p = product("p");
+        store
+            .create(&p, &session("s1", "ask"), &[], at(1))
+            .await
+            .expect("create");
+        let (version, dag) = store
+            .save_and_enqueue(
+                &p,
+                &running(),
+                1,
+                &[el(Actor::User, Some("q"), 2)],
+                &start(&p),
+                at(2),
+            )
+            .await
+            .expect("save and enqueue");
+        assert_eq!(version, 2);
+        let got = store.load(&p, "s1").await.expect("load");
+        assert_eq!(got.session.running.and_then(|r| r.dag_id), Some(dag.0));
+        assert_eq!(got.dialogue_len, 1);
+        let progress = store
+            .progress(&p, "s1", "think-1")
+            .await
+            .expect("progress")
+            .expect("chain exists");
+        assert_eq!((progress.done, progress.total), (0, 2));
+        let status = queue.dag_status(dag).await.expect("status");
+        assert_eq!((status.state, status.total), (DagState::Running, 2));
+        let leases = queue
+            .claim(
+                &WorkerId(uuid::Uuid::nil()),
+                QUEUE,
+                10,
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("claim");
+        assert_eq!(leases.len(), 1, "the root node is runnable");
+        assert_eq!(leases[0].payload, json!({"n": 0}));
+    }
+
+    /// A lost compare-and-swap leaves no run behind.
+    pub async fn a_stale_save_enqueues_nothing(subject: Subject) {
+        let (store, queue) = subject;
+        let p = product("p");
+        store
+            .create(&p, &session("s1", "ask"), &[], at(1))
+            .await
+            .expect("create");
+        let err = store
+            .save_and_enqueue(&p, &running(), 5, &[], &start(&p), at(2))
+            .await
+            .expect_err("stale");
+        assert_eq!(err.kind, ErrorKind::Conflict);
+        let leases = queue
+            .claim(
+                &WorkerId(uuid::Uuid::nil()),
+                QUEUE,
+                10,
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("claim");
+        assert!(leases.is_empty(), "nothing was enqueued");
+        let got = store.load(&p, "s1").await.expect("load");
+        assert_eq!((got.version, got.session.running), (1, None));
+        assert_eq!(
+            store.progress(&p, "s1", "think-1").await.expect("progress"),
+            None
+        );
+    }
 }

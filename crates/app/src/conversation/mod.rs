@@ -7,5 +7,6 @@ pub mod demo;
 pub mod routes;
 pub mod service;
 pub mod sweeper;
+pub mod webhook;
 
 pub use routes::routes;

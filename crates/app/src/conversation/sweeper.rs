@@ -3,11 +3,15 @@
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
+
 use super::service;
 use crate::state::AppState;
 
 /// Instances claimed per sweep.
 const BATCH: usize = 100;
+/// Firings in flight at once.
+const CONCURRENCY: usize = 16;
 /// How long a claimed instance is hidden from other sweepers.
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -25,15 +29,23 @@ pub async fn sweep_once(state: &AppState) -> parlance_ports::PortResult<usize> {
         let now = state.clock.now();
         let due = state.conversations.claim_due(now, BATCH, LEASE).await?;
         let claimed = due.len();
-        for instance in due {
-            let applied = service::apply(
-                state,
-                &instance.product_id,
-                instance.instance_id,
-                |i, now| i.fire_heartbeat(now),
-            )
-            .await?;
-            fired += usize::from(applied.is_ok());
+        // Each firing is its own transaction: run several at once so the
+        // batch costs a few commit latencies, not one per instance.
+        let results: Vec<_> = futures::stream::iter(due)
+            .map(|instance| async move {
+                service::apply(
+                    state,
+                    &instance.product_id,
+                    instance.instance_id,
+                    |i, now| i.fire_heartbeat(now),
+                )
+                .await
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for applied in results {
+            fired += usize::from(applied?.is_ok());
         }
         if claimed < BATCH {
             return Ok(fired);

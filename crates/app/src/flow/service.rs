@@ -2,20 +2,19 @@
 //! loaded and saved with compare-and-swap.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use parlance_core::ProductId;
 use parlance_core::flow::{Actor, DialogueElement, Fired, Flow, FlowError, FlowSession, TaskError};
 use parlance_ports::{
-    AuditEntry, AuditLog, Clock, ErrorKind, FlowStore, IdGen, LlmClient, PortError, ProgressUpdate,
-    StoredFlowSession,
+    AuditEntry, AuditLog, Clock, DagStart, ErrorKind, FlowStore, IdGen, LlmClient, PortError,
+    ProgressUpdate, StoredFlowSession,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::catalog::FlowCatalog;
-use super::executor::{DagJob, DagRunner, DagSink};
+use super::executor::{DagJob, DagRunner};
 use super::invoker::{Invoker, Invokers};
 
 /// How many times a lost compare-and-swap is retried.
@@ -75,8 +74,6 @@ pub struct FlowService {
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdGen>,
     invokers: Invokers,
-    /// Itself, handed to runners as the sink of the DAGs it starts.
-    me: Weak<FlowService>,
 }
 
 /// Everything the service is built from.
@@ -104,7 +101,7 @@ impl FlowService {
     pub fn new(deps: FlowDeps) -> Arc<Self> {
         let mut invokers = Invokers::standard(deps.llm);
         invokers.extend(&deps.extra_invokers);
-        Arc::new_cyclic(|me| Self {
+        Arc::new(Self {
             catalog: deps.catalog,
             store: deps.store,
             runner: deps.runner,
@@ -112,13 +109,68 @@ impl FlowService {
             clock: deps.clock,
             ids: deps.ids,
             invokers,
-            me: me.clone(),
         })
     }
 
     /// The loaded flows.
     pub fn catalog(&self) -> &FlowCatalog {
         &self.catalog
+    }
+
+    /// Session storage.
+    pub fn store(&self) -> &Arc<dyn FlowStore> {
+        &self.store
+    }
+
+    /// The invokers by name.
+    pub fn invokers(&self) -> &Invokers {
+        &self.invokers
+    }
+
+    /// Saves a transition; one that starts a DAG enqueues it in the same
+    /// commit, with its progress.
+    async fn commit(
+        &self,
+        product: &ProductId,
+        flow: &Flow,
+        fired: &Fired,
+        expected_version: i64,
+        progress: Option<ProgressUpdate>,
+        now: parlance_core::Timestamp,
+    ) -> Result<(), PortError> {
+        match (&fired.dag, progress) {
+            (Some(plan), Some(progress)) => {
+                let dag = self.runner.compile(&DagJob {
+                    product_id: product,
+                    session_id: &fired.session.session_id,
+                    flow: flow.name(),
+                    plan,
+                });
+                self.store
+                    .save_and_enqueue(
+                        product,
+                        &fired.session,
+                        expected_version,
+                        &fired.appended,
+                        &DagStart { progress, dag },
+                        now,
+                    )
+                    .await
+                    .map(|_| ())
+            }
+            (_, progress) => self
+                .store
+                .save(
+                    product,
+                    &fired.session,
+                    expected_version,
+                    &fired.appended,
+                    progress.as_ref(),
+                    now,
+                )
+                .await
+                .map(|_| ()),
+        }
     }
 
     fn flow(&self, name: &str) -> Result<Arc<Flow>, FlowServiceError> {
@@ -243,25 +295,17 @@ impl FlowService {
                 label: Some(plan.label.clone()),
             });
             match self
-                .store
-                .save(
-                    product,
-                    &fired.session,
-                    stored.version,
-                    &fired.appended,
-                    progress.as_ref(),
-                    now,
-                )
+                .commit(product, &flow, &fired, stored.version, progress, now)
                 .await
             {
-                Ok(_) => {}
+                Ok(()) => {}
                 Err(e) if e.kind == ErrorKind::Conflict => continue,
                 Err(e) => return Err(e.into()),
             }
             if event == "cancel"
                 && let Some(r) = &stored.session.running
             {
-                self.runner.cancel(&r.invocation_id);
+                self.runner.cancel(r).await;
             }
             self.audit(product, &fired.session, Some(from), event).await;
             let mut response = AiResponse {
@@ -272,13 +316,12 @@ impl FlowService {
                 response: fired.response.clone(),
                 progress: None,
             };
-            if let Some(plan) = fired.dag {
+            if let Some(plan) = &fired.dag {
                 response.progress = Some(AiProgress {
                     total_number_of_subtasks: plan.counted_tasks() as i64,
                     number_of_subtasks_executed: 0,
                     label: plan.label.clone(),
                 });
-                self.enqueue(product, &flow, session_id, plan);
             }
             if event == "cancel" {
                 response.response = last_assistant(&dialogue);
@@ -286,25 +329,6 @@ impl FlowService {
             return Ok(response);
         }
         Err(PortError::conflict("the session changed too often; retry").into())
-    }
-
-    fn enqueue(
-        &self,
-        product: &ProductId,
-        flow: &Arc<Flow>,
-        session_id: &str,
-        plan: parlance_core::flow::DagPlan,
-    ) {
-        let Some(me) = self.me.upgrade() else { return };
-        self.runner.start(DagJob {
-            product_id: product.clone(),
-            session_id: session_id.to_owned(),
-            plan,
-            flow: flow.clone(),
-            invokers: self.invokers.clone(),
-            store: self.store.clone(),
-            sink: me,
-        });
     }
 
     /// `poll`: progress while a DAG runs; else the latest response, the
@@ -315,7 +339,15 @@ impl FlowService {
         flow: &Flow,
         session_id: &str,
     ) -> Result<AiResponse, FlowServiceError> {
-        let (stored, dialogue) = self.load(product, flow, session_id).await?;
+        let (mut stored, mut dialogue) = self.load(product, flow, session_id).await?;
+        // A run that ended without reaching the session (its worker lost
+        // on the last attempt) is failed now, so no session waits forever.
+        if let Some(r) = &stored.session.running
+            && let Some(err) = self.runner.failure(r).await
+        {
+            self.apply_outcome(product, session_id, Err(err)).await?;
+            (stored, dialogue) = self.load(product, flow, session_id).await?;
+        }
         let s = &stored.session;
         let mut out = AiResponse {
             session_id: session_id.to_owned(),
@@ -387,8 +419,8 @@ impl FlowService {
     }
 
     /// Applies a finished DAG under compare-and-swap; the next DAG of an
-    /// invoker->invoker hop is planned in the same commit (its progress
-    /// joins the chain) and started after it.
+    /// invoker->invoker hop is planned and enqueued in the same commit (its
+    /// progress joins the chain), so progress never has a gap.
     pub async fn apply_outcome(
         &self,
         product: &ProductId,
@@ -438,18 +470,10 @@ impl FlowService {
                 (None, false) => None,
             };
             match self
-                .store
-                .save(
-                    product,
-                    &fired.session,
-                    stored.version,
-                    &fired.appended,
-                    progress.as_ref(),
-                    now,
-                )
+                .commit(product, &flow, &fired, stored.version, progress, now)
                 .await
             {
-                Ok(_) => {}
+                Ok(()) => {}
                 Err(e) if e.kind == ErrorKind::Conflict => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -459,9 +483,6 @@ impl FlowService {
                 "dag_failed"
             };
             self.audit(product, &fired.session, Some(from), cause).await;
-            if let Some(plan) = fired.dag {
-                self.enqueue(product, &flow, session_id, plan);
-            }
             return Ok(());
         }
         Err(PortError::conflict("the session changed too often").into())
@@ -474,18 +495,4 @@ fn last_assistant(dialogue: &[DialogueElement]) -> Option<String> {
         .rev()
         .find(|e| e.actor == Actor::Assistant)
         .and_then(|e| e.actor_text.clone())
-}
-
-#[async_trait]
-impl DagSink for FlowService {
-    async fn finished(
-        &self,
-        product_id: ProductId,
-        session_id: String,
-        outcome: Result<(String, String), TaskError>,
-    ) {
-        if let Err(e) = self.apply_outcome(&product_id, &session_id, outcome).await {
-            tracing::error!(error = %e, session = %session_id, "dag outcome not applied");
-        }
-    }
 }

@@ -55,6 +55,11 @@ pub struct WorkerArgs {
     /// tests; `test.record` writes to a file its payload names).
     #[arg(long)]
     pub test_handlers: bool,
+
+    /// Directory of flows, as given to `parlance serve --flows`: the flow
+    /// task graphs this worker runs render their templates.
+    #[arg(long, env = "PARLANCE_FLOWS")]
+    pub flows: Option<std::path::PathBuf>,
 }
 
 impl WorkerArgs {
@@ -92,6 +97,13 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let queue = Arc::new(PgTaskQueue::new(pool.clone(), clock.clone(), config));
     let mut state = crate::state::AppState::postgres(pool, crate::auth::ApiKeys::new());
     state.queue = queue.clone();
+    if let Some(dir) = &args.flows {
+        let known = |name: &str| crate::flow::Invokers::is_builtin(name);
+        state.flow_catalog = Arc::new(
+            crate::flow::FlowCatalog::load_dir(dir, &known)
+                .with_context(|| format!("load flows from {}", dir.display()))?,
+        );
+    }
     let mut handlers = super::standard_handlers(&state);
     if args.test_handlers {
         register_test_handlers(&mut handlers);

@@ -103,6 +103,7 @@ impl Handlers {
 pub fn standard_handlers(state: &AppState) -> Handlers {
     let mut handlers = Handlers::new();
     crate::conversation::agent::register(&mut handlers, state);
+    crate::flow::tasks::register(&mut handlers, state);
     handlers
 }
 
@@ -116,13 +117,17 @@ pub struct EmbeddedWorker {
 impl EmbeddedWorker {
     /// Starts a worker with the standard handlers and default tuning.
     pub fn start(state: &AppState) -> Self {
-        let worker = Worker::new(
+        Self::spawn(Worker::new(
             parlance_ports::WorkerId(state.ids.new_uuid()),
             Arc::clone(&state.queue),
             standard_handlers(state),
             Arc::clone(&state.clock),
             WorkerConfig::default(),
-        );
+        ))
+    }
+
+    /// Runs `worker` in the background until [`EmbeddedWorker::stop`].
+    pub fn spawn(worker: Worker) -> Self {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let handle = tokio::spawn(async move {
             let shutdown = async move {

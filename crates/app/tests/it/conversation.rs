@@ -282,6 +282,15 @@ async fn one_contact_one_active_conversation_and_operator_commands() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    snapshot!("conversation_list", &list);
+    let (status, view) = f.send(Method::GET, &format!("{BASE}/{first}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    snapshot!("conversation_view", &view);
+    let (status, audit) = f
+        .send(Method::GET, &format!("{BASE}/{first}/audit"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    snapshot!("conversation_audit", &audit);
 }
 
 #[tokio::test]

@@ -9,9 +9,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parlance_app::AppState;
-use parlance_app::flow::{FlowCatalog, InProcessRunner, Invoker, Invokers, RunnerOptions};
+use parlance_app::flow::{FlowCatalog, Invoker, Invokers, QueueRunner, RunnerOptions};
+use parlance_app::worker::{EmbeddedWorker, Worker, WorkerConfig, standard_handlers};
 use parlance_core::flow::{Condition, Flow, FlowBuilder, TemplateRef, TransitionDef};
+use parlance_core::queue::Backoff;
+use parlance_memory::{MemoryFlowStore, MemoryTaskQueue};
+use parlance_ports::{Clock, QueueConfig, SystemClock, TaskQueue, WorkerId};
 use parlance_postgres::testing::test_pool;
+use parlance_postgres::{PgFlowStore, PgTaskQueue};
 use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -106,6 +111,10 @@ struct Fixture {
     gate: Arc<Semaphore>,
     failures: Arc<AtomicUsize>,
     calls: Arc<AtomicUsize>,
+    /// The queue the flows' task graphs run on.
+    queue: Arc<dyn TaskQueue>,
+    /// Runs the flows' task graphs off the queue.
+    _worker: EmbeddedWorker,
 }
 
 async fn fixture(pool: Option<parlance_postgres::PgPool>) -> Fixture {
@@ -113,22 +122,56 @@ async fn fixture(pool: Option<parlance_postgres::PgPool>) -> Fixture {
         pool,
         RunnerOptions {
             attempts: 2,
-            backoff: Duration::from_millis(5),
             task_timeout: Duration::from_secs(10),
         },
+        Duration::from_millis(5),
     )
     .await
 }
 
-async fn fixture_with(pool: Option<parlance_postgres::PgPool>, options: RunnerOptions) -> Fixture {
+/// The queue's own clock and back-off: retries are due after `backoff` of
+/// real time (the sessions keep the manual clock).
+fn queue_config(backoff: Duration) -> QueueConfig {
+    QueueConfig {
+        backoff: Backoff {
+            base: backoff,
+            cap: backoff * 8,
+        },
+        ..QueueConfig::default()
+    }
+}
+
+async fn fixture_with(
+    pool: Option<parlance_postgres::PgPool>,
+    options: RunnerOptions,
+    backoff: Duration,
+) -> Fixture {
+    let system: Arc<dyn Clock> = Arc::new(SystemClock);
     let clock = Arc::new(ManualClock::new());
-    let mut state = match pool {
-        Some(pool) => AppState::postgres(pool, keys()),
+    let mut state = match &pool {
+        Some(pool) => AppState::postgres(pool.clone(), keys()),
         None => AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new())),
     };
     state.clock = clock.clone();
     state.ids = Arc::new(SequentialIds::new());
-    state.flow_runner = Arc::new(InProcessRunner::new(options));
+    match pool {
+        Some(pool) => {
+            let queue = Arc::new(PgTaskQueue::new(
+                pool.clone(),
+                system.clone(),
+                queue_config(backoff),
+            ));
+            state.flow_store = Arc::new(PgFlowStore::with_queue(pool, queue.clone()));
+            state.queue = queue;
+        }
+        None => {
+            let queue: Arc<dyn TaskQueue> =
+                Arc::new(MemoryTaskQueue::new(system.clone(), queue_config(backoff)));
+            state.flow_store = Arc::new(MemoryFlowStore::with_queue(queue.clone()));
+            state.queue = queue;
+        }
+    }
+    state.flow_runner = Arc::new(QueueRunner::new(state.queue.clone(), options));
     let gate = Arc::new(Semaphore::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
@@ -145,11 +188,24 @@ async fn fixture_with(pool: Option<parlance_postgres::PgPool>, options: RunnerOp
     }
     state.flow_catalog = Arc::new(catalog);
     state.flow_invokers = extra;
+    let worker = EmbeddedWorker::spawn(Worker::new(
+        WorkerId(uuid::Uuid::from_u128(1)),
+        state.queue.clone(),
+        standard_handlers(&state),
+        system,
+        WorkerConfig {
+            poll_every: Duration::from_millis(5),
+            ..WorkerConfig::default()
+        },
+    ));
+    let queue = state.queue.clone();
     Fixture {
         server: TestServer::start(state, clock).await,
         gate,
         failures,
         calls,
+        queue,
+        _worker: worker,
     }
 }
 
@@ -502,7 +558,27 @@ async fn defect_3_events_while_a_dag_runs_are_409_and_the_completion_event_is_th
 
 #[tokio::test]
 async fn defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later() {
-    let f = fixture(None).await;
+    defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on(
+        fixture(None).await,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on_postgres()
+{
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on(
+        fixture(Some(pool)).await,
+    )
+    .await;
+}
+
+async fn defect_4_and_5_a_failed_task_is_reported_by_poll_with_retry_and_cleared_later_on(
+    f: Fixture,
+) {
     let sid = f.start("failing").await["session_id"]
         .as_str()
         .unwrap()
@@ -569,7 +645,18 @@ async fn defect_16_polls_write_nothing() {
 
 #[tokio::test]
 async fn cancel_stops_the_dag_and_returns_to_the_last_user_state() {
-    let f = fixture(None).await;
+    cancel_stops_the_dag_and_returns_to_the_last_user_state_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn cancel_stops_the_dag_and_returns_to_the_last_user_state_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    cancel_stops_the_dag_and_returns_to_the_last_user_state_on(fixture(Some(pool)).await).await;
+}
+
+async fn cancel_stops_the_dag_and_returns_to_the_last_user_state_on(f: Fixture) {
     let sid = f.start("gated").await["session_id"]
         .as_str()
         .unwrap()
@@ -584,6 +671,56 @@ async fn cancel_stops_the_dag_and_returns_to_the_last_user_state() {
     assert_eq!(model["state"], "ask", "the late result is dropped");
     let (status, _) = f.event("gated", &sid, "cancel", "").await;
     assert_eq!(status, StatusCode::CONFLICT, "nothing to cancel");
+}
+
+#[tokio::test]
+async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll() {
+    a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on(fixture(None).await)
+        .await;
+}
+
+#[tokio::test]
+async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on(
+        fixture(Some(pool)).await,
+    )
+    .await;
+}
+
+async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll_on(f: Fixture) {
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.event("gated", &sid, "user_input", "q").await;
+    let model = f.model("gated", &sid).await;
+    let dag = model["running"]["dag_id"]
+        .as_i64()
+        .expect("the session names its run");
+    // The run ends behind the session's back (an operator, or a worker
+    // lost on the last attempt): no handler reports it.
+    f.queue
+        .cancel_dag(parlance_ports::DagId(dag))
+        .await
+        .unwrap();
+    let body = f.poll("gated", &sid).await;
+    assert_eq!(body["next_actions"], json!(["retry"]));
+    assert_eq!(body["error"], "the task graph was cancelled");
+    f.gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let model = f.model("gated", &sid).await;
+    assert_eq!(model["state"], "think");
+    assert_eq!(model["running"], Value::Null, "the late result is dropped");
+    let (status, _) = f.event("gated", &sid, "retry", "").await;
+    assert_eq!(status, StatusCode::OK);
+    f.gate.add_permits(1);
+    let done = f
+        .poll_until("gated", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(done["response"], "Answer: thinking about q");
 }
 
 #[test]
@@ -646,13 +783,27 @@ fn templates_never_follow_links_out_of_the_folder() {
 
 #[tokio::test]
 async fn a_task_over_its_timeout_is_retried_then_fails_the_dag() {
+    a_task_over_its_timeout_is_retried_then_fails_the_dag_on(None).await;
+}
+
+#[tokio::test]
+async fn a_task_over_its_timeout_is_retried_then_fails_the_dag_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    a_task_over_its_timeout_is_retried_then_fails_the_dag_on(Some(pool)).await;
+}
+
+async fn a_task_over_its_timeout_is_retried_then_fails_the_dag_on(
+    pool: Option<parlance_postgres::PgPool>,
+) {
     let f = fixture_with(
-        None,
+        pool,
         RunnerOptions {
             attempts: 2,
-            backoff: Duration::from_millis(1),
             task_timeout: Duration::from_millis(20),
         },
+        Duration::from_millis(1),
     )
     .await;
     let sid = f.start("gated").await["session_id"]
@@ -666,4 +817,109 @@ async fn a_task_over_its_timeout_is_retried_then_fails_the_dag() {
     assert_eq!(body["next_actions"], json!(["retry"]));
     assert_eq!(body["error"], "timed out after 20ms");
     assert_eq!(f.model("gated", &sid).await["state"], "think");
+}
+
+/// A flow's task graph is durable: enqueued on PostgreSQL, its first task
+/// claimed by a worker that then dies with the whole process, it is finished
+/// by a fresh process's worker once the dead worker's lease runs out, and
+/// the session completes (through the invoker->invoker hop) as if nothing
+/// happened.
+#[tokio::test]
+async fn a_flow_dag_survives_a_restart_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let product = parlance_core::ProductId::parse("acme").unwrap();
+    let input = "name: Ada Lovelace; email: ada@example.com; topics: engines, poetry";
+    let session_id = {
+        // The first process: the event enqueues the DAG with the session.
+        let mut state = AppState::postgres(pool.clone(), keys());
+        state.flow_catalog = Arc::new(parlance_app::flow::example_catalog().unwrap());
+        let svc = state.flow_service();
+        let sid = svc
+            .start_session(&product, "extraction")
+            .await
+            .unwrap()
+            .session_id;
+        let asked = svc
+            .event(&product, "extraction", &sid, "user_input", input)
+            .await
+            .unwrap();
+        assert_eq!(asked.next_actions, ["poll"]);
+        // Its worker claims the first task for a moment, then the process
+        // dies: the task is neither completed nor released.
+        let leases = state
+            .queue
+            .claim(
+                &WorkerId(uuid::Uuid::from_u128(7)),
+                parlance_ports::queue::DEFAULT_QUEUE,
+                1,
+                Duration::from_secs(300),
+            )
+            .await
+            .unwrap();
+        assert_eq!(leases.len(), 1);
+        assert_eq!(leases[0].kind, "flow.invoke");
+        sid
+    };
+    // A fresh process on the same database; it declares a worker dead
+    // after 50 ms of silence (30 s by default) so the test need not wait.
+    let mut state = AppState::postgres(pool.clone(), keys());
+    let queue = Arc::new(PgTaskQueue::new(
+        pool.clone(),
+        Arc::new(SystemClock),
+        QueueConfig {
+            worker_stale_after: Duration::from_millis(50),
+            ..QueueConfig::default()
+        },
+    ));
+    state.flow_store = Arc::new(PgFlowStore::with_queue(pool.clone(), queue.clone()));
+    state.flow_runner = Arc::new(QueueRunner::new(queue.clone(), RunnerOptions::default()));
+    state.queue = queue;
+    state.flow_catalog = Arc::new(parlance_app::flow::example_catalog().unwrap());
+    let svc = state.flow_service();
+    let flow = state.flow_catalog.get("extraction").unwrap();
+    let polled = svc.poll(&product, &flow, &session_id).await.unwrap();
+    assert_eq!(
+        polled.next_actions,
+        ["poll"],
+        "still running after the crash"
+    );
+    let worker = Worker::new(
+        WorkerId(uuid::Uuid::from_u128(8)),
+        state.queue.clone(),
+        standard_handlers(&state),
+        Arc::new(SystemClock),
+        WorkerConfig::default(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut done = None;
+    for _ in 0..200 {
+        state.queue.recover_expired().await.unwrap();
+        worker.step().await.unwrap();
+        let polled = svc.poll(&product, &flow, &session_id).await.unwrap();
+        if polled.next_actions != ["poll"] {
+            done = Some(polled);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let done = done.expect("the session completed after the restart");
+    assert_eq!(done.next_actions, ["accept", "restart"]);
+    assert_eq!(done.error, None);
+    assert_eq!(
+        done.response.as_deref(),
+        Some(
+            "Thanks Ada Lovelace. We will write to ada@example.com about: engines, poetry.\n\
+             Send `accept` to finish or `restart` to start over."
+        )
+    );
+    let model = svc
+        .model(&product, "extraction", &session_id)
+        .await
+        .unwrap();
+    let model: Value = serde_json::from_str(&model.response.unwrap()).unwrap();
+    assert_eq!(model["state"], "confirm");
+    assert_eq!(model["model"]["topics"], json!(["engines", "poetry"]));
+    assert_eq!(model["model"]["complete"], true);
 }

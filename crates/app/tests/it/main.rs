@@ -8,4 +8,5 @@ mod flow;
 mod service;
 mod session;
 mod support;
+mod webhook;
 mod worker;

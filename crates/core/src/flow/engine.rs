@@ -113,6 +113,10 @@ pub struct Running {
     pub chain_id: String,
     /// The invoker state it runs for.
     pub state: String,
+    /// The executor's handle of the run (the task queue's DAG id), set when
+    /// the run is enqueued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dag_id: Option<i64>,
 }
 
 /// A flow session's state (the dialogue is kept apart, append-only).
@@ -945,6 +949,7 @@ impl Flow {
             invocation_id: plan.invocation_id.clone(),
             chain_id: plan.chain_id.clone(),
             state: s.state.clone(),
+            dag_id: None,
         });
         Ok(Fired {
             session: s,
@@ -1265,6 +1270,7 @@ impl Flow {
                     invocation_id: plan.invocation_id.clone(),
                     chain_id: plan.chain_id.clone(),
                     state: target.to_owned(),
+                    dag_id: None,
                 });
                 dag = Some(plan);
             }

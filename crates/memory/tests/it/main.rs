@@ -147,6 +147,22 @@ mod flow {
     parlance_testkit::flow_store_suite!(async {
         Some(Arc::new(MemoryFlowStore::new()) as parlance_testkit::flow::Subject)
     });
+
+    mod enqueue {
+        use std::sync::Arc;
+
+        use parlance_memory::{MemoryFlowStore, MemoryTaskQueue};
+        use parlance_ports::{FlowStore, QueueConfig, SystemClock, TaskQueue};
+
+        parlance_testkit::flow_store_enqueue_suite!(async {
+            let queue: Arc<dyn TaskQueue> = Arc::new(MemoryTaskQueue::new(
+                Arc::new(SystemClock),
+                QueueConfig::default(),
+            ));
+            let store: Arc<dyn FlowStore> = Arc::new(MemoryFlowStore::with_queue(queue.clone()));
+            Some((store, queue))
+        });
+    }
 }
 
 mod crisis_log {

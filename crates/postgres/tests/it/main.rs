@@ -103,6 +103,24 @@ mod flow {
             .await
             .map(|pool| Arc::new(PgFlowStore::new(pool)) as parlance_testkit::flow::Subject)
     });
+
+    mod enqueue {
+        use std::sync::Arc;
+
+        use parlance_ports::{FlowStore, QueueConfig, SystemClock, TaskQueue};
+        use parlance_postgres::{PgFlowStore, PgTaskQueue, testing::test_pool};
+
+        parlance_testkit::flow_store_enqueue_suite!(async {
+            let pool = test_pool().await?;
+            let queue = Arc::new(PgTaskQueue::new(
+                pool.clone(),
+                Arc::new(SystemClock),
+                QueueConfig::default(),
+            ));
+            let store: Arc<dyn FlowStore> = Arc::new(PgFlowStore::with_queue(pool, queue.clone()));
+            Some((store, queue as Arc<dyn TaskQueue>))
+        });
+    }
 }
 
 mod crisis_log {
