@@ -72,6 +72,17 @@ pub struct ServeConfig {
     #[arg(long, env = "PARLANCE_FLOWS")]
     pub flows: Option<std::path::PathBuf>,
 
+    /// The support agent's crisis resource directory (JSON: verified
+    /// hotlines by region). Without one the crisis reply gives only the
+    /// universal advice to contact local emergency services.
+    #[arg(long, env = "PARLANCE_RESOURCE_DIRECTORY")]
+    pub resource_directory: Option<std::path::PathBuf>,
+
+    /// The support agent's knowledge base (JSON: vetted answers). Without
+    /// one, factual questions get no answer rather than a guess.
+    #[arg(long, env = "PARLANCE_KNOWLEDGE_BASE")]
+    pub knowledge_base: Option<std::path::PathBuf>,
+
     /// Deliver outbound conversation messages by POSTing them here (signed
     /// with HMAC-SHA256); without it they go to the in-process loopback
     /// channel.
@@ -99,6 +110,8 @@ impl ServeConfig {
             embedding_model: None,
             no_worker: false,
             flows: None,
+            resource_directory: None,
+            knowledge_base: None,
             webhook_url: None,
             webhook_secret_env: "PARLANCE_WEBHOOK_SECRET".to_owned(),
         }

@@ -150,6 +150,7 @@ pub async fn run(out: impl Write) -> anyhow::Result<()> {
     queue_scene(&mut demo).await?;
     adoption_scene(&mut demo).await?;
     crate::conversation::demo::scene(&mut demo).await?;
+    crate::agent::demo::scene(&mut demo).await?;
     flow_scene(&mut demo).await?;
     Ok(())
 }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adoption;
+pub mod agent;
 pub mod auth;
 pub mod config;
 pub mod conversation;

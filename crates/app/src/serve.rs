@@ -50,6 +50,10 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<(AppState, ApiK
         let known = |name: &str| Invokers::is_builtin(name) || extra.contains_key(name);
         state.flow_catalog = Arc::new(FlowCatalog::load_dir(dir, &known)?);
     }
+    state.agent_data = Arc::new(crate::agent::AgentData::load(
+        config.resource_directory.as_deref(),
+        config.knowledge_base.as_deref(),
+    )?);
     if let Some(url) = &config.webhook_url {
         let secret = std::env::var(&config.webhook_secret_env).with_context(|| {
             format!(

@@ -7,19 +7,20 @@ use std::collections::BTreeMap;
 
 use parlance_memory::{
     HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryCheckpointer,
-    MemoryConversationStore, MemoryFlowStore, MemoryMemoryStore, MemorySessionStore,
-    MemoryTaskQueue, MemoryTourCatalogs, OfflineLlm,
+    MemoryConversationStore, MemoryCrisisLog, MemoryFlowStore, MemoryMemoryStore,
+    MemorySessionStore, MemoryTaskQueue, MemoryTourCatalogs, OfflineLlm,
 };
 use parlance_ports::{
-    AdoptionStore, AuditLog, Channel, Checkpointer, Clock, ConversationStore, EmbeddingProvider,
-    FlowStore, IdGen, LlmClient, MemoryStore, PortError, PortResult, QueueConfig, SessionStore,
-    SystemClock, TaskQueue, TourCatalogStore, UuidV7Ids,
+    AdoptionStore, AuditLog, Channel, Checkpointer, Clock, ConversationStore, CrisisLog,
+    EmbeddingProvider, FlowStore, IdGen, LlmClient, MemoryStore, PortError, PortResult,
+    QueueConfig, SessionStore, SystemClock, TaskQueue, TourCatalogStore, UuidV7Ids,
 };
 use parlance_postgres::{
-    PgAdoptionStore, PgAuditLog, PgCheckpointer, PgConversationStore, PgFlowStore, PgMemoryStore,
-    PgPool, PgSessionStore, PgTaskQueue, PgTourCatalogs,
+    PgAdoptionStore, PgAuditLog, PgCheckpointer, PgConversationStore, PgCrisisLog, PgFlowStore,
+    PgMemoryStore, PgPool, PgSessionStore, PgTaskQueue, PgTourCatalogs,
 };
 
+use crate::agent::AgentData;
 use crate::auth::ApiKeys;
 use crate::flow::{
     DagRunner, FlowCatalog, FlowDeps, FlowService, Invoker, QueueRunner, RunnerOptions,
@@ -74,6 +75,10 @@ pub struct AppState {
     pub checkpointer: Arc<dyn Checkpointer>,
     /// Long-term memory per owner.
     pub memory_store: Arc<dyn MemoryStore>,
+    /// The support agent's crisis assessments.
+    pub crisis_log: Arc<dyn CrisisLog>,
+    /// The support agent's resource directory and knowledge base.
+    pub agent_data: Arc<AgentData>,
     /// Session assistance states.
     pub sessions: Arc<dyn SessionStore>,
     /// Each product's tour catalog.
@@ -129,6 +134,8 @@ impl AppState {
             queue,
             checkpointer: Arc::new(MemoryCheckpointer::new()),
             memory_store: Arc::new(MemoryMemoryStore::new()),
+            crisis_log: Arc::new(MemoryCrisisLog::new()),
+            agent_data: Arc::new(AgentData::default()),
             clock,
             ids,
             keys: Arc::new(keys),
@@ -157,6 +164,8 @@ impl AppState {
             queue,
             checkpointer: Arc::new(PgCheckpointer::new(pool.clone())),
             memory_store: Arc::new(PgMemoryStore::new(pool.clone())),
+            crisis_log: Arc::new(PgCrisisLog::new(pool.clone())),
+            agent_data: Arc::new(AgentData::default()),
             sessions: Arc::new(PgSessionStore::new(pool.clone())),
             tours: Arc::new(CachedTourCatalogs::new(
                 Arc::new(PgTourCatalogs::new(pool.clone())),

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod adoption;
+pub mod agent;
 pub mod conversation;
 pub mod flow;
 pub mod id;

@@ -12,6 +12,7 @@
 mod adoption;
 mod audit;
 mod conversation;
+mod crisis;
 pub mod error;
 mod flow;
 mod pool;
@@ -24,6 +25,7 @@ mod turn;
 pub use adoption::PgAdoptionStore;
 pub use audit::PgAuditLog;
 pub use conversation::PgConversationStore;
+pub use crisis::PgCrisisLog;
 pub use flow::PgFlowStore;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use queue::PgTaskQueue;

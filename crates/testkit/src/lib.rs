@@ -13,6 +13,7 @@ pub mod adoption;
 pub mod audit;
 pub mod checkpoint;
 pub mod conversation;
+pub mod crisis_log;
 pub mod embedding;
 pub mod flow;
 pub mod llm;

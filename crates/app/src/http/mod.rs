@@ -23,6 +23,7 @@ use crate::state::AppState;
 fn v1_routes() -> Router<AppState> {
     Router::new()
         .merge(crate::adoption::routes())
+        .merge(crate::agent::routes())
         .merge(crate::conversation::routes())
         .merge(crate::flow::routes())
         .merge(crate::session::routes())

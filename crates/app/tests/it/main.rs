@@ -2,6 +2,7 @@
 
 mod adoption;
 mod adoption_llm;
+mod agent;
 mod conversation;
 mod flow;
 mod service;

@@ -174,13 +174,13 @@ crate::turn_state! {
             /// Turn count (from the checkpoint version) and sibling flags.
             session_progress: SessionProgress => merge, by ["begin_turn"];
             /// Active exercise identifier, e.g. `grounding_5_4_3_2_1`.
-            exercise_type: Option<String> as "exercise_state.exercise_type" => last, by ["guided exercise flow"];
+            exercise_type: Option<String> as "exercise_state.exercise_type" => last, by ["guided exercise flow", "crisis resource lookup"];
             /// Current step index; cleared when the exercise ends.
-            exercise_step: Option<u32> as "exercise_state.exercise_step" => last, by ["guided exercise flow"];
+            exercise_step: Option<u32> as "exercise_state.exercise_step" => last, by ["guided exercise flow", "crisis resource lookup"];
             /// Approach pinned at exercise start.
-            exercise_therapeutic_approach: Option<String> as "exercise_state.exercise_therapeutic_approach" => last, by ["guided exercise flow", "turn triage"];
+            exercise_therapeutic_approach: Option<String> as "exercise_state.exercise_therapeutic_approach" => last, by ["guided exercise flow", "turn triage", "crisis resource lookup"];
             /// A destructive memory action awaiting confirmation on the next turn.
-            pending_action: Option<Value> as "memory_control.pending_action" => last, by ["memory-control service"];
+            pending_action: Option<Value> as "memory_control.pending_action" => last, by ["memory-control service", "turn triage", "crisis resource lookup", "safety check"];
         }
         turn_scoped {
             /// Detected memory command (kind, args).
@@ -202,13 +202,13 @@ crate::turn_state! {
             /// Factual query extracted by triage.
             grounded_query: Option<String> as "grounded_lookup.query" => last, by ["turn triage"];
             /// answered / no_verified_answer / not_attempted.
-            grounded_status: Option<String> as "grounded_lookup.status" => last, by ["grounded lookup tool"];
+            grounded_status: Option<String> as "grounded_lookup.status" => last, by ["grounded lookup tool", "turn triage"];
             /// Region taken from recent context for hotline lookup.
             inferred_location: Option<String> => last, by ["crisis resource lookup"];
             /// Verified hotlines; empty on failure or missing location.
             found_resources: Vec<Resource> => last, by ["crisis resource lookup"];
             /// found / no_location / location_refused / no_verified_results / not_attempted.
-            resource_lookup_status: Option<String> => last, by ["crisis resource lookup"];
+            resource_lookup_status: Option<String> => last, by ["crisis resource lookup", "turn triage"];
             /// Timing, routing and retrieval metadata for this turn.
             diagnostics: Diagnostics => merge, by ["every stage", "runtime"];
         }
@@ -233,7 +233,7 @@ pub struct SupportOutput {
     /// (guided_exercise), `safety` (safety_check, crisis_response) or
     /// `utility` (memory_control, grounded_lookup); `none` without a style.
     pub response_style_type: &'static str,
-    /// Who chose the style: `exercise` when an exercise is active, `gate`
+    /// Who chose the style: `exercise` for a guided-exercise step, `gate`
     /// for crisis and utility routes, `model` otherwise; `none` without one.
     pub response_style_source: &'static str,
     /// The approach used.
@@ -279,7 +279,7 @@ impl TurnView for SupportState {
         };
         let response_style_source = match (&self.response_style, self.route) {
             (None, _) => "none",
-            _ if self.exercise_type.is_some() => "exercise",
+            (Some(style), _) if style == "guided_exercise" => "exercise",
             (_, Some(Route::Crisis | Route::MemoryControl | Route::GroundedLookup)) => "gate",
             _ => "model",
         };

@@ -164,3 +164,13 @@ mod flow {
         });
     }
 }
+
+mod crisis_log {
+    use std::sync::Arc;
+
+    use parlance_memory::MemoryCrisisLog;
+
+    parlance_testkit::crisis_log_suite!(async {
+        Some(Arc::new(MemoryCrisisLog::new()) as parlance_testkit::crisis_log::Subject)
+    });
+}

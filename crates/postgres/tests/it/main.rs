@@ -165,3 +165,15 @@ mod queue_in_transaction {
         assert_eq!(Some(got[0].task_id), ids[0]);
     }
 }
+
+mod crisis_log {
+    use std::sync::Arc;
+
+    use parlance_postgres::{PgCrisisLog, testing::test_pool};
+
+    parlance_testkit::crisis_log_suite!(async {
+        test_pool()
+            .await
+            .map(|pool| Arc::new(PgCrisisLog::new(pool)) as parlance_testkit::crisis_log::Subject)
+    });
+}

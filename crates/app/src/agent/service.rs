@@ -1,0 +1,362 @@
+//! The agent's use cases: run a turn (AgentInput -> AgentOutput), read a
+//! thread, end a session with an episodic summary, and the owner's memory.
+
+use parlance_core::ProductId;
+use parlance_core::parse_structured;
+use parlance_core::turn::seed::{
+    Channel, Message, Role, SupportInput, SupportLoaded, SupportOutput,
+};
+use parlance_core::turn::{
+    EpisodicEntry, LoadWindow, MemoryEntry, MemoryId, MemoryRecord, OwnerId, ThreadId, ThreadKey,
+    WorkingMemoryEntry,
+};
+use parlance_ports::{CompletionRequest, Message as LlmMessage};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::stages::{AgentContext, embed, runner};
+use crate::http::ApiError;
+use crate::state::AppState;
+use crate::turn::TurnRunError;
+
+/// The thread used when a caller gives a user id but no session id.
+pub const DEFAULT_THREAD: &str = "default";
+
+/// The public input of a turn.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentInput {
+    /// The user's message.
+    pub message: String,
+    /// Transport surface.
+    #[serde(default)]
+    pub channel: Channel,
+    /// Persistent owner; required when `session_id` is absent.
+    #[serde(default)]
+    pub user_id: Option<String>,
+    /// The thread; the fallback owner.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Earlier turns the caller holds (prompt context; not stored).
+    #[serde(default)]
+    pub history: Vec<Message>,
+    /// Memory entries the caller supplies, before the retrieved ones.
+    #[serde(default)]
+    pub working_memory: Vec<WorkingMemoryEntry>,
+    /// Skill names.
+    #[serde(default)]
+    pub installed_skills: Vec<String>,
+}
+
+/// Owner and thread from `user_id` / `session_id`: memory is namespaced by
+/// the user id, falling back to the session id; the thread is the session id
+/// (or [`DEFAULT_THREAD`]).
+///
+/// # Errors
+///
+/// 422 when neither is given or one is not a valid id.
+pub fn resolve(
+    user_id: Option<&str>,
+    session_id: Option<&str>,
+) -> Result<(OwnerId, ThreadId), ApiError> {
+    let user = user_id.filter(|s| !s.trim().is_empty());
+    let session = session_id.filter(|s| !s.trim().is_empty());
+    let owner = match (user, session) {
+        (Some(u), _) => u,
+        (None, Some(s)) => s,
+        (None, None) => {
+            return Err(ApiError::unprocessable("user_id or session_id is required"));
+        }
+    };
+    let owner = OwnerId::parse(owner).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    let thread = ThreadId::parse(session.unwrap_or(DEFAULT_THREAD))
+        .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    Ok((owner, thread))
+}
+
+fn context(
+    state: &AppState,
+    product_id: &ProductId,
+    owner: OwnerId,
+    thread: ThreadId,
+    history: Vec<Message>,
+) -> AgentContext {
+    AgentContext {
+        product_id: product_id.clone(),
+        owner,
+        thread,
+        llm: state.llm.clone(),
+        response_llm: None,
+        memory_store: state.memory_store.clone(),
+        crisis_log: state.crisis_log.clone(),
+        embedder: Some(state.embedder.clone()),
+        data: state.agent_data.clone(),
+        clock: state.clock.clone(),
+        ids: state.ids.clone(),
+        caller_history: history,
+    }
+}
+
+fn run_error(e: TurnRunError) -> ApiError {
+    match e {
+        TurnRunError::Port(p) => p.into(),
+        TurnRunError::Stage { stage, source } => {
+            tracing::warn!(stage, error = %source, "agent stage failed");
+            ApiError::unavailable(format!("stage {stage} failed; retry later"))
+        }
+        TurnRunError::Contended { .. } => {
+            ApiError::conflict("contended", "the thread is busy; retry")
+        }
+        other => ApiError::internal(&other),
+    }
+}
+
+/// Runs one turn of the support agent.
+///
+/// # Errors
+///
+/// 422 for a missing owner or an empty message; 503 when storage fails.
+pub async fn run_turn(
+    state: &AppState,
+    product_id: &ProductId,
+    input: AgentInput,
+) -> Result<SupportOutput, ApiError> {
+    let (owner, thread) = resolve(input.user_id.as_deref(), input.session_id.as_deref())?;
+    if input.message.trim().is_empty() {
+        return Err(ApiError::unprocessable("message must not be empty"));
+    }
+    let ctx = context(
+        state,
+        product_id,
+        owner.clone(),
+        thread.clone(),
+        input.history,
+    );
+    let key = ThreadKey {
+        product_id: product_id.clone(),
+        owner,
+        thread,
+    };
+    let turn_input = SupportInput {
+        message: input.message,
+        channel: input.channel,
+        user_id: input.user_id,
+        session_id: input.session_id,
+        installed_skills: input.installed_skills,
+    };
+    let loaded = SupportLoaded {
+        working_memory: input.working_memory,
+        ..SupportLoaded::default()
+    };
+    let report = runner(state.checkpointer.clone())
+        .run(&ctx, &key, turn_input, loaded)
+        .await
+        .map_err(run_error)?;
+    Ok(report.output)
+}
+
+/// A thread as stored: its transcript and persisted reducer fields.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadView {
+    /// The thread.
+    pub thread_id: ThreadId,
+    /// Its owner.
+    pub owner: OwnerId,
+    /// Turns committed.
+    pub version: u64,
+    /// Every message, oldest first.
+    pub transcript: Vec<Value>,
+    /// Session memory, progress, exercise state and pending action.
+    pub state: Map<String, Value>,
+}
+
+/// Reads a thread.
+///
+/// # Errors
+///
+/// 404 for a thread with no turn; 503 when storage fails.
+pub async fn thread(
+    state: &AppState,
+    product_id: &ProductId,
+    owner: OwnerId,
+    thread: ThreadId,
+) -> Result<ThreadView, ApiError> {
+    let key = ThreadKey {
+        product_id: product_id.clone(),
+        owner: owner.clone(),
+        thread: thread.clone(),
+    };
+    let cp = state.checkpointer.load(&key, &LoadWindow::all()).await?;
+    if cp.version == 0 {
+        return Err(ApiError::not_found("no such thread"));
+    }
+    Ok(ThreadView {
+        thread_id: thread,
+        owner,
+        version: cp.version,
+        transcript: cp.lists.get("transcript").cloned().unwrap_or_default(),
+        state: cp.objects.into_iter().collect(),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct Summary {
+    summary: String,
+    primary_themes: Vec<String>,
+    approach_used: Option<String>,
+}
+
+fn summary_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "summary": {"type": "string", "minLength": 1, "maxLength": 600},
+            "primary_themes": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 3},
+            "approach_used": {"type": ["string", "null"]}
+        },
+        "required": ["summary", "primary_themes", "approach_used"],
+        "additionalProperties": false
+    })
+}
+
+/// A stored memory entry as the API shows it (without its vector).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryView {
+    /// Its id.
+    pub id: MemoryId,
+    /// Whose it is.
+    pub owner: OwnerId,
+    /// What it says.
+    pub entry: MemoryEntry,
+    /// When it was stored.
+    pub at: parlance_core::Timestamp,
+}
+
+impl From<MemoryRecord> for MemoryView {
+    fn from(r: MemoryRecord) -> Self {
+        Self {
+            id: r.id,
+            owner: r.owner,
+            entry: r.entry,
+            at: r.at,
+        }
+    }
+}
+
+/// Ends a session: the model summarises the transcript into an episodic
+/// entry in the owner's memory, and the summary becomes the thread's session
+/// memory.
+///
+/// # Errors
+///
+/// 404 for a thread with no turn; 503 when the model or storage fails.
+pub async fn end_session(
+    state: &AppState,
+    product_id: &ProductId,
+    owner: OwnerId,
+    thread_id: ThreadId,
+) -> Result<MemoryView, ApiError> {
+    let view = thread(state, product_id, owner.clone(), thread_id.clone()).await?;
+    let transcript: Vec<Message> = view
+        .transcript
+        .iter()
+        .filter_map(|v| serde_json::from_value(v.clone()).ok())
+        .collect();
+    let lines: Vec<String> = transcript
+        .iter()
+        .map(|m| {
+            format!(
+                "{}: {}",
+                if m.role == Role::User {
+                    "User"
+                } else {
+                    "Assistant"
+                },
+                m.content
+            )
+        })
+        .collect();
+    let schema = summary_schema();
+    let request = CompletionRequest::new(vec![
+        LlmMessage::system(
+            "Summarise this support session for next time, in one or two sentences from the \
+             agent's point of view, with up to three primary themes (single words, most important \
+             first) and the therapeutic approach used, if any. Answer only JSON.",
+        ),
+        LlmMessage::user(lines.join("\n")),
+    ])
+    .with_prompt_name("episodic_summary")
+    .with_temperature(0.0)
+    .with_json_schema("episodic_summary", schema.clone());
+    let answer = state.llm.complete(&request).await.map_err(|e| {
+        tracing::warn!(error = %e, "episodic summary failed");
+        ApiError::unavailable("the language model is unavailable; retry later")
+    })?;
+    let s: Summary = parse_structured(&answer.content, &schema).map_err(|e| {
+        tracing::warn!(error = %e, "episodic summary answered malformed JSON");
+        ApiError::unavailable("the language model answered malformed JSON; retry later")
+    })?;
+    let entry = MemoryEntry::Episodic(EpisodicEntry {
+        summary: s.summary.clone(),
+        primary_themes: s.primary_themes,
+        is_catch_up: false,
+        approach_used: s.approach_used,
+        approach_context: None,
+    });
+    let ctx = context(
+        state,
+        product_id,
+        owner.clone(),
+        thread_id.clone(),
+        Vec::new(),
+    );
+    let record = MemoryRecord {
+        id: MemoryId::from_uuid(state.ids.new_uuid()),
+        owner: owner.clone(),
+        embedding: embed(&ctx, &entry.search_text()).await,
+        entry,
+        at: state.clock.now(),
+    };
+    state.memory_store.add(product_id, &record).await?;
+    let mut memory = state
+        .memory_store
+        .session_memory(product_id, &owner, &thread_id)
+        .await?
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    memory.insert("summary".to_owned(), json!(s.summary));
+    state
+        .memory_store
+        .put_session_memory(product_id, &owner, &thread_id, &Value::Object(memory))
+        .await?;
+    Ok(record.into())
+}
+
+/// Stores an entry for an owner.
+///
+/// # Errors
+///
+/// 503 when storage fails.
+pub async fn add_memory(
+    state: &AppState,
+    product_id: &ProductId,
+    owner: OwnerId,
+    entry: MemoryEntry,
+) -> Result<MemoryView, ApiError> {
+    let ctx = context(
+        state,
+        product_id,
+        owner.clone(),
+        ThreadId::parse(DEFAULT_THREAD).map_err(|e| ApiError::internal(&e))?,
+        Vec::new(),
+    );
+    let record = MemoryRecord {
+        id: MemoryId::from_uuid(state.ids.new_uuid()),
+        owner,
+        embedding: embed(&ctx, &entry.search_text()).await,
+        entry,
+        at: state.clock.now(),
+    };
+    state.memory_store.add(product_id, &record).await?;
+    Ok(record.into())
+}

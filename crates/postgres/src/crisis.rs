@@ -1,0 +1,109 @@
+//! The crisis log in the `crisis_log` table.
+
+use async_trait::async_trait;
+use parlance_core::ProductId;
+use parlance_core::turn::seed::{CrisisAssessment, CrisisAudit};
+use parlance_core::turn::{OwnerId, ThreadId};
+use parlance_ports::{CrisisLog, CrisisLogEntry, CrisisLogRecord, PortError, PortResult};
+use sqlx::{PgPool, Row as _};
+
+use crate::error::pg_err;
+use crate::time::{from_pg, to_pg};
+
+/// The crisis log, stored in PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct PgCrisisLog {
+    pool: PgPool,
+}
+
+impl PgCrisisLog {
+    /// A crisis log on `pool` (migrated).
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+}
+
+#[async_trait]
+impl CrisisLog for PgCrisisLog {
+    async fn record(&self, e: &CrisisLogEntry) -> PortResult<i64> {
+        let turn = i64::try_from(e.turn).map_err(|_| PortError::invalid("turn out of range"))?;
+        sqlx::query(
+            "INSERT INTO crisis_log (product_id, owner_id, thread_id, turn, at, level, confidence, \
+             reason, needs_crisis_response, needs_clarification, classifier_path, override_kind, \
+             llm_failure_occurred, route) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING seq",
+        )
+        .bind(e.product_id.as_str())
+        .bind(e.owner.as_str())
+        .bind(e.thread.as_str())
+        .bind(turn)
+        .bind(to_pg(e.at))
+        .bind(i16::from(e.assessment.level.min(3)))
+        .bind(e.assessment.confidence)
+        .bind(&e.assessment.reason)
+        .bind(e.assessment.needs_crisis_response)
+        .bind(e.assessment.needs_clarification)
+        .bind(&e.audit.classifier_path)
+        .bind(e.audit.override_kind.as_deref())
+        .bind(e.audit.llm_failure_occurred)
+        .bind(&e.route)
+        .fetch_one(&self.pool)
+        .await
+        .and_then(|row| row.try_get::<i64, _>("seq"))
+        .map_err(pg_err("record crisis assessment"))
+    }
+
+    async fn list(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        after_seq: Option<i64>,
+        limit: usize,
+    ) -> PortResult<Vec<CrisisLogRecord>> {
+        let rows = sqlx::query(
+            "SELECT seq, thread_id, turn, at, level, confidence, reason, needs_crisis_response, \
+             needs_clarification, classifier_path, override_kind, llm_failure_occurred, route \
+             FROM crisis_log WHERE product_id = $1 AND owner_id = $2 AND seq > $3 \
+             ORDER BY seq LIMIT $4",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .bind(after_seq.unwrap_or(0))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("list crisis assessments"))?;
+        rows.into_iter()
+            .map(|row| {
+                let thread: String = row.try_get("thread_id")?;
+                let turn: i64 = row.try_get("turn")?;
+                let level: i16 = row.try_get("level")?;
+                Ok(CrisisLogRecord {
+                    seq: row.try_get("seq")?,
+                    entry: CrisisLogEntry {
+                        product_id: product_id.clone(),
+                        owner: owner.clone(),
+                        thread: ThreadId::parse(thread)
+                            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                        turn: u64::try_from(turn).unwrap_or(0),
+                        at: from_pg(row.try_get("at")?),
+                        assessment: CrisisAssessment {
+                            level: u8::try_from(level).unwrap_or(3),
+                            confidence: row.try_get("confidence")?,
+                            reason: row.try_get("reason")?,
+                            needs_crisis_response: row.try_get("needs_crisis_response")?,
+                            needs_clarification: row.try_get("needs_clarification")?,
+                        },
+                        audit: CrisisAudit {
+                            override_kind: row.try_get("override_kind")?,
+                            classifier_path: row.try_get("classifier_path")?,
+                            llm_failure_occurred: row.try_get("llm_failure_occurred")?,
+                        },
+                        route: row.try_get("route")?,
+                    },
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(pg_err("decode crisis assessments"))
+    }
+}
