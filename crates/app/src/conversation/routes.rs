@@ -6,9 +6,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use parlance_core::conversation::{
-    ContactId, ConversationState, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_FOLLOW_UPS, Instance,
-    InstanceId, Message, NewInstance, Todo,
+    ContactId, ConversationError, ConversationState, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_FOLLOW_UPS,
+    Instance, InstanceId, Message, NewInstance, Outcome, Todo,
 };
+use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{Applied, AuditRecord, ListFilter};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -273,17 +274,25 @@ fn check_text(text: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A body-less operator command on one instance.
+async fn operator(
+    state: &AppState,
+    product: &ProductId,
+    raw_id: &str,
+    command: fn(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>,
+) -> Result<ApiJson<CommandView>, ApiError> {
+    let id = parse_id(raw_id)?;
+    Ok(ApiJson(
+        service::run(state, product, id, command).await?.into(),
+    ))
+}
+
 async fn pause(
     State(state): State<AppState>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    let id = parse_id(&id)?;
-    Ok(ApiJson(
-        service::run(&state, &product, id, |i, now| i.pause(now))
-            .await?
-            .into(),
-    ))
+    operator(&state, &product, &id, |i, now| i.pause(now)).await
 }
 
 async fn resume(
@@ -291,12 +300,7 @@ async fn resume(
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    let id = parse_id(&id)?;
-    Ok(ApiJson(
-        service::run(&state, &product, id, |i, now| i.resume(now))
-            .await?
-            .into(),
-    ))
+    operator(&state, &product, &id, |i, now| i.resume(now)).await
 }
 
 async fn cancel(
@@ -304,12 +308,7 @@ async fn cancel(
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    let id = parse_id(&id)?;
-    Ok(ApiJson(
-        service::run(&state, &product, id, |i, now| i.cancel(now))
-            .await?
-            .into(),
-    ))
+    operator(&state, &product, &id, |i, now| i.cancel(now)).await
 }
 
 async fn send(

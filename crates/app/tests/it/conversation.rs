@@ -2,7 +2,6 @@
 //! queueing per contact, operator commands, a human hand-off, and two real
 //! worker processes sharing the heartbeats on PostgreSQL.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, keys, url_for, wait_until};
+use crate::support::{TestServer, keys, spawn_worker, url_for, wait_until};
 
 const BASE: &str = "/v1/products/acme/conversations";
 
@@ -441,17 +440,6 @@ async fn an_agent_out_of_retries_fails_the_conversation() {
     );
 }
 
-fn spawn_worker(url: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_parlance"))
-        .args(["worker", "--heartbeat-ms", "200", "--sweep-ms", "250"])
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start parlance worker")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_worker_processes_share_the_heartbeats_on_postgres() {
     let Some(pool) = test_pool().await else {
@@ -481,7 +469,7 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
                 .instance_id,
         );
     }
-    let mut workers = [spawn_worker(&url), spawn_worker(&url)];
+    let mut workers = [spawn_worker(&url, &[]), spawn_worker(&url, &[])];
     let store = state.conversations.clone();
     let all_abandoned = || {
         let store = store.clone();

@@ -101,3 +101,17 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Starts a `parlance worker` process on `url` with quick heartbeats and
+/// sweeps, plus `extra` arguments; its output is discarded.
+pub(crate) fn spawn_worker(url: &str, extra: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_parlance"))
+        .args(["worker", "--heartbeat-ms", "200", "--sweep-ms", "250"])
+        .args(extra)
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start parlance worker")
+}

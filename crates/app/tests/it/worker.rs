@@ -2,7 +2,6 @@
 //! `parlance worker` process killed in the middle of a DAG on PostgreSQL.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -22,7 +21,7 @@ use parlance_postgres::PgTaskQueue;
 use parlance_postgres::testing::test_pool;
 use serde_json::{Value, json};
 
-use crate::support::{url_for, wait_until};
+use crate::support::{spawn_worker, url_for, wait_until};
 
 fn product() -> ProductId {
     ProductId::parse("acme").unwrap()
@@ -255,28 +254,6 @@ async fn shutdown_releases_the_leases_still_held() {
     );
 }
 
-fn spawn_worker(url: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_parlance"))
-        .args([
-            "worker",
-            "--slots",
-            "3",
-            "--heartbeat-ms",
-            "200",
-            "--stale-after-secs",
-            "2",
-            "--sweep-ms",
-            "250",
-            "--test-handlers",
-        ])
-        .env("DATABASE_URL", url)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start parlance worker")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_process_loses_no_dag_node() {
     let Some(pool) = test_pool().await else {
@@ -294,7 +271,10 @@ async fn a_killed_worker_process_loses_no_dag_node() {
         .await
         .unwrap();
 
-    let mut first = spawn_worker(&url);
+    let mut first = spawn_worker(
+        &url,
+        &["--slots", "3", "--stale-after-secs", "2", "--test-handlers"],
+    );
     // Kill it while sleepers run and some nodes are already done.
     wait_until(
         "nodes to finish and sleepers to run",
@@ -326,7 +306,10 @@ async fn a_killed_worker_process_loses_no_dag_node() {
     let done_at_kill = queue.dag_status(id).await.unwrap().done;
     assert!(done_at_kill < mixed_total(SLEEPERS), "killed mid-DAG");
 
-    let mut second = spawn_worker(&url);
+    let mut second = spawn_worker(
+        &url,
+        &["--slots", "3", "--stale-after-secs", "2", "--test-handlers"],
+    );
     wait_until("the DAG to finish", Duration::from_secs(180), || {
         let q = &queue;
         async move { q.dag_status(id).await.unwrap().state.is_finished() }
