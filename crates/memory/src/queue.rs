@@ -133,7 +133,7 @@ impl MemoryTaskQueue {
     }
 
     fn wake(&self) {
-        self.notify.notify_waiters();
+        wake(&self.notify);
     }
 }
 
@@ -804,4 +804,12 @@ impl TaskQueue for MemoryTaskQueue {
     async fn wait_for_work(&self, _queue: &str, timeout: Duration) {
         let _ = tokio::time::timeout(timeout, self.notify.notified()).await;
     }
+}
+
+/// Wakes every worker waiting for work now and leaves a permit for the next
+/// wait, so a hint that arrives between a worker's empty claim and its wait
+/// is not lost (at worst it costs one extra claim).
+fn wake(notify: &tokio::sync::Notify) {
+    notify.notify_waiters();
+    notify.notify_one();
 }

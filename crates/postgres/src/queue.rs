@@ -235,7 +235,7 @@ impl PgTaskQueue {
             .any(|(t, id)| id.is_some() && t.run_at.is_none_or(|r| r <= now));
         if runnable {
             notify(&mut *conn).await?;
-            self.shared.notify.notify_waiters();
+            wake(&self.shared.notify);
         }
         Ok(ids)
     }
@@ -323,7 +323,7 @@ impl PgTaskQueue {
         let roots: Vec<i64> = plan.roots.iter().map(|&r| node_ids[r]).collect();
         enqueue_nodes(&mut *conn, &roots, now).await?;
         notify(&mut *conn).await?;
-        self.shared.notify.notify_waiters();
+        wake(&self.shared.notify);
         Ok(DagId(id))
     }
 
@@ -337,9 +337,9 @@ impl PgTaskQueue {
                         && l.listen(CHANNEL).await.is_ok()
                     {
                         // Whatever was sent while we were away: poll now.
-                        notify.notify_waiters();
+                        wake(&notify);
                         while l.recv().await.is_ok() {
-                            notify.notify_waiters();
+                            wake(&notify);
                         }
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -453,7 +453,7 @@ impl PgTaskQueue {
         }
         tx.commit().await.map_err(pg_err("commit"))?;
         if enqueued {
-            self.shared.notify.notify_waiters();
+            wake(&self.shared.notify);
         }
         Ok(out)
     }
@@ -824,7 +824,7 @@ impl TaskQueue for PgTaskQueue {
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
         let id = self.enqueue_dag_in(&mut tx, spec).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
-        self.shared.notify.notify_waiters();
+        wake(&self.shared.notify);
         Ok(id)
     }
 
@@ -1071,7 +1071,7 @@ impl TaskQueue for PgTaskQueue {
         if n == 0 {
             return Err(PortError::lease_lost(lease));
         }
-        self.shared.notify.notify_waiters();
+        wake(&self.shared.notify);
         Ok(())
     }
 
@@ -1188,7 +1188,7 @@ impl TaskQueue for PgTaskQueue {
             .map_err(pg_err("forget dead workers"))?;
         if report.requeued > 0 {
             notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
-            self.shared.notify.notify_waiters();
+            wake(&self.shared.notify);
         }
         Ok(report)
     }
@@ -1269,7 +1269,7 @@ impl TaskQueue for PgTaskQueue {
             });
         }
         notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
-        self.shared.notify.notify_waiters();
+        wake(&self.shared.notify);
         Ok(())
     }
 
@@ -1333,4 +1333,12 @@ impl TaskQueue for PgTaskQueue {
         self.ensure_listener();
         let _ = tokio::time::timeout(timeout, self.shared.notify.notified()).await;
     }
+}
+
+/// Wakes every worker waiting for work now and leaves a permit for the next
+/// wait, so a hint that arrives between a worker's empty claim and its wait
+/// is not lost (at worst it costs one extra claim).
+fn wake(notify: &tokio::sync::Notify) {
+    notify.notify_waiters();
+    notify.notify_one();
 }
