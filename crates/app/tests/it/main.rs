@@ -4,6 +4,7 @@ mod adoption;
 mod adoption_llm;
 mod conversation;
 mod flow;
+mod security;
 mod service;
 mod session;
 mod support;
