@@ -8,4 +8,5 @@ mod security;
 mod service;
 mod session;
 mod support;
+mod tenancy;
 mod worker;
