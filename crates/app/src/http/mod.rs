@@ -18,6 +18,29 @@ pub use json::ApiJson;
 use crate::auth::require_key;
 use crate::state::AppState;
 
+/// The most items (events, actions, features, todos) one request may carry;
+/// more answer 422 `too-many-items` and change nothing.
+pub const MAX_ITEMS_PER_REQUEST: usize = 1_000;
+
+/// 422 `too-many-items` when the list `field` holds more than
+/// [`MAX_ITEMS_PER_REQUEST`] items.
+///
+/// # Errors
+///
+/// The 422 itself.
+pub fn check_items(field: &'static str, len: usize) -> Result<(), ApiError> {
+    if len > MAX_ITEMS_PER_REQUEST {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "too-many-items",
+            format!("{field} holds {len} items; at most {MAX_ITEMS_PER_REQUEST} per request"),
+        )
+        .with("field", field)
+        .with("max", MAX_ITEMS_PER_REQUEST));
+    }
+    Ok(())
+}
+
 /// Routes under `/v1`, before authentication is layered on. Each machine adds
 /// its routes here.
 fn v1_routes() -> Router<AppState> {

@@ -287,3 +287,61 @@ async fn model_calls_log_no_llm_key_and_no_message_text_at_info() {
         assert!(!logs.contains(secret), "{secret:?} was logged:\n{logs}");
     }
 }
+
+#[tokio::test]
+async fn too_many_items_in_one_request_are_refused_and_change_nothing() {
+    use parlance_app::http::MAX_ITEMS_PER_REQUEST;
+    let s = TestServer::memory().await;
+    let events: Vec<Value> = (0..=MAX_ITEMS_PER_REQUEST)
+        .map(|_| serde_json::json!({"kind": "mark_welcomed"}))
+        .collect();
+    let user = "/v1/products/acme/users/u-1/adoption";
+    let cases = [
+        (
+            format!("{user}/events"),
+            serde_json::json!({"events": events}),
+            "events",
+        ),
+        (
+            format!("{user}/activity"),
+            serde_json::json!({"discovered_features": vec!["/a"; MAX_ITEMS_PER_REQUEST + 1]}),
+            "discovered_features",
+        ),
+        (
+            "/v1/products/acme/conversations".to_owned(),
+            serde_json::json!({"contact_id": "c", "objective": "o", "todos": vec!["t"; MAX_ITEMS_PER_REQUEST + 1]}),
+            "todos",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let (status, ctype, v) = s.send(Method::POST, &path, Some(&body), true).await;
+        assert_eq!(
+            (status, ctype.as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "application/problem+json"),
+            "{path}: {v}"
+        );
+        assert_eq!(v["type"], "urn:parlance:problem:too-many-items");
+        assert_eq!(v["field"], field);
+        assert_eq!(v["max"], MAX_ITEMS_PER_REQUEST);
+    }
+    let (status, _, _) = s.send(Method::GET, user, None, true).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no user was created");
+    let (_, _, list) = s
+        .send(Method::GET, "/v1/products/acme/conversations", None, true)
+        .await;
+    assert_eq!(list["items"], serde_json::json!([]), "{list}");
+
+    // The limit itself is accepted.
+    let events: Vec<Value> = (0..MAX_ITEMS_PER_REQUEST)
+        .map(|_| serde_json::json!({"kind": "mark_welcomed"}))
+        .collect();
+    let (status, _, v) = s
+        .send(
+            Method::POST,
+            &format!("{user}/events"),
+            Some(&serde_json::json!({"events": events})),
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+}
