@@ -20,7 +20,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny, docs, tidy
+  ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny
+         (advisories reported, not blocking), docs, tidy
   test   the workspace tests, with PostgreSQL found or started as for ci
   docs   build the API docs with warnings denied
   bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
@@ -56,7 +57,9 @@ fn ci() -> Result<()> {
     .run()?;
     test(&[])?;
     deny()?;
+    let advisories = advisories();
     docs()?;
+    println!("xtask: {advisories}");
     println!("xtask: ci passed in {:.0?}", started.elapsed());
     Ok(())
 }
@@ -115,6 +118,26 @@ fn deny() -> Result<()> {
         "sources",
     ])
     .run()
+}
+
+/// `cargo deny check advisories`: reported, never blocking (the advisory
+/// database changes daily and needs the network). Returns the line to print.
+fn advisories() -> String {
+    let result = cargo([
+        "deny",
+        "--workspace",
+        "check",
+        "--hide-inclusion-graph",
+        "advisories",
+    ])
+    .run();
+    match result {
+        Ok(()) => "advisories: no known advisory affects the dependency tree".to_owned(),
+        Err(e) => format!(
+            "advisories: WARNING (not blocking): {e}; see the output above (a failed \
+             fetch of the advisory database means the check could not run)"
+        ),
+    }
 }
 
 fn docs() -> Result<()> {
