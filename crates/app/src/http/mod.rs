@@ -55,12 +55,14 @@ fn v1_routes() -> Router<AppState> {
 pub fn router(state: AppState) -> Router {
     let v1 = v1_routes()
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .nest("/v1", v1)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.body_limit))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -92,4 +94,12 @@ async fn reject_large_bodies(
 
 async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "the route does not take this method",
+    )
 }

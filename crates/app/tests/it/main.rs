@@ -2,6 +2,7 @@
 
 mod adoption;
 mod adoption_llm;
+mod bad_input;
 mod conversation;
 mod flow;
 mod security;
