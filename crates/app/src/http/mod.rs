@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use axum::routing::get;
 use tower_http::trace::TraceLayer;
 
@@ -63,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1", v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(problem_json))
         .layer(DefaultBodyLimit::max(state.body_limit))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -90,6 +91,38 @@ async fn reject_large_bodies(
         }
         _ => Ok(next.run(req).await),
     }
+}
+
+/// Turns a 4xx answered by an extractor's own rejection (a query string or
+/// path segment that does not parse) into problem+json, like every other
+/// error answer.
+async fn problem_json(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_problem = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if !status.is_client_error() || is_problem {
+        return res;
+    }
+    let detail = match axum::body::to_bytes(res.into_body(), 4096).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("bad request")
+            .to_owned(),
+    };
+    let kind = match status.as_u16() {
+        400 => "bad-request",
+        404 => "not-found",
+        405 => "method-not-allowed",
+        413 => "payload-too-large",
+        415 => "unsupported-media-type",
+        422 => "invalid-request",
+        _ => "client-error",
+    };
+    ApiError::new(status, kind, detail).into_response()
 }
 
 async fn not_found() -> ApiError {

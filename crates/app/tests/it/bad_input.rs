@@ -389,3 +389,33 @@ fn random_requests_get_a_2xx_or_4xx_and_refusals_change_nothing() {
         panic!("{e}");
     }
 }
+
+#[tokio::test]
+async fn a_query_string_that_does_not_parse_is_a_problem_json_400() {
+    let s = TestServer::memory().await;
+    let (status, ctype, v) = s
+        .send(
+            reqwest::Method::GET,
+            "/v1/products/acme/sessions/s1/audit?limit=many",
+            None,
+            true,
+        )
+        .await;
+    assert_eq!(
+        (status.as_u16(), ctype.as_str()),
+        (400, "application/problem+json")
+    );
+    assert_eq!(v["type"], "urn:parlance:problem:bad-request");
+    let (status, ctype, _) = s
+        .send(
+            reqwest::Method::PATCH,
+            "/v1/products/acme/tours",
+            None,
+            true,
+        )
+        .await;
+    assert_eq!(
+        (status.as_u16(), ctype.as_str()),
+        (405, "application/problem+json")
+    );
+}
