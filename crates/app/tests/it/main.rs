@@ -3,6 +3,7 @@
 mod adoption;
 mod adoption_llm;
 mod bad_input;
+mod concurrency;
 mod conversation;
 mod flow;
 mod security;
