@@ -5,6 +5,7 @@ mod adoption_llm;
 mod bad_input;
 mod concurrency;
 mod conversation;
+mod faults;
 mod flow;
 mod security;
 mod service;
