@@ -373,12 +373,12 @@ fn random_requests_get_a_2xx_or_4xx_and_refusals_change_nothing() {
     });
     // Half the flow requests name the live flow session.
     let strategy = (request(), any::<bool>()).prop_map(|(mut r, live)| {
-        if live && r.path.starts_with("/v1/ai/qa/") {
-            if let Some(i) = r.path.rfind('/') {
-                if r.path.contains("/model/") || r.path.contains("/task_state/") {
-                    r.path.replace_range(i + 1.., "{flow_session}");
-                }
-            }
+        if live
+            && (r.path.starts_with("/v1/ai/qa/model/")
+                || r.path.starts_with("/v1/ai/qa/task_state/"))
+            && let Some(i) = r.path.rfind('/')
+        {
+            r.path.replace_range(i + 1.., "{flow_session}");
         }
         r
     });

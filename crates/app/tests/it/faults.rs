@@ -159,7 +159,7 @@ async fn load(
             while Instant::now() < until {
                 i += 1;
                 let port = ports[server];
-                if i % 2 == 0 {
+                if i.is_multiple_of(2) {
                     let session = format!("s{}", (c + i) % SESSIONS);
                     let path = format!("/v1/products/default/sessions/{session}/events");
                     // The first event opens the chat; the rest are messages.
@@ -303,9 +303,9 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
         c.wait().unwrap();
     }
 
-    let ledger = ledger.lock().unwrap();
+    let ledger = std::mem::take(&mut *ledger.lock().unwrap());
     let mut acked_events = 0;
-    for s in 0..SESSIONS {
+    for (s, &base) in base.iter().enumerate() {
         let session = format!("s{s}");
         let acked = ledger
             .acked_versions
@@ -328,7 +328,7 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
         .unwrap()
         .get("version");
         // Versions up to `base` are the set-up's.
-        let committed = version - base[s];
+        let committed = version - base;
         let causes: Vec<String> = sqlx::query(
             "SELECT cause || ':' || coalesce(from_state, '') || '->' || to_state AS c FROM audit_log \
              WHERE product_id = 'default' AND entity_id = $1 ORDER BY seq",
