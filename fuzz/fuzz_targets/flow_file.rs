@@ -14,7 +14,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // The text up to a form feed is the flow file; the rest, a template.
-    let (file, template) = text.split_once('\u{c}').unwrap_or((text, "{{ actor_input }}"));
+    let (file, template) = text
+        .split_once('\u{c}')
+        .unwrap_or((text, "{{ actor_input }}"));
     let templates = BTreeMap::from([
         ("a.j2".to_owned(), template.to_owned()),
         ("b.j2".to_owned(), "b: {{ actor_input }}".to_owned()),
@@ -27,6 +29,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for event in flow.events_from(&started.session.state) {
-        let _ = flow.fire(&started.session, &started.appended, &event, "input", "i-1", now);
+        let _ = flow.fire(
+            &started.session,
+            &started.appended,
+            &event,
+            "input",
+            "i-1",
+            now,
+        );
     }
 });

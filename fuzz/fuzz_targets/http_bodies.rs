@@ -26,12 +26,18 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/products/acme/users/u1/adoption/judge"),
     ("POST", "/v1/products/acme/users/u1/adoption/welcome"),
     ("POST", "/v1/products/acme/users/u1/adoption/followup"),
-    ("POST", "/v1/products/acme/users/u1/adoption/session-summary"),
+    (
+        "POST",
+        "/v1/products/acme/users/u1/adoption/session-summary",
+    ),
     ("POST", "/v1/products/acme/tours/match"),
     ("PUT", "/v1/products/acme/onboarding-plan"),
     ("PUT", "/v1/products/acme/tour-catalog"),
     ("POST", "/v1/products/acme/conversations"),
-    ("POST", "/v1/products/acme/conversations/00000000-0000-0000-0000-000000000001/replies"),
+    (
+        "POST",
+        "/v1/products/acme/conversations/00000000-0000-0000-0000-000000000001/replies",
+    ),
     ("POST", "/v1/products/acme/contacts/c1/replies"),
     ("POST", "/v1/ai/qa/start_session"),
     ("POST", "/v1/ai/qa/event"),
@@ -51,13 +57,44 @@ enum Json {
 }
 
 const KEYS: &[&str] = &[
-    "type", "kind", "events", "text", "session_id", "event", "event_input", "state", "tours",
-    "workflows", "contact_id", "objective", "todos", "actions", "metadata", "seconds_on_app",
-    "trigger_id", "rating", "id", "instance_id", "version", "query", "tour_id", "steps",
+    "type",
+    "kind",
+    "events",
+    "text",
+    "session_id",
+    "event",
+    "event_input",
+    "state",
+    "tours",
+    "workflows",
+    "contact_id",
+    "objective",
+    "todos",
+    "actions",
+    "metadata",
+    "seconds_on_app",
+    "trigger_id",
+    "rating",
+    "id",
+    "instance_id",
+    "version",
+    "query",
+    "tour_id",
+    "steps",
 ];
 const WORDS: &[&str] = &[
-    "open_chat", "proactive_trigger", "option_click", "mark_welcomed", "set_mastery", "poll",
-    "user_input", "cancel", "retry", "onboarded", "s1", "u1",
+    "open_chat",
+    "proactive_trigger",
+    "option_click",
+    "mark_welcomed",
+    "set_mastery",
+    "poll",
+    "user_input",
+    "cancel",
+    "retry",
+    "onboarded",
+    "s1",
+    "u1",
 ];
 
 impl Json {
@@ -76,7 +113,12 @@ impl Json {
             Json::Array(a) => Value::Array(a.iter().map(|j| j.to_value(depth + 1)).collect()),
             Json::Object(kv) => Value::Object(
                 kv.iter()
-                    .map(|(k, v)| (KEYS[*k as usize % KEYS.len()].to_owned(), v.to_value(depth + 1)))
+                    .map(|(k, v)| {
+                        (
+                            KEYS[*k as usize % KEYS.len()].to_owned(),
+                            v.to_value(depth + 1),
+                        )
+                    })
                     .collect(),
             ),
         }
@@ -103,8 +145,11 @@ fn service() -> &'static Service {
             .build()
             .expect("a runtime");
         let keys = ApiKeys::single(&ApiKey::new(KEY), ProductId::parse("acme").expect("id"));
-        let mut state =
-            AppState::memory_with(keys, Arc::new(ManualClock::new()), Arc::new(SequentialIds::new()));
+        let mut state = AppState::memory_with(
+            keys,
+            Arc::new(ManualClock::new()),
+            Arc::new(SequentialIds::new()),
+        );
         if let Ok(catalog) = parlance_app::flow::example_catalog() {
             state.flow_catalog = Arc::new(catalog);
         }
@@ -127,7 +172,9 @@ fuzz_target!(|input: Input| {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .expect("a request");
-    let res = s.rt.block_on(s.app.clone().oneshot(req)).expect("infallible");
+    let res =
+        s.rt.block_on(s.app.clone().oneshot(req))
+            .expect("infallible");
     assert!(
         !res.status().is_server_error(),
         "{method} {path} answered {}",
