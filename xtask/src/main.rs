@@ -20,9 +20,13 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny, docs, tidy
+  ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny
+         (advisories reported, not blocking), docs, tidy
   test   the workspace tests, with PostgreSQL found or started as for ci
   docs   build the API docs with warnings denied
+  fuzz [--smoke | --secs N] [target...]
+         run the cargo-fuzz targets in fuzz/ (nightly; cargo-fuzz is installed
+         when missing): --smoke runs each for 30 s, --secs N for N seconds
   bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
                 against PostgreSQL found or started as for ci
 ";
@@ -34,6 +38,7 @@ fn main() -> Result<()> {
         Some("test") => test(&args[1..]),
         Some("docs") => docs(),
         Some("bench") => bench(&args[1..]),
+        Some("fuzz") => fuzz(&args[1..]),
         _ => {
             eprint!("{USAGE}");
             bail!("unknown or missing command")
@@ -56,7 +61,9 @@ fn ci() -> Result<()> {
     .run()?;
     test(&[])?;
     deny()?;
+    let advisories = advisories();
     docs()?;
+    println!("xtask: {advisories}");
     println!("xtask: ci passed in {:.0?}", started.elapsed());
     Ok(())
 }
@@ -115,6 +122,101 @@ fn deny() -> Result<()> {
         "sources",
     ])
     .run()
+}
+
+/// The cargo-fuzz targets, in `fuzz/Cargo.toml` order.
+const FUZZ_TARGETS: &[&str] = &[
+    "session_snapshot",
+    "adoption_snapshot",
+    "flow_file",
+    "structured_output",
+    "http_bodies",
+];
+
+/// Runs fuzz targets for a bounded time each; fails on the first crash.
+fn fuzz(args: &[String]) -> Result<()> {
+    let mut secs: u64 = 30;
+    let mut targets: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--smoke" => secs = 30,
+            "--secs" => {
+                secs = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| anyhow::anyhow!("--secs needs a number"))?;
+            }
+            t if FUZZ_TARGETS.contains(&t) => targets.push(t.to_owned()),
+            other => bail!("unknown fuzz argument or target `{other}`; targets: {FUZZ_TARGETS:?}"),
+        }
+    }
+    if targets.is_empty() {
+        targets = FUZZ_TARGETS.iter().map(|t| (*t).to_owned()).collect();
+    }
+    let nightly = |c: Cmd| {
+        c.env("RUSTUP_TOOLCHAIN", "nightly")
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
+    };
+    if !nightly(Cmd::new("cargo").arg("--version")).succeeds_quietly() {
+        bail!("fuzzing needs a nightly toolchain: rustup toolchain install nightly");
+    }
+    if !Cmd::new("cargo-fuzz").arg("--version").succeeds_quietly() {
+        cargo(["install", "--locked", "cargo-fuzz"]).run()?;
+    }
+    let root = run::root();
+    nightly(Cmd::new("cargo"))
+        .args(["fuzz", "build", "-O"])
+        .arg("--fuzz-dir")
+        .arg(root.join("fuzz"))
+        .run()?;
+    let started = std::time::Instant::now();
+    for t in &targets {
+        let corpus = root.join("fuzz/corpus").join(t);
+        std::fs::create_dir_all(&corpus)?;
+        let mut cmd = nightly(Cmd::new("cargo"))
+            .args(["fuzz", "run", "-O", t])
+            .arg("--fuzz-dir")
+            .arg(root.join("fuzz"))
+            .arg(&corpus);
+        let seeds = root.join("fuzz/seeds").join(t);
+        if seeds.is_dir() {
+            cmd = cmd.arg(&seeds);
+        }
+        cmd.args([
+            "--",
+            &format!("-max_total_time={secs}"),
+            "-rss_limit_mb=2048",
+        ])
+        .run()?;
+    }
+    println!(
+        "xtask: fuzz: {} targets, {secs} s each, no crash ({:.0?})",
+        targets.len(),
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// `cargo deny check advisories`: reported, never blocking (the advisory
+/// database changes daily and needs the network). Returns the line to print.
+fn advisories() -> String {
+    let result = cargo([
+        "deny",
+        "--workspace",
+        "check",
+        "--hide-inclusion-graph",
+        "advisories",
+    ])
+    .run();
+    match result {
+        Ok(()) => "advisories: no known advisory affects the dependency tree".to_owned(),
+        Err(e) => format!(
+            "advisories: WARNING (not blocking): {e}; see the output above (a failed \
+             fetch of the advisory database means the check could not run)"
+        ),
+    }
 }
 
 fn docs() -> Result<()> {

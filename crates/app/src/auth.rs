@@ -9,6 +9,8 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::Response;
 use parlance_core::ProductId;
+use parlance_ports::PortResult;
+use parlance_postgres::PgApiKeys;
 use sha2::{Digest, Sha256};
 
 use crate::http::ApiError;
@@ -40,7 +42,8 @@ impl ApiKey {
         &self.0
     }
 
-    fn digest(key: &str) -> [u8; 32] {
+    /// The SHA-256 digest of a key: all that is ever stored.
+    pub fn digest(key: &str) -> [u8; 32] {
         Sha256::digest(key.as_bytes()).into()
     }
 }
@@ -52,10 +55,13 @@ impl fmt::Debug for ApiKey {
 }
 
 /// Known keys, held as SHA-256 digests: a lookup compares digests, never the
-/// key text, so timing reveals nothing about a key's prefix.
+/// key text, so timing reveals nothing about a key's prefix. Keys given at
+/// start-up live in memory; with a database, the `api_keys` table (managed
+/// by `parlance keys`) is asked next.
 #[derive(Debug, Default, Clone)]
 pub struct ApiKeys {
     by_digest: HashMap<[u8; 32], ProductId>,
+    store: Option<PgApiKeys>,
 }
 
 impl ApiKeys {
@@ -76,9 +82,33 @@ impl ApiKeys {
         keys
     }
 
-    /// The product a presented key opens.
+    /// Also accepts the unrevoked keys stored in PostgreSQL.
+    #[must_use]
+    pub fn with_store(mut self, store: PgApiKeys) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The product a presented key opens, among the in-memory keys.
     pub fn product_for(&self, presented: &str) -> Option<&ProductId> {
         self.by_digest.get(&ApiKey::digest(presented))
+    }
+
+    /// The product a presented key opens: the in-memory keys first, then the
+    /// database's unrevoked keys.
+    ///
+    /// # Errors
+    ///
+    /// When the key table cannot be read.
+    pub async fn resolve(&self, presented: &str) -> PortResult<Option<ProductId>> {
+        let digest = ApiKey::digest(presented);
+        if let Some(p) = self.by_digest.get(&digest) {
+            return Ok(Some(p.clone()));
+        }
+        match &self.store {
+            Some(store) => store.product_for(&digest).await,
+            None => Ok(None),
+        }
     }
 }
 
@@ -101,8 +131,8 @@ pub async fn require_key(
         .ok_or_else(|| ApiError::unauthorized("missing bearer token"))?;
     let product = state
         .keys
-        .product_for(presented)
-        .cloned()
+        .resolve(presented)
+        .await?
         .ok_or_else(|| ApiError::unauthorized("unknown API key"))?;
     req.extensions_mut().insert(Authenticated(product));
     Ok(next.run(req).await)

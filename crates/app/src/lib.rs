@@ -16,6 +16,7 @@ pub mod conversation;
 pub mod demo;
 pub mod flow;
 pub mod http;
+pub mod keys;
 pub mod models;
 pub mod serve;
 pub mod session;

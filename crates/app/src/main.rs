@@ -1,5 +1,5 @@
 //! The `parlance` command line: `serve`, `worker`, `tasks`, `migrate`,
-//! `demo`.
+//! `keys`, `demo`.
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +28,8 @@ enum Command {
     Worker(parlance_app::worker::command::WorkerArgs),
     /// Inspect and retry dead-lettered tasks.
     Tasks(parlance_app::worker::command::TasksArgs),
+    /// Create, list and revoke API keys stored in PostgreSQL.
+    Keys(parlance_app::keys::KeysArgs),
     /// Apply database migrations and exit.
     Migrate {
         /// PostgreSQL URL.
@@ -60,6 +62,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Tasks(args) => {
             telemetry::init(cli.log_format);
             parlance_app::worker::command::tasks(args, std::io::stdout().lock()).await
+        }
+        Command::Keys(args) => {
+            telemetry::init(cli.log_format);
+            parlance_app::keys::run(args, std::io::stdout().lock()).await
         }
         Command::Migrate { database_url } => {
             telemetry::init(cli.log_format);

@@ -39,6 +39,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<(AppState, ApiK
             parlance_postgres::migrate(&pool)
                 .await
                 .with_context(|| format!("migrate {url}"))?;
+            let keys = keys.with_store(parlance_postgres::PgApiKeys::new(pool.clone()));
             AppState::postgres(pool, keys)
         }
     };

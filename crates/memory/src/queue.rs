@@ -601,6 +601,17 @@ impl TaskQueue for MemoryTaskQueue {
                 st.dags[&d].nodes[n].key
             )));
         }
+        if let Some((d, n, true, _)) = node
+            && let Some(items) = result.as_array()
+            && items.len() > self.config.dag_limits.max_nodes
+        {
+            return Err(PortError::invalid(format!(
+                "map node {:?} returned {} items; a map fans out to at most {}",
+                st.dags[&d].nodes[n].key,
+                items.len(),
+                self.config.dag_limits.max_nodes
+            )));
+        }
         let job = st.leased(lease)?;
         job.state = JobState::Completed;
         job.finished_at = Some(now);

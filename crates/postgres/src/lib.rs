@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod adoption;
+mod api_keys;
 mod audit;
 mod conversation;
 mod crisis;
@@ -23,6 +24,7 @@ mod time;
 mod turn;
 
 pub use adoption::PgAdoptionStore;
+pub use api_keys::{ApiKeyRecord, PgApiKeys};
 pub use audit::PgAuditLog;
 pub use conversation::PgConversationStore;
 pub use crisis::PgCrisisLog;

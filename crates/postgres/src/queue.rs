@@ -425,6 +425,15 @@ impl PgTaskQueue {
                 ))));
                 continue;
             }
+            let max = self.config.dag_limits.max_nodes;
+            if is_map && result.as_array().is_some_and(|a| a.len() > max) {
+                let node = lease.dag.as_ref().map(|d| d.node.as_str()).unwrap_or("");
+                let len = result.as_array().map_or(0, Vec::len);
+                out.push(Err(PortError::invalid(format!(
+                    "map node {node:?} returned {len} items; a map fans out to at most {max}"
+                ))));
+                continue;
+            }
             let node_id = match fenced_finish(&mut tx, lease, job::COMPLETED, None, now).await {
                 Ok(Some(n)) => n,
                 Ok(None) => {

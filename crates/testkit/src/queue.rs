@@ -49,6 +49,7 @@ macro_rules! task_queue_suite {
                 cancel_dag_stops_a_running_dag,
                 dag_shapes_are_validated,
                 map_node_must_return_an_array,
+                dag_size_is_limited,
                 purge_removes_old_finished_rows,
             ]
         }
@@ -1125,6 +1126,42 @@ pub async fn map_node_must_return_an_array(s: Subject) {
     let st = s.queue.dag_status(id).await.expect("status");
     assert_eq!(st.state, DagState::Failed);
     assert_eq!(st.done, 0);
+}
+
+/// A DAG over the node limit is refused with nothing enqueued, and a map
+/// node fanning out past it is refused and stays leased.
+pub async fn dag_size_is_limited(s: Subject) {
+    let max = config().dag_limits.max_nodes;
+    let mut big = DagSpec::new(product());
+    for i in 0..=max {
+        big = big.node(NodeSpec::new(format!("n{i}"), "step", json!({})));
+    }
+    let err = s.queue.enqueue_dag(&big).await.unwrap_err();
+    assert_eq!(err.kind, parlance_ports::ErrorKind::Invalid, "{err}");
+    assert!(claim(&s, 1, 10).await.is_empty(), "nothing was enqueued");
+
+    let dag = DagSpec::new(product()).node(
+        NodeSpec::new("list", "split", json!({}))
+            .max_attempts(1)
+            .map(MapSpec {
+                kind: "square".to_owned(),
+                payload: json!({}),
+                label: None,
+            }),
+    );
+    let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
+    let l = claim_one(&s, 1).await.expect("list");
+    let items: Vec<Value> = (0..=max).map(|i| json!(i)).collect();
+    let err = s.queue.complete(&l, json!(items)).await.unwrap_err();
+    assert_eq!(err.kind, parlance_ports::ErrorKind::Invalid, "{err}");
+    let outcome = s
+        .queue
+        .fail(&l, "map fan-out over the limit", false)
+        .await
+        .expect("still leased");
+    assert_eq!(outcome, FailOutcome::Discarded);
+    let st = s.queue.dag_status(id).await.expect("status");
+    assert_eq!((st.state, st.total), (DagState::Failed, 1));
 }
 
 /// Finished rows older than the cut-off are deleted; discarded tasks and

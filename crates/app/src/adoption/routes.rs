@@ -319,6 +319,7 @@ async fn post_events(
     ApiJson(req): ApiJson<PostEvents>,
 ) -> Result<ApiJson<Value>, ApiError> {
     let user = user_id(path)?;
+    crate::http::check_items("events", req.events.len())?;
     let (stored, ()) = service::update(
         &app,
         &product,
@@ -355,6 +356,8 @@ async fn post_activity(
     ApiJson(req): ApiJson<PostActivity>,
 ) -> Result<ApiJson<Value>, ApiError> {
     let user = user_id(path)?;
+    crate::http::check_items("actions", req.actions.len())?;
+    crate::http::check_items("discovered_features", req.discovered_features.len())?;
     // The role decides the plan; read it from the stored record (or the
     // metadata of a first call).
     let role = match app.adoption.load(&product, &user).await? {

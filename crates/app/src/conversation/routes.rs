@@ -155,6 +155,7 @@ async fn create(
     Tenant(product): Tenant,
     ApiJson(body): ApiJson<CreateBody>,
 ) -> Result<(StatusCode, ApiJson<View>), ApiError> {
+    crate::http::check_items("todos", body.todos.len())?;
     let instance_id =
         InstanceId::from_uuid(body.instance_id.unwrap_or_else(|| state.ids.new_uuid()));
     let new = NewInstance {

@@ -59,6 +59,16 @@ fn flow_error(e: FlowError) -> ApiError {
         }
         FlowError::StaleInvocation { .. } => ApiError::conflict("nothing-running", detail),
         FlowError::Hook { .. } => ApiError::unprocessable(detail),
+        FlowError::RenderLimit { what, limit } => ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "render-limit",
+            detail,
+        )
+        .with("template", what)
+        .with("limit", limit),
+        FlowError::DialogueFull { len } => {
+            ApiError::conflict("dialogue-full", detail).with("len", len)
+        }
         FlowError::Render { .. } | FlowError::Invalid(_) => ApiError::internal(&e),
     }
 }

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use axum::routing::get;
 use tower_http::trace::TraceLayer;
 
@@ -17,6 +17,29 @@ pub use json::ApiJson;
 
 use crate::auth::require_key;
 use crate::state::AppState;
+
+/// The most items (events, actions, features, todos) one request may carry;
+/// more answer 422 `too-many-items` and change nothing.
+pub const MAX_ITEMS_PER_REQUEST: usize = 1_000;
+
+/// 422 `too-many-items` when the list `field` holds more than
+/// [`MAX_ITEMS_PER_REQUEST`] items.
+///
+/// # Errors
+///
+/// The 422 itself.
+pub fn check_items(field: &'static str, len: usize) -> Result<(), ApiError> {
+    if len > MAX_ITEMS_PER_REQUEST {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "too-many-items",
+            format!("{field} holds {len} items; at most {MAX_ITEMS_PER_REQUEST} per request"),
+        )
+        .with("field", field)
+        .with("max", MAX_ITEMS_PER_REQUEST));
+    }
+    Ok(())
+}
 
 /// Routes under `/v1`, before authentication is layered on. Each machine adds
 /// its routes here.
@@ -33,12 +56,15 @@ fn v1_routes() -> Router<AppState> {
 pub fn router(state: AppState) -> Router {
     let v1 = v1_routes()
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .nest("/v1", v1)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(problem_json))
         .layer(DefaultBodyLimit::max(state.body_limit))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -68,6 +94,46 @@ async fn reject_large_bodies(
     }
 }
 
+/// Turns a 4xx answered by an extractor's own rejection (a query string or
+/// path segment that does not parse) into problem+json, like every other
+/// error answer.
+async fn problem_json(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_problem = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if !status.is_client_error() || is_problem {
+        return res;
+    }
+    let detail = match axum::body::to_bytes(res.into_body(), 4096).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("bad request")
+            .to_owned(),
+    };
+    let kind = match status.as_u16() {
+        400 => "bad-request",
+        404 => "not-found",
+        405 => "method-not-allowed",
+        413 => "payload-too-large",
+        415 => "unsupported-media-type",
+        422 => "invalid-request",
+        _ => "client-error",
+    };
+    ApiError::new(status, kind, detail).into_response()
+}
+
 async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "the route does not take this method",
+    )
 }

@@ -3,10 +3,15 @@
 mod adoption;
 mod adoption_llm;
 mod agent;
+mod bad_input;
+mod concurrency;
 mod conversation;
+mod faults;
 mod flow;
+mod security;
 mod service;
 mod session;
 mod support;
+mod tenancy;
 mod webhook;
 mod worker;

@@ -200,6 +200,22 @@ pub enum FlowError {
         /// Its message.
         message: String,
     },
+    /// A template or expression went over a limit: [`TEMPLATE_FUEL`]
+    /// instructions or [`MAX_RENDER_BYTES`] of output.
+    #[error("rendering `{what}` went over its limit of {limit}")]
+    RenderLimit {
+        /// The template name or expression.
+        what: String,
+        /// The limit, with its unit.
+        limit: String,
+    },
+    /// The session's dialogue holds [`MAX_DIALOGUE`] elements: it takes no
+    /// more user events.
+    #[error("the dialogue holds {len} elements, the most a session may hold")]
+    DialogueFull {
+        /// How many elements it holds.
+        len: usize,
+    },
     /// A template or expression failed.
     #[error("rendering `{what}` failed: {message}")]
     Render {
@@ -208,6 +224,53 @@ pub enum FlowError {
         /// The renderer's message.
         message: String,
     },
+}
+
+/// Instructions one render or expression may run (minijinja fuel): a
+/// template that loops for ever stops with [`FlowError::RenderLimit`].
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
+
+/// Bytes one render may write.
+pub const MAX_RENDER_BYTES: usize = 1024 * 1024;
+
+/// Dialogue elements one session may hold; beyond, user events are refused
+/// with [`FlowError::DialogueFull`].
+pub const MAX_DIALOGUE: usize = 10_000;
+
+/// A writer that refuses to grow past [`MAX_RENDER_BYTES`].
+struct Capped {
+    out: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > MAX_RENDER_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("render output over its limit"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The typed error for a failed render or evaluation of `what`.
+fn render_error(what: &str, e: &minijinja::Error) -> FlowError {
+    if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        FlowError::RenderLimit {
+            what: what.to_owned(),
+            limit: format!("{TEMPLATE_FUEL} instructions"),
+        }
+    } else {
+        FlowError::Render {
+            what: what.to_owned(),
+            message: e.to_string(),
+        }
+    }
 }
 
 fn join_problems(p: &[FlowProblem]) -> String {
@@ -427,6 +490,7 @@ impl Flow {
             })
         };
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         for (name, source) in &def.templates {
             if let Err(e) = env.add_template_owned(name.clone(), source.clone()) {
                 p(
@@ -677,25 +741,34 @@ impl Flow {
         Value::Object(data)
     }
 
-    /// Renders the template `name` with `data`.
+    /// Renders the template `name` with `data`, within [`TEMPLATE_FUEL`]
+    /// and [`MAX_RENDER_BYTES`].
     pub fn render(&self, name: &str, data: &Value) -> Result<String, FlowError> {
-        let err = |e: minijinja::Error| FlowError::Render {
+        let template = self
+            .env
+            .get_template(name)
+            .map_err(|e| render_error(name, &e))?;
+        let mut out = Capped {
+            out: Vec::new(),
+            over: false,
+        };
+        let rendered = template.render_captured_to(json_to_mj(data), &mut out);
+        if out.over {
+            return Err(FlowError::RenderLimit {
+                what: name.to_owned(),
+                limit: format!("{MAX_RENDER_BYTES} bytes of output"),
+            });
+        }
+        rendered.map_err(|e| render_error(name, &e))?;
+        String::from_utf8(out.out).map_err(|e| FlowError::Render {
             what: name.to_owned(),
             message: e.to_string(),
-        };
-        self.env
-            .get_template(name)
-            .map_err(err)?
-            .render(json_to_mj(data))
-            .map_err(err)
+        })
     }
 
     /// Evaluates an expression over `data`.
     pub fn eval(&self, expr: &str, data: &Value) -> Result<Value, FlowError> {
-        let err = |e: minijinja::Error| FlowError::Render {
-            what: expr.to_owned(),
-            message: e.to_string(),
-        };
+        let err = |e: minijinja::Error| render_error(expr, &e);
         let v = self
             .env
             .compile_expression(expr)
@@ -715,10 +788,7 @@ impl Flow {
         match c {
             Condition::Fn(f) => Ok(f(data)),
             Condition::Expr(e) => {
-                let err = |er: minijinja::Error| FlowError::Render {
-                    what: e.clone(),
-                    message: er.to_string(),
-                };
+                let err = |er: minijinja::Error| render_error(e, &er);
                 Ok(self
                     .env
                     .compile_expression(e)
@@ -805,6 +875,11 @@ impl Flow {
         if let Some(r) = &session.running {
             return Err(FlowError::DagRunning {
                 state: r.state.clone(),
+            });
+        }
+        if dialogue.len() >= MAX_DIALOGUE {
+            return Err(FlowError::DialogueFull {
+                len: dialogue.len(),
             });
         }
         self.take(session, dialogue, event, input, invocation_id, None, now)

@@ -20,7 +20,8 @@ pub use def::{
 pub use dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
 pub use engine::{
     Fired, Flow, FlowBuilder, FlowError, FlowSession, HookContext, HookFn, HookPoint, HookScope,
-    ON_COMPLETE, ON_ERROR, RESERVED_EVENTS, Running, TaskError, ValidatorContext, ValidatorFn,
+    MAX_DIALOGUE, MAX_RENDER_BYTES, ON_COMPLETE, ON_ERROR, RESERVED_EVENTS, Running, TEMPLATE_FUEL,
+    TaskError, ValidatorContext, ValidatorFn,
 };
 
 #[cfg(test)]

@@ -1014,3 +1014,59 @@ fn a_json_flow_file_loads_like_yaml() {
         .unwrap();
     assert_eq!(back.session.model["n"], 1);
 }
+
+fn two_states(b: &str) -> Flow {
+    FlowBuilder::new("t")
+        .template("a.j2", "a")
+        .template("b.j2", b)
+        .user_state("a", "a.j2")
+        .user_state("b", "b.j2")
+        .on("go", "a", "b")
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_template_that_never_ends_runs_out_of_fuel() {
+    let flow = two_states(
+        "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}{% endfor %}{% endfor %}",
+    );
+    let s = flow.start("s", now()).unwrap().session;
+    let e = flow.fire(&s, &[], "go", "", "x", now()).unwrap_err();
+    assert!(
+        matches!(&e, FlowError::RenderLimit { what, limit } if what == "b.j2" && limit.contains("instructions")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_template_writing_too_much_is_stopped_at_the_output_limit() {
+    let flow = two_states("{% for a in range(3000) %}{{ '0123456789' * 50 }}{% endfor %}");
+    let s = flow.start("s", now()).unwrap().session;
+    let e = flow.fire(&s, &[], "go", "", "x", now()).unwrap_err();
+    assert!(
+        matches!(&e, FlowError::RenderLimit { what, limit } if what == "b.j2" && limit == &format!("{MAX_RENDER_BYTES} bytes of output")),
+        "{e:?}"
+    );
+    // Just under the limit renders.
+    let ok = two_states("{% for a in range(2000) %}{{ '0123456789' * 50 }}{% endfor %}");
+    let s = ok.start("s", now()).unwrap().session;
+    let f = ok.fire(&s, &[], "go", "", "x", now()).unwrap();
+    assert_eq!(f.response.unwrap().len(), 1_000_000);
+}
+
+#[test]
+fn a_full_dialogue_takes_no_more_user_events() {
+    let flow = two_states("b");
+    let started = flow.start("s", now()).unwrap();
+    let element = started.appended[0].clone();
+    let full = vec![element; MAX_DIALOGUE];
+    let e = flow
+        .fire(&started.session, &full, "go", "", "x", now())
+        .unwrap_err();
+    assert_eq!(e, FlowError::DialogueFull { len: MAX_DIALOGUE });
+    assert!(
+        flow.fire(&started.session, &full[1..], "go", "", "x", now())
+            .is_ok()
+    );
+}

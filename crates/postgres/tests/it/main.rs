@@ -177,3 +177,51 @@ mod crisis_log {
             .map(|pool| Arc::new(PgCrisisLog::new(pool)) as parlance_testkit::crisis_log::Subject)
     });
 }
+
+mod api_keys {
+    use parlance_core::{ProductId, Timestamp};
+    use parlance_ports::ErrorKind;
+    use parlance_postgres::{PgApiKeys, testing::test_pool};
+
+    #[tokio::test]
+    async fn keys_are_created_listed_found_and_revoked() {
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let keys = PgApiKeys::new(pool);
+        let acme = ProductId::parse("acme").unwrap();
+        let other = ProductId::parse("other").unwrap();
+        let t0 = Timestamp::from_micros(1_767_225_600_000_000).unwrap();
+        let a = keys.create(&acme, &[1; 32], "ci", t0).await.unwrap();
+        let b = keys.create(&other, &[2; 32], "", t0).await.unwrap();
+        assert_eq!(
+            keys.product_for(&[1; 32]).await.unwrap(),
+            Some(acme.clone())
+        );
+        assert_eq!(
+            keys.product_for(&[2; 32]).await.unwrap(),
+            Some(other.clone())
+        );
+        assert_eq!(keys.product_for(&[3; 32]).await.unwrap(), None);
+        let dup = keys.create(&acme, &[1; 32], "again", t0).await.unwrap_err();
+        assert_eq!(dup.kind, ErrorKind::Conflict);
+
+        assert_eq!(keys.list(None).await.unwrap().len(), 2);
+        let mine = keys.list(Some(&acme)).await.unwrap();
+        assert_eq!(mine, vec![a.clone()]);
+
+        // Another product cannot revoke the key; its owner can, once.
+        let e = keys.revoke(&other, a.id, t0).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        let t1 = Timestamp::from_micros(1_767_225_700_000_000).unwrap();
+        keys.revoke(&acme, a.id, t1).await.unwrap();
+        keys.revoke(&acme, a.id, t0).await.unwrap();
+        assert_eq!(keys.product_for(&[1; 32]).await.unwrap(), None);
+        assert_eq!(
+            keys.list(Some(&acme)).await.unwrap()[0].revoked_at,
+            Some(t1)
+        );
+        assert_eq!(keys.product_for(&[2; 32]).await.unwrap(), Some(other));
+        assert!(b.revoked_at.is_none());
+    }
+}
