@@ -1,9 +1,12 @@
 //! The conversation agent: one turn reads the objective, the todos and the
 //! transcript, asks the model for exactly one action and applies it.
 
-use parlance_core::ProductId;
-use parlance_core::conversation::{ConversationState, Instance, InstanceId, Message, Role, Todo};
+use parlance_core::conversation::{
+    ConversationError, ConversationState, Effect, Instance, InstanceId, Message, Outcome, Role,
+    Todo,
+};
 use parlance_core::structured;
+use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     CompletionRequest, CompletionResponse, Lease, LlmError, Message as LlmMessage, PortError,
     TaskSpec, ToolChoice, ToolDefinition,
@@ -267,20 +270,13 @@ async fn act(
     state: &AppState,
     product: &ProductId,
     id: InstanceId,
-    command: impl FnOnce(
-        &mut Instance,
-        parlance_core::Timestamp,
-    ) -> Result<
-        parlance_core::conversation::Outcome,
-        parlance_core::conversation::ConversationError,
-    > + Send
+    command: impl FnOnce(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>
+    + Send
     + 'static,
 ) -> Result<TurnResult, AgentError> {
     Ok(match service::apply(state, product, id, command).await? {
         Ok(applied) => TurnResult::Applied(applied.instance.state),
-        Err(parlance_core::conversation::ConversationError::NotAllowed { state, .. }) => {
-            TurnResult::Skipped(state)
-        }
+        Err(ConversationError::NotAllowed { state, .. }) => TurnResult::Skipped(state),
         Err(other) => return Err(AgentError::Unusable(other.to_string())),
     })
 }
@@ -401,12 +397,7 @@ pub const FOLLOW_UP_KIND: &str = "conversation.follow_up";
 
 /// Queues the agent work an effect asks for. One pending task per instance
 /// and kind: a second request while one waits is folded into it.
-pub async fn schedule(
-    state: &AppState,
-    instance: &Instance,
-    effect: &parlance_core::conversation::Effect,
-) {
-    use parlance_core::conversation::Effect;
+pub async fn schedule(state: &AppState, instance: &Instance, effect: &Effect) {
     let kind = match effect {
         Effect::EnqueueAgentTurn => TURN_KIND,
         Effect::ComposeFollowUp => FOLLOW_UP_KIND,

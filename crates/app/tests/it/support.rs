@@ -18,7 +18,6 @@ pub(crate) const KEY: &str = "pk_test_acme";
 pub(crate) struct TestServer {
     pub(crate) addr: SocketAddr,
     pub(crate) client: reqwest::Client,
-    #[allow(dead_code)] // machine tests move it
     pub(crate) clock: Arc<ManualClock>,
 }
 
