@@ -170,22 +170,22 @@ async fn steady_state(url: &str, workers: usize, batch: usize, secs: u64) -> any
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
-/// The same statements as [`steady_state`] sends (enqueue in a transaction
-/// with its wake-up notify, the claim with its worker upsert, the batched
+/// The same statements as [`steady_state`] sends (the enqueue with its
+/// wake-up notify, the claim with its worker upsert, the batched
 /// completion), with `now()` for the clock, run by pgbench.
 fn pgbench(url: &str, workers: usize, batch: usize, secs: u64) -> anyhow::Result<f64> {
     let script = format!(
         "\\set w random(1, 1000000)\n\
-         BEGIN;\n\
-         INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, timeout_ms, args, created_at) \
+         WITH ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, timeout_ms, args, created_at) \
          SELECT p, q, k, pr, ra, ma, tm, a, now() FROM UNNEST(array_fill('bench'::text, ARRAY[{batch}]), \
          array_fill('default'::text, ARRAY[{batch}]), array_fill('noop'::text, ARRAY[{batch}]), \
          array_fill(0::int2, ARRAY[{batch}]), array_fill(now(), ARRAY[{batch}]), array_fill(5, ARRAY[{batch}]), \
          array_fill(NULL::int8, ARRAY[{batch}]), array_fill('{{}}'::jsonb, ARRAY[{batch}])) \
-         AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id;\n\
-         SELECT pg_notify('parlance_jobs', '');\n\
-         COMMIT;\n\
-         WITH w AS (INSERT INTO workers (id, started_at, last_seen) VALUES (('00000000-0000-0000-0000-' || lpad(:client_id::text, 12, '0'))::uuid, now(), now()) \
+         AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id, run_at), \
+         hint AS (SELECT pg_notify('parlance_jobs', '') FROM ins WHERE run_at <= now() LIMIT 1) \
+         SELECT id FROM ins WHERE (SELECT count(*) FROM hint) >= 0;\n\
+         WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT ('00000000-0000-0000-0000-' || lpad(:client_id::text, 12, '0'))::uuid, now(), now() \
+         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
          ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
          WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
          c AS (SELECT id FROM jobs WHERE state = 0 AND queue = 'default' AND run_at <= now() \
@@ -199,7 +199,8 @@ fn pgbench(url: &str, workers: usize, batch: usize, secs: u64) -> anyhow::Result
          SELECT array_agg(id) AS ids, array_agg(lease_token) AS toks FROM u \\gset\n\
          UPDATE jobs j SET state = 2, finished_at = now(), leased_by = NULL \
          FROM UNNEST(:ids::int8[], :toks::int8[]) AS t(id, tok) \
-         WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok RETURNING j.id;\n"
+         WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok \
+         AND j.leased_by = ('00000000-0000-0000-0000-' || lpad(:client_id::text, 12, '0'))::uuid RETURNING j.id;\n"
     );
     let path = std::env::temp_dir().join(format!("parlance-queue-bench-{batch}.sql"));
     std::fs::write(&path, script)?;

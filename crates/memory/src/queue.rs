@@ -380,7 +380,13 @@ impl State {
     /// The running task `lease` names, if the lease still holds.
     fn leased(&mut self, lease: &Lease) -> PortResult<&mut Job> {
         match self.jobs.get_mut(&lease.task_id.0) {
-            Some(j) if j.state == JobState::Running && j.token == lease.token => Ok(j),
+            Some(j)
+                if j.state == JobState::Running
+                    && j.token == lease.token
+                    && j.leased_by == Some(lease.worker) =>
+            {
+                Ok(j)
+            }
             _ => Err(PortError::lease_lost(lease)),
         }
     }

@@ -3,8 +3,15 @@
 //!
 //! Claims are one statement: a batched `FOR UPDATE SKIP LOCKED` select over
 //! the partial claim index feeding an `UPDATE … RETURNING` that hands out
-//! fresh fencing tokens. Every completion, failure and release is fenced by
-//! `state = running AND lease_token = $token`. A DAG node's completion runs in
+//! fresh fencing tokens. A claim commits without waiting for its WAL flush
+//! (`synchronous_commit = off` for that transaction only): a claim lost in a
+//! server crash leaves its task `available` and the task simply runs again,
+//! while enqueues and completions stay synchronous, and a completion's flush
+//! makes every earlier claim durable too. Every completion, failure and
+//! release is fenced by `state = running AND lease_token = $token AND
+//! leased_by = $worker`; the worker is part of the fence because a token
+//! drawn by a claim the crash lost may be drawn again. Plain enqueues are one
+//! statement with their wake-up hint. A DAG node's completion runs in
 //! one transaction that first locks the run row, then applies the fenced
 //! update, stores the result, decrements the children's remaining-dependency
 //! counters and inserts jobs for the children that reached zero, so a join
@@ -152,6 +159,7 @@ impl PgTaskQueue {
         }
         let now = self.clock.now();
         let mut ids: Vec<Option<TaskId>> = Vec::with_capacity(tasks.len());
+        let mut notified = false;
         let mut i = 0;
         while i < tasks.len() {
             if let Some(key) = &tasks[i].dedup_key {
@@ -185,12 +193,16 @@ impl PgTaskQueue {
                 .position(|t| t.dedup_key.is_some())
                 .map_or(tasks.len(), |p| i + p);
             let batch = &tasks[i..end];
+            // One statement: the rows, and the wake-up hint when one of
+            // them is runnable now (evaluated once, delivered at commit).
             let mut got: Vec<i64> = sqlx::query_scalar(
-                "INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
-                 timeout_ms, args, created_at) \
+                "WITH ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
+                 max_attempts, timeout_ms, args, created_at) \
                  SELECT p, q, k, pr, ra, ma, tm, a, $9 FROM UNNEST($1::text[], $2::text[], \
                  $3::text[], $4::int2[], $5::timestamptz[], $6::int4[], $7::int8[], $8::jsonb[]) \
-                 AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id",
+                 AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id, run_at), \
+                 hint AS (SELECT pg_notify($10, '') FROM ins WHERE run_at <= $9 LIMIT 1) \
+                 SELECT id FROM ins WHERE (SELECT count(*) FROM hint) >= 0",
             )
             .bind(
                 batch
@@ -221,9 +233,11 @@ impl PgTaskQueue {
             )
             .bind(batch.iter().map(|t| t.payload.clone()).collect::<Vec<_>>())
             .bind(to_pg(now))
+            .bind(CHANNEL)
             .fetch_all(&mut *conn)
             .await
             .map_err(pg_err("enqueue tasks"))?;
+            notified |= batch.iter().any(|t| t.run_at.is_none_or(|r| r <= now));
             // Identity values follow insertion order within one statement.
             got.sort_unstable();
             ids.extend(got.into_iter().map(|id| Some(TaskId(id))));
@@ -234,7 +248,9 @@ impl PgTaskQueue {
             .zip(&ids)
             .any(|(t, id)| id.is_some() && t.run_at.is_none_or(|r| r <= now));
         if runnable {
-            notify(&mut *conn).await?;
+            if !notified {
+                notify(&mut *conn).await?;
+            }
             wake(&self.shared.notify);
         }
         Ok(ids)
@@ -548,13 +564,14 @@ async fn fenced_finish(
     let row: Option<(Option<i64>,)> = sqlx::query_as(
         "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
          last_error = coalesce($5, last_error) \
-         WHERE id = $1 AND state = 1 AND lease_token = $2 RETURNING node_id",
+         WHERE id = $1 AND state = 1 AND lease_token = $2 AND leased_by = $6 RETURNING node_id",
     )
     .bind(lease.task_id.0)
     .bind(lease.token)
     .bind(state)
     .bind(to_pg(now))
     .bind(error)
+    .bind(lease.worker.0)
     .fetch_optional(conn)
     .await
     .map_err(pg_err("finish task"))?;
@@ -822,6 +839,12 @@ async fn stop_run(
 impl TaskQueue for PgTaskQueue {
     #[tracing::instrument(level = "debug", skip_all, fields(tasks = tasks.len()))]
     async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>> {
+        if tasks.iter().all(|t| t.dedup_key.is_none()) {
+            // Without dedup keys `enqueue_in` sends one statement, atomic
+            // on its own: no transaction round trips.
+            let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
+            return self.enqueue_in(&mut conn, tasks).await;
+        }
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
         let ids = self.enqueue_in(&mut tx, tasks).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
@@ -851,7 +874,8 @@ impl TaskQueue for PgTaskQueue {
         let now = self.clock.now();
         // Claiming is a heartbeat too, written at most once a second.
         let rows = sqlx::query(
-            "WITH w AS (INSERT INTO workers (id, started_at, last_seen) VALUES ($1, $2, $2) \
+            "WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT $1, $2, $2 \
+             FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
              ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
              WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
              c AS (SELECT id FROM jobs WHERE state = 0 AND queue = $3 AND run_at <= $2 \
@@ -958,12 +982,14 @@ impl TaskQueue for PgTaskQueue {
         if !plain.is_empty() {
             let ids: Vec<i64> = sqlx::query_scalar(
                 "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL \
-                 FROM UNNEST($1::int8[], $2::int8[]) AS t(id, tok) \
-                 WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok RETURNING j.id",
+                 FROM UNNEST($1::int8[], $2::int8[], $4::uuid[]) AS t(id, tok, w) \
+                 WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok \
+                 AND j.leased_by = t.w RETURNING j.id",
             )
             .bind(plain.iter().map(|l| l.task_id.0).collect::<Vec<_>>())
             .bind(plain.iter().map(|l| l.token).collect::<Vec<_>>())
             .bind(to_pg(now))
+            .bind(plain.iter().map(|l| l.worker.0).collect::<Vec<_>>())
             .fetch_all(&self.pool)
             .await
             .map_err(pg_err("complete tasks"))?;
@@ -1041,12 +1067,13 @@ impl TaskQueue for PgTaskQueue {
                 }
                 let n = sqlx::query(
                     "UPDATE jobs SET state = 0, run_at = $3, leased_by = NULL, last_error = $4 \
-                     WHERE id = $1 AND state = 1 AND lease_token = $2",
+                     WHERE id = $1 AND state = 1 AND lease_token = $2 AND leased_by = $5",
                 )
                 .bind(lease.task_id.0)
                 .bind(lease.token)
                 .bind(to_pg(run_at))
                 .bind(error)
+                .bind(lease.worker.0)
                 .execute(&mut *tx)
                 .await
                 .map_err(pg_err("retry task"))?
@@ -1068,11 +1095,12 @@ impl TaskQueue for PgTaskQueue {
         let now = self.clock.now();
         let n = sqlx::query(
             "UPDATE jobs SET state = 0, attempt = greatest(attempt - 1, 0), run_at = $3, \
-             leased_by = NULL WHERE id = $1 AND state = 1 AND lease_token = $2",
+             leased_by = NULL WHERE id = $1 AND state = 1 AND lease_token = $2 AND leased_by = $4",
         )
         .bind(lease.task_id.0)
         .bind(lease.token)
         .bind(to_pg(now))
+        .bind(lease.worker.0)
         .execute(&self.pool)
         .await
         .map_err(pg_err("release task"))?
@@ -1150,23 +1178,24 @@ impl TaskQueue for PgTaskQueue {
         }
         // Exhausted ones are discarded, each fenced on the token seen, so a
         // completion racing with the sweep wins or loses cleanly.
-        let exhausted: Vec<(i64, i64, Option<i64>, Option<String>)> = sqlx::query_as(&format!(
-            "SELECT j.id, j.lease_token, j.dag_run_id, \
+        let exhausted: Vec<(i64, i64, Option<uuid::Uuid>, Option<i64>, Option<String>)> =
+            sqlx::query_as(&format!(
+                "SELECT j.id, j.lease_token, j.leased_by, j.dag_run_id, \
              (SELECT key FROM dag_nodes WHERE id = j.node_id) \
              FROM jobs j WHERE {} AND attempt >= max_attempts ORDER BY id LIMIT $3",
-            lost.replace("jobs.leased_by", "j.leased_by")
-        ))
-        .bind(to_pg(now))
-        .bind(to_pg(stale))
-        .bind(BATCH)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(pg_err("find exhausted tasks"))?;
-        for (id, token, dag, key) in exhausted {
+                lost.replace("jobs.leased_by", "j.leased_by")
+            ))
+            .bind(to_pg(now))
+            .bind(to_pg(stale))
+            .bind(BATCH)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("find exhausted tasks"))?;
+        for (id, token, worker, dag, key) in exhausted {
             let lease = Lease {
                 task_id: TaskId(id),
                 token,
-                worker: WorkerId(Default::default()),
+                worker: WorkerId(worker.unwrap_or_default()),
                 product_id: ProductId::default_product(),
                 kind: String::new(),
                 queue: String::new(),

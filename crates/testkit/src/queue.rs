@@ -34,6 +34,7 @@ macro_rules! task_queue_suite {
                 silent_worker_loses_its_tasks,
                 expired_deadline_requeues_then_discards,
                 fenced_operations_after_lease_loss_are_rejected,
+                fence_names_the_worker,
                 failed_attempts_back_off_then_dead_letter,
                 release_gives_the_attempt_back,
                 complete_many_fences_each_item,
@@ -370,6 +371,31 @@ pub async fn fenced_operations_after_lease_loss_are_rejected(s: Subject) {
     let twice = s.queue.complete(&fresh, json!("again")).await.unwrap_err();
     assert!(twice.is_lease_lost(), "a lease completes once");
     assert!(claim_one(&s, 2).await.is_none());
+}
+
+/// A lease is its task, its token and its worker: the same token presented
+/// for another worker is refused and changes nothing.
+pub async fn fence_names_the_worker(s: Subject) {
+    s.queue.enqueue(&[task("a")]).await.expect("enqueue");
+    let held = claim_one(&s, 1).await.expect("claim");
+    let forged = Lease {
+        worker: worker(2),
+        ..held.clone()
+    };
+    for err in [
+        s.queue
+            .complete(&forged, json!("forged"))
+            .await
+            .unwrap_err(),
+        s.queue.fail(&forged, "forged", false).await.unwrap_err(),
+        s.queue.release(&forged).await.unwrap_err(),
+    ] {
+        assert!(err.is_lease_lost(), "{err}");
+    }
+    s.queue
+        .complete(&held, json!("ok"))
+        .await
+        .expect("the holder completes");
 }
 
 /// Retryable failures come back after exponential back-off; a permanent one

@@ -164,6 +164,41 @@ mod queue_in_transaction {
         assert_eq!(got[0].kind, "committed");
         assert_eq!(Some(got[0].task_id), ids[0]);
     }
+
+    /// Every enqueue of runnable work tells other processes at commit:
+    /// the one-statement batch, a deduplicated task and a caller's
+    /// transaction alike.
+    #[tokio::test]
+    async fn runnable_work_is_announced_to_other_processes() {
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let clock = Arc::new(ManualClock::new());
+        let queue = PgTaskQueue::new(pool.clone(), clock, QueueConfig::default());
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .unwrap();
+        listener.listen("parlance_jobs").await.unwrap();
+        let spec = |kind: &str| TaskSpec::new(ProductId::parse("p").unwrap(), kind, json!({}));
+        let mut heard = async || {
+            tokio::time::timeout(Duration::from_secs(60), listener.recv())
+                .await
+                .expect("a notification, not a hang")
+                .expect("the listener stays connected")
+                .channel()
+                .to_owned()
+        };
+        queue.enqueue(&[spec("a"), spec("b")]).await.unwrap();
+        assert_eq!(heard().await, "parlance_jobs");
+        let mut keyed = spec("c");
+        keyed.dedup_key = Some("c".into());
+        queue.enqueue(&[keyed]).await.unwrap();
+        assert_eq!(heard().await, "parlance_jobs");
+        let mut tx = pool.begin().await.unwrap();
+        queue.enqueue_in(&mut tx, &[spec("d")]).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(heard().await, "parlance_jobs");
+    }
 }
 
 mod crisis_log {
