@@ -123,7 +123,7 @@ impl AppState {
             Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default()));
         Self {
             backend: Backend::Memory,
-            conversations: Arc::new(MemoryConversationStore::new(audit.clone())),
+            conversations: Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone())),
             channel: Arc::new(LoopbackChannel::new()),
             sessions: Arc::new(MemorySessionStore::new(audit.clone())),
             tours: Arc::new(MemoryTourCatalogs::new()),
@@ -156,7 +156,7 @@ impl AppState {
         ));
         Self {
             audit: Arc::new(PgAuditLog::new(pool.clone())),
-            conversations: Arc::new(PgConversationStore::new(pool.clone())),
+            conversations: Arc::new(PgConversationStore::new(pool.clone(), (*queue).clone())),
             channel: Arc::new(LoopbackChannel::new()),
             adoption: Arc::new(PgAdoptionStore::new(pool.clone())),
             flow_store: Arc::new(PgFlowStore::with_queue(pool.clone(), queue.clone())),

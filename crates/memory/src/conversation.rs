@@ -1,5 +1,8 @@
 //! Conversation instances in memory, with the same guarantees as PostgreSQL:
-//! one lock makes every command, its transcript, audit and promotion atomic.
+//! one gate makes every creation and command, its transcript, audit,
+//! promotion and tasks atomic. A command is decided on a copy, its tasks are
+//! enqueued, and only then is the decision saved, so a failed enqueue leaves
+//! the instance as it was.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -11,8 +14,8 @@ use parlance_core::conversation::{
     Outcome,
 };
 use parlance_core::{ProductId, Timestamp};
-use parlance_ports::conversation::{Command, audit_entries, creation_entry};
-use parlance_ports::{Applied, ConversationStore, ListFilter, PortError, PortResult};
+use parlance_ports::conversation::{Command, audit_entries, creation_entry, effect_tasks};
+use parlance_ports::{Applied, ConversationStore, ListFilter, PortError, PortResult, TaskQueue};
 
 use crate::MemoryAuditLog;
 
@@ -37,15 +40,21 @@ struct Inner {
 /// Conversation instances held in memory.
 pub struct MemoryConversationStore {
     inner: Mutex<Inner>,
+    /// Held across a decision, its enqueue and its save.
+    gate: tokio::sync::Mutex<()>,
     audit: Arc<MemoryAuditLog>,
+    queue: Arc<dyn TaskQueue>,
 }
 
 impl MemoryConversationStore {
-    /// A store writing its transitions to `audit`.
-    pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
+    /// A store writing its transitions to `audit` and the tasks they ask for
+    /// to `queue`.
+    pub fn new(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
         Self {
             inner: Mutex::new(Inner::default()),
+            gate: tokio::sync::Mutex::new(()),
             audit,
+            queue,
         }
     }
 
@@ -94,23 +103,34 @@ impl Inner {
         }
     }
 
-    /// Promotes the oldest `QUEUED` instance of `holder`'s contact when the
-    /// contact is free.
-    fn promote_next(&mut self, holder: &Instance, now: Timestamp) -> Option<(Instance, Outcome)> {
+    /// The promotion of the oldest `QUEUED` instance of `holder`'s contact
+    /// when the contact is free once `holder` is saved, decided on a copy.
+    fn plan_promotion(
+        &self,
+        holder: &Instance,
+        now: Timestamp,
+    ) -> Option<(Key, Instance, Outcome)> {
         if self.contact_is_held(&holder.product_id, holder) || holder.holds_contact() {
             return None;
         }
+        // The holder as decided, the others as stored: a resumed queued
+        // instance may promote itself.
+        let current = |k: &Key| {
+            if k.1 == holder.instance_id && k.0 == holder.product_id {
+                holder
+            } else {
+                &self.instances[k].instance
+            }
+        };
         let key = self.order.iter().find(|k| {
-            let s = &self.instances[*k].instance;
+            let s = current(k);
             s.product_id == holder.product_id
                 && s.contact_id == holder.contact_id
                 && s.state == ConversationState::Queued
         })?;
-        let key = key.clone();
-        let mut next = self.instances[&key].instance.clone();
+        let mut next = current(key).clone();
         let outcome = next.promote(now).ok()?;
-        let saved = self.save(&key, next);
-        Some((saved, outcome))
+        Some((key.clone(), next, outcome))
     }
 }
 
@@ -121,24 +141,32 @@ impl ConversationStore for MemoryConversationStore {
         new: NewInstance,
         now: Timestamp,
     ) -> PortResult<Result<(Instance, Outcome), ConversationError>> {
-        let mut inner = self.lock();
+        let _gate = self.gate.lock().await;
         let key = (new.product_id.clone(), new.instance_id);
-        if inner.instances.contains_key(&key) {
-            return Err(PortError::conflict(format!(
-                "conversation {} already exists",
-                new.instance_id
-            )));
-        }
-        let held = inner.instances.values().any(|s| {
-            s.instance.product_id == new.product_id
-                && s.instance.contact_id == new.contact_id
-                && s.instance.holds_contact()
-        });
-        let (mut instance, outcome) = match Instance::create(new, held, now) {
-            Ok(created) => created,
-            Err(e) => return Ok(Err(e)),
+        let (mut instance, outcome) = {
+            let inner = self.lock();
+            if inner.instances.contains_key(&key) {
+                return Err(PortError::conflict(format!(
+                    "conversation {} already exists",
+                    new.instance_id
+                )));
+            }
+            let held = inner.instances.values().any(|s| {
+                s.instance.product_id == new.product_id
+                    && s.instance.contact_id == new.contact_id
+                    && s.instance.holds_contact()
+            });
+            match Instance::create(new, held, now) {
+                Ok(created) => created,
+                Err(e) => return Ok(Err(e)),
+            }
         };
         instance.version = 1;
+        let tasks = effect_tasks(&instance, &outcome);
+        if !tasks.is_empty() {
+            self.queue.enqueue(&tasks).await?;
+        }
+        let mut inner = self.lock();
         inner.instances.insert(
             key.clone(),
             Stored {
@@ -195,27 +223,41 @@ impl ConversationStore for MemoryConversationStore {
         now: Timestamp,
         command: Command,
     ) -> PortResult<Result<Applied, ConversationError>> {
-        let mut inner = self.lock();
+        let _gate = self.gate.lock().await;
         let key = (product.clone(), id);
-        let Some(stored) = inner.instances.get(&key) else {
-            return Err(PortError::not_found(format!("no conversation {id}")));
+        let (instance, outcome, promoted) = {
+            let inner = self.lock();
+            let Some(stored) = inner.instances.get(&key) else {
+                return Err(PortError::not_found(format!("no conversation {id}")));
+            };
+            let mut instance = stored.instance.clone();
+            let outcome = match command(&mut instance) {
+                Ok(o) => o,
+                Err(e) => return Ok(Err(e)),
+            };
+            let promoted = if outcome.effects.contains(&Effect::PromoteNextQueued) {
+                inner.plan_promotion(&instance, now)
+            } else {
+                None
+            };
+            (instance, outcome, promoted)
         };
-        let mut instance = stored.instance.clone();
-        let outcome = match command(&mut instance) {
-            Ok(o) => o,
-            Err(e) => return Ok(Err(e)),
-        };
+        let mut tasks = effect_tasks(&instance, &outcome);
+        if let Some((_, p, o)) = &promoted {
+            tasks.extend(effect_tasks(p, o));
+        }
+        if !tasks.is_empty() {
+            self.queue.enqueue(&tasks).await?;
+        }
+        let mut inner = self.lock();
         let instance = inner.save(&key, instance);
         inner.append(&key, &outcome);
         let mut audit = audit_entries(&instance, &outcome, now);
-        let promoted = if outcome.effects.contains(&Effect::PromoteNextQueued) {
-            inner.promote_next(&instance, now)
-        } else {
-            None
-        };
-        if let Some((p, o)) = &promoted {
-            audit.extend(audit_entries(p, o, now));
-        }
+        let promoted = promoted.map(|(k, p, o)| {
+            let saved = inner.save(&k, p);
+            audit.extend(audit_entries(&saved, &o, now));
+            (saved, o)
+        });
         self.audit.push(&audit);
         Ok(Ok(Applied {
             instance,

@@ -4,16 +4,61 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parlance_core::conversation::{
-    ContactId, ConversationError, ConversationState, Instance, InstanceId, Message, NewInstance,
-    Outcome,
+    ContactId, ConversationError, ConversationState, Effect, Instance, InstanceId, Message,
+    NewInstance, Outcome,
 };
 use parlance_core::{ProductId, Timestamp};
 
-use crate::PortResult;
+use crate::{PortResult, TaskSpec};
 
-/// A command run against a stored instance under its lock: pure machine code,
-/// no I/O. It mutates the instance and returns the outcome, or refuses.
-pub type Command = Box<dyn FnOnce(&mut Instance) -> Result<Outcome, ConversationError> + Send>;
+/// A command run against a stored instance: pure machine code, no I/O. It
+/// mutates the instance and returns the outcome, or refuses. A store may run
+/// it a second time, on a fresh read, when another write moved the instance
+/// between its read and its guarded write; only the run whose write lands
+/// counts.
+pub type Command = Box<dyn Fn(&mut Instance) -> Result<Outcome, ConversationError> + Send + Sync>;
+
+/// Task kind of an agent turn.
+pub const TURN_KIND: &str = "conversation.agent_turn";
+/// Task kind of a follow-up.
+pub const FOLLOW_UP_KIND: &str = "conversation.follow_up";
+/// Task kind of an outbound message's delivery to its channel.
+pub const DELIVER_KIND: &str = "conversation.deliver";
+
+/// The tasks an outcome on `instance` asks for, enqueued by the store in the
+/// transaction that commits the outcome: an agent turn or a follow-up (one
+/// pending task per instance and kind, so a second request while one waits
+/// is folded into it), and one delivery per outbound message (its payload
+/// names the message by `outbound_seq`; the text stays in the transcript).
+pub fn effect_tasks(instance: &Instance, outcome: &Outcome) -> Vec<TaskSpec> {
+    let payload = |extra: Option<u32>| {
+        let mut p = serde_json::json!({ "instance_id": instance.instance_id });
+        if let Some(seq) = extra {
+            p["outbound_seq"] = seq.into();
+        }
+        p
+    };
+    outcome
+        .effects
+        .iter()
+        .filter_map(|effect| {
+            let (kind, seq) = match effect {
+                Effect::EnqueueAgentTurn => (TURN_KIND, None),
+                Effect::ComposeFollowUp => (FOLLOW_UP_KIND, None),
+                Effect::Deliver { outbound_seq, .. } => (DELIVER_KIND, Some(*outbound_seq)),
+                _ => return None,
+            };
+            let mut task = TaskSpec::new(instance.product_id.clone(), kind, payload(seq));
+            if seq.is_none() {
+                task.dedup_key = Some(format!(
+                    "{kind}:{}:{}",
+                    instance.product_id, instance.instance_id
+                ));
+            }
+            Some(task)
+        })
+        .collect()
+}
 
 /// What applying a command stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,13 +89,15 @@ pub struct ListFilter {
 /// `(product_id, contact_id)` holds its contact; a terminal transition and
 /// the promotion of the contact's oldest `QUEUED` instance commit together;
 /// the transcript is append-only; the heartbeat deadline is written with the
-/// state that arms or clears it; every transition is in the audit log,
-/// written in the same transaction.
+/// state that arms or clears it; every transition is in the audit log, and
+/// the tasks its outcome asks for ([`effect_tasks`]) are on the task queue,
+/// both written in the same transaction.
 #[async_trait]
 pub trait ConversationStore: Send + Sync + 'static {
     /// Creates an instance, `CREATED` when no instance holds the contact and
     /// `QUEUED` otherwise, decided atomically: concurrent creates for one
-    /// contact yield exactly one `CREATED`. A refused creation stores nothing.
+    /// contact yield exactly one `CREATED`; the outcome's [`effect_tasks`]
+    /// commit with it. A refused creation stores nothing.
     async fn create(
         &self,
         new: NewInstance,
@@ -66,12 +113,14 @@ pub trait ConversationStore: Send + Sync + 'static {
     /// The instance's transcript, oldest first; `NotFound` for an unknown id.
     async fn transcript(&self, product: &ProductId, id: InstanceId) -> PortResult<Vec<Message>>;
 
-    /// Runs `command` on the stored instance while holding it, then saves the
-    /// instance (version bumped, timer written with the state), appends the
-    /// outcome's messages and audit entries, and promotes the contact's
-    /// oldest `QUEUED` instance when the outcome asks for it and the contact
-    /// is free: one transaction. A refused command changes nothing.
-    /// `NotFound` for an unknown id.
+    /// Runs `command` on the stored instance, then saves the instance
+    /// (version bumped, timer written with the state) only if its state and
+    /// version are still those the command saw, appends the outcome's
+    /// messages and audit entries, enqueues its [`effect_tasks`], and
+    /// promotes the contact's oldest `QUEUED` instance when the outcome asks
+    /// for it and the contact is free: one transaction. When the instance
+    /// moved in between, the command runs again on the instance as it now is.
+    /// A refused command changes nothing. `NotFound` for an unknown id.
     async fn apply(
         &self,
         product: &ProductId,
@@ -90,9 +139,9 @@ pub trait ConversationStore: Send + Sync + 'static {
         lease: Duration,
     ) -> PortResult<Vec<Instance>>;
 
-    /// Records the idempotency key of an outbound message before it is handed
-    /// to the channel: `true` the first time, `false` when it was already
-    /// recorded (the message was sent, or is being sent, by another attempt).
+    /// Records the idempotency key of an outbound message once the channel
+    /// took it: `true` the first time, `false` when it was already recorded
+    /// (an earlier attempt of the same delivery got that far).
     async fn record_delivery(
         &self,
         product: &ProductId,

@@ -1,8 +1,17 @@
 //! Conversation instances in PostgreSQL.
 //!
-//! Each command runs in one transaction: the instance row is locked
-//! (`FOR UPDATE`), the pure command runs, and the row, its transcript
-//! messages, its audit entries and any promotion are written before commit.
+//! A command is decided on a plain read of the instance, then written by one
+//! guarded statement: the row update (`WHERE state = $seen AND version =
+//! $seen`) with the transcript messages and audit entries as data-modifying
+//! CTEs that insert only when the update matched. An outcome that asks for
+//! tasks or a promotion runs that statement in a transaction that also
+//! enqueues the tasks (on the same connection, so they commit with the
+//! transition) and promotes; otherwise the statement commits on its own.
+//! When the guard finds the instance moved, nothing was written and the
+//! command runs again inside a transaction holding the row lock
+//! (`FOR UPDATE`), which cannot be overtaken: a command is decided at most
+//! twice, and a hot instance costs waiters a lock queue, not a retry loop.
+//!
 //! Creation and promotion lock the contact's row in `conversation_contacts`
 //! first, and the partial unique index `conversation_one_holder` makes a
 //! second holder impossible whatever the code does. Lock order: instance,
@@ -17,25 +26,29 @@ use parlance_core::conversation::{
     Outcome, Role,
 };
 use parlance_core::{ProductId, Timestamp};
-use parlance_ports::conversation::{Command, audit_entries, creation_entry};
+use parlance_ports::conversation::{Command, audit_entries, creation_entry, effect_tasks};
 use parlance_ports::{Applied, ConversationStore, ListFilter, PortError, PortResult};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row as _};
 
+use crate::PgTaskQueue;
 use crate::audit::insert_entries;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
-/// Conversation instances stored in PostgreSQL.
+/// Conversation instances stored in PostgreSQL, enqueueing the tasks their
+/// transitions ask for on a task queue in the same database.
 #[derive(Debug, Clone)]
 pub struct PgConversationStore {
     pool: PgPool,
+    queue: PgTaskQueue,
 }
 
 impl PgConversationStore {
-    /// A store on `pool` (migrated).
-    pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+    /// A store on `pool` (migrated) whose transitions enqueue their tasks on
+    /// `queue`, which must use the same database.
+    pub fn new(pool: PgPool, queue: PgTaskQueue) -> Self {
+        Self { pool, queue }
     }
 }
 
@@ -136,29 +149,69 @@ async fn update(conn: &mut PgConnection, instance: &Instance) -> PortResult<()> 
     Ok(())
 }
 
-async fn append_messages(
+/// Writes a transition decided on `seen` (the state and version the command
+/// read): the row, its transcript messages and its audit entries, in one
+/// statement whose inserts happen only if the guarded update matched.
+/// `false` when the instance moved since it was read: nothing was written.
+async fn write_transition(
     conn: &mut PgConnection,
     instance: &Instance,
+    seen: (ConversationState, i64),
     outcome: &Outcome,
-) -> PortResult<()> {
-    for effect in &outcome.effects {
-        if let Effect::Append(m) = effect {
-            sqlx::query(
-                "INSERT INTO conversation_messages (product_id, instance_id, role, text, at, outbound_seq) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(instance.product_id.as_str())
-            .bind(instance.instance_id.as_uuid())
-            .bind(role(m.role))
-            .bind(&m.text)
-            .bind(to_pg(m.at))
-            .bind(m.outbound_seq.map(|s| i32::try_from(s).unwrap_or(i32::MAX)))
-            .execute(&mut *conn)
-            .await
-            .map_err(pg_err("append transcript"))?;
-        }
-    }
-    Ok(())
+    now: Timestamp,
+) -> PortResult<bool> {
+    let messages: Vec<&Message> = outcome
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Append(m) => Some(m),
+            _ => None,
+        })
+        .collect();
+    let audit = audit_entries(instance, outcome, now);
+    let matched: i64 = sqlx::query_scalar(
+        "WITH u AS (UPDATE conversation_instances SET state = $3, holds_contact = $4, \
+         version = $5, heartbeat_due_at = $6, claimed_until = NULL, record = $7 \
+         WHERE product_id = $1 AND instance_id = $2 AND state = $8 AND version = $9 \
+         RETURNING instance_id), \
+         m AS (INSERT INTO conversation_messages (product_id, instance_id, role, text, at, outbound_seq) \
+         SELECT $1, u.instance_id, x.role, x.text, x.at, x.outbound_seq FROM u, \
+         UNNEST($10::text[], $11::text[], $12::timestamptz[], $13::int4[]) WITH ORDINALITY \
+         AS x(role, text, at, outbound_seq, n) ORDER BY x.n), \
+         a AS (INSERT INTO audit_log (product_id, entity_kind, entity_id, from_state, to_state, cause, at, payload) \
+         SELECT $1, 'conversation', $19, x.from_state, x.to_state, x.cause, $14, x.payload \
+         FROM u, UNNEST($15::text[], $16::text[], $17::text[], $18::jsonb[]) WITH ORDINALITY \
+         AS x(from_state, to_state, cause, payload, n) ORDER BY x.n) \
+         SELECT count(*) FROM u",
+    )
+    .bind(instance.product_id.as_str())
+    .bind(instance.instance_id.as_uuid())
+    .bind(instance.state.as_str())
+    .bind(instance.holds_contact())
+    .bind(version(instance))
+    .bind(instance.heartbeat_due_at.map(to_pg))
+    .bind(encode(instance)?)
+    .bind(seen.0.as_str())
+    .bind(seen.1)
+    .bind(messages.iter().map(|m| role(m.role)).collect::<Vec<_>>())
+    .bind(messages.iter().map(|m| m.text.as_str()).collect::<Vec<_>>())
+    .bind(messages.iter().map(|m| to_pg(m.at)).collect::<Vec<_>>())
+    .bind(
+        messages
+            .iter()
+            .map(|m| m.outbound_seq.map(|s| i32::try_from(s).unwrap_or(i32::MAX)))
+            .collect::<Vec<_>>(),
+    )
+    .bind(to_pg(now))
+    .bind(audit.iter().map(|e| e.from.as_deref()).collect::<Vec<_>>())
+    .bind(audit.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
+    .bind(audit.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
+    .bind(audit.iter().map(|e| e.payload.clone()).collect::<Vec<_>>())
+    .bind(instance.instance_id.to_string())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(pg_err("save conversation"))?;
+    Ok(matched == 1)
 }
 
 /// Promotes the oldest `QUEUED` instance of `holder`'s contact when no
@@ -192,6 +245,76 @@ async fn promote_next(
     next.version += 1;
     update(conn, &next).await?;
     Ok(Some((next, outcome)))
+}
+
+/// A command's decision on one read of its instance.
+struct Decided {
+    instance: Instance,
+    outcome: Outcome,
+    /// The state and version the decision was made on.
+    seen: (ConversationState, i64),
+    tasks: Vec<parlance_ports::TaskSpec>,
+}
+
+impl Decided {
+    fn promotes(&self) -> bool {
+        self.outcome.effects.contains(&Effect::PromoteNextQueued)
+    }
+}
+
+/// Runs `command` on the instance in `row`; the inner error is a refusal.
+fn decide(row: &PgRow, command: &Command) -> PortResult<Result<Decided, ConversationError>> {
+    let mut instance = decode(row)?;
+    let seen = (instance.state, version(&instance));
+    let outcome = match command(&mut instance) {
+        Ok(o) => o,
+        Err(e) => return Ok(Err(e)),
+    };
+    instance.version += 1;
+    let tasks = effect_tasks(&instance, &outcome);
+    Ok(Ok(Decided {
+        instance,
+        outcome,
+        seen,
+        tasks,
+    }))
+}
+
+impl PgConversationStore {
+    /// Writes a decision on `conn` with everything that commits with it:
+    /// the guarded transition, the promotion it asks for (with its audit
+    /// entries) and the tasks of both. `None` when the instance moved since
+    /// the decision: nothing was written.
+    async fn finish(
+        &self,
+        conn: &mut PgConnection,
+        d: &Decided,
+        now: Timestamp,
+    ) -> PortResult<Option<Applied>> {
+        if !write_transition(conn, &d.instance, d.seen, &d.outcome, now).await? {
+            return Ok(None);
+        }
+        let promoted = if d.promotes() {
+            promote_next(conn, &d.instance, now).await?
+        } else {
+            None
+        };
+        let mut tasks = d.tasks.clone();
+        if let Some((p, o)) = &promoted {
+            insert_entries(&mut *conn, &audit_entries(p, o, now))
+                .await
+                .map_err(pg_err("audit conversation"))?;
+            tasks.extend(effect_tasks(p, o));
+        }
+        if !tasks.is_empty() {
+            self.queue.enqueue_in(conn, &tasks).await?;
+        }
+        Ok(Some(Applied {
+            instance: d.instance.clone(),
+            outcome: d.outcome.clone(),
+            promoted,
+        }))
+    }
 }
 
 #[async_trait]
@@ -230,6 +353,9 @@ impl ConversationStore for PgConversationStore {
         insert_entries(&mut *tx, &[creation_entry(&instance)])
             .await
             .map_err(pg_err("audit conversation"))?;
+        self.queue
+            .enqueue_in(&mut tx, &effect_tasks(&instance, &outcome))
+            .await?;
         tx.commit().await.map_err(pg_err("commit"))?;
         Ok(Ok((instance, outcome)))
     }
@@ -299,6 +425,37 @@ impl ConversationStore for PgConversationStore {
         now: Timestamp,
         command: Command,
     ) -> PortResult<Result<Applied, ConversationError>> {
+        // Decide on a plain read, write with a guard.
+        let row = sqlx::query(
+            "SELECT record, version FROM conversation_instances \
+             WHERE product_id = $1 AND instance_id = $2",
+        )
+        .bind(product.as_str())
+        .bind(id.as_uuid())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load conversation"))?;
+        let Some(row) = row else {
+            return Err(PortError::not_found(format!("no conversation {id}")));
+        };
+        let decided = match decide(&row, &command)? {
+            Ok(d) => d,
+            Err(e) => return Ok(Err(e)),
+        };
+        let alone = !decided.promotes() && decided.tasks.is_empty();
+        if alone {
+            let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
+            if let Some(applied) = self.finish(&mut conn, &decided, now).await? {
+                return Ok(Ok(applied));
+            }
+        } else {
+            let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+            if let Some(applied) = self.finish(&mut tx, &decided, now).await? {
+                tx.commit().await.map_err(pg_err("commit"))?;
+                return Ok(Ok(applied));
+            }
+        }
+        // Another write landed in between: decide again under the row lock.
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
         let row = sqlx::query(
             "SELECT record, version FROM conversation_instances \
@@ -312,33 +469,17 @@ impl ConversationStore for PgConversationStore {
         let Some(row) = row else {
             return Err(PortError::not_found(format!("no conversation {id}")));
         };
-        let mut instance = decode(&row)?;
-        let outcome = match command(&mut instance) {
-            Ok(o) => o,
+        let decided = match decide(&row, &command)? {
+            Ok(d) => d,
             // Dropping the transaction rolls it back: nothing changed.
             Err(e) => return Ok(Err(e)),
         };
-        instance.version += 1;
-        update(&mut tx, &instance).await?;
-        append_messages(&mut tx, &instance, &outcome).await?;
-        let mut audit = audit_entries(&instance, &outcome, now);
-        let promoted = if outcome.effects.contains(&Effect::PromoteNextQueued) {
-            promote_next(&mut tx, &instance, now).await?
-        } else {
-            None
-        };
-        if let Some((p, o)) = &promoted {
-            audit.extend(audit_entries(p, o, now));
-        }
-        insert_entries(&mut *tx, &audit)
-            .await
-            .map_err(pg_err("audit conversation"))?;
+        let applied = self
+            .finish(&mut tx, &decided, now)
+            .await?
+            .ok_or_else(|| PortError::other("conversation moved under its row lock"))?;
         tx.commit().await.map_err(pg_err("commit"))?;
-        Ok(Ok(Applied {
-            instance,
-            outcome,
-            promoted,
-        }))
+        Ok(Ok(applied))
     }
 
     async fn claim_due(

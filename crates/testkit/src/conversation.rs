@@ -10,7 +10,8 @@ use parlance_core::conversation::{
     ContactId, ConversationError, ConversationState as S, Instance, InstanceId, NewInstance, Role,
 };
 use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{AuditLog, ConversationStore, ListFilter};
+use parlance_ports::conversation::{DELIVER_KIND, FOLLOW_UP_KIND, TURN_KIND};
+use parlance_ports::{AuditLog, ConversationStore, ListFilter, TaskQueue, WorkerId};
 use serde_json::Map;
 
 /// Runs every case of this suite against the adapter the factory builds.
@@ -33,18 +34,23 @@ macro_rules! conversation_store_suite {
                 late_replies_are_kept_and_audited,
                 concurrent_replies_are_all_kept,
                 unknown_ids_are_not_found,
+                transitions_enqueue_their_tasks,
             ]
         }
     };
 }
 
-/// The subject of this suite: the store and the audit log it writes to.
+/// The subject of this suite: the store, the audit log and the task queue
+/// it writes to.
 #[derive(Clone)]
 pub struct Subject {
     /// The store under test.
     pub store: Arc<dyn ConversationStore>,
     /// The audit log the store writes its transitions to.
     pub audit: Arc<dyn AuditLog>,
+    /// The queue the store enqueues its transitions' tasks on (empty at the
+    /// start).
+    pub queue: Arc<dyn TaskQueue>,
 }
 
 fn product(p: &str) -> ProductId {
@@ -88,11 +94,12 @@ async fn run(
     p: &str,
     n: u128,
     at: u64,
-    command: impl FnOnce(
+    command: impl Fn(
         &mut Instance,
         Timestamp,
     ) -> Result<parlance_core::conversation::Outcome, ConversationError>
     + Send
+    + Sync
     + 'static,
 ) -> parlance_ports::Applied {
     let now = t(at);
@@ -496,4 +503,76 @@ pub async fn unknown_ids_are_not_found(s: Subject) {
         .await
         .expect_err("unknown id");
     assert!(e.is_not_found(), "{e}");
+}
+
+/// Takes every runnable task off the queue: `(kind, instance, outbound_seq)`
+/// in queue order.
+async fn drain_tasks(s: &Subject) -> Vec<(String, u128, Option<u64>)> {
+    let worker = WorkerId(uuid::Uuid::from_u128(7));
+    let leases = s
+        .queue
+        .claim(&worker, "default", 100, Duration::from_secs(60))
+        .await
+        .expect("claim");
+    let mut seen = Vec::new();
+    for lease in leases {
+        let instance: uuid::Uuid = lease.payload["instance_id"]
+            .as_str()
+            .expect("instance id")
+            .parse()
+            .expect("uuid");
+        seen.push((
+            lease.kind.clone(),
+            instance.as_u128(),
+            lease.payload["outbound_seq"].as_u64(),
+        ));
+        s.queue
+            .complete(&lease, serde_json::Value::Null)
+            .await
+            .expect("complete");
+    }
+    seen
+}
+
+/// The tasks an outcome asks for are on the queue once it is stored, and
+/// only then: an agent turn for a created holder and after a reply, a
+/// delivery per outbound message, a follow-up when a heartbeat fires, the
+/// promoted instance's turn with the terminal transition, nothing for a
+/// refused command or a queued creation.
+pub async fn transitions_enqueue_their_tasks(s: Subject) {
+    let turn = |n| (TURN_KIND.to_owned(), n, None);
+    create(&s, "p", 1, "olga", 0).await;
+    create(&s, "p", 2, "olga", 1).await;
+    assert_eq!(drain_tasks(&s).await, [turn(1)], "the queued one waits");
+    run(&s, "p", 1, 2, |i, now| i.begin_agent_turn(now)).await;
+    run(&s, "p", 1, 2, |i, now| i.agent_send("hi".into(), None, now)).await;
+    assert_eq!(
+        drain_tasks(&s).await,
+        [(DELIVER_KIND.to_owned(), 1, Some(1))]
+    );
+    let refused = s
+        .store
+        .apply(
+            &product("p"),
+            id(1),
+            t(3),
+            Box::new(|i| i.begin_agent_turn(t(3))),
+        )
+        .await
+        .expect("apply");
+    assert!(refused.is_err());
+    assert_eq!(drain_tasks(&s).await, []);
+    run(&s, "p", 1, 102, |i, now| i.fire_heartbeat(now)).await;
+    assert_eq!(
+        drain_tasks(&s).await,
+        [(FOLLOW_UP_KIND.to_owned(), 1, None)]
+    );
+    run(&s, "p", 1, 103, |i, now| {
+        Ok(i.contact_reply("yes".into(), now))
+    })
+    .await;
+    assert_eq!(drain_tasks(&s).await, [turn(1)]);
+    let applied = run(&s, "p", 1, 104, |i, now| i.cancel(now)).await;
+    assert_eq!(applied.promoted.expect("promoted").0.state, S::Created);
+    assert_eq!(drain_tasks(&s).await, [turn(2)]);
 }

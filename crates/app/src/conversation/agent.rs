@@ -2,14 +2,13 @@
 //! transcript, asks the model for exactly one action and applies it.
 
 use parlance_core::conversation::{
-    ConversationError, ConversationState, Effect, Instance, InstanceId, Message, Outcome, Role,
-    Todo,
+    ConversationError, ConversationState, Instance, InstanceId, Message, Outcome, Role, Todo,
 };
 use parlance_core::structured;
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     CompletionRequest, CompletionResponse, Lease, LlmError, Message as LlmMessage, PortError,
-    TaskSpec, ToolChoice, ToolDefinition,
+    ToolChoice, ToolDefinition,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -270,8 +269,9 @@ async fn act(
     state: &AppState,
     product: &ProductId,
     id: InstanceId,
-    command: impl FnOnce(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>
+    command: impl Fn(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>
     + Send
+    + Sync
     + 'static,
 ) -> Result<TurnResult, AgentError> {
     Ok(match service::apply(state, product, id, command).await? {
@@ -321,7 +321,11 @@ pub async fn run_turn(
             .await?;
         return match parse_action(&response)? {
             Action::UpdateTodos { todos } => {
-                match act(state, product, id, move |i, now| i.update_todos(todos, now)).await? {
+                match act(state, product, id, move |i, now| {
+                    i.update_todos(todos.clone(), now)
+                })
+                .await?
+                {
                     TurnResult::Applied(_) => continue,
                     skipped => Ok(skipped),
                 }
@@ -331,19 +335,19 @@ pub async fn run_turn(
                 next_heartbeat_s,
             } => {
                 act(state, product, id, move |i, now| {
-                    i.agent_send(text, next_heartbeat_s, now)
+                    i.agent_send(text.clone(), next_heartbeat_s, now)
                 })
                 .await
             }
             Action::EndConversation { outcome } => {
                 act(state, product, id, move |i, now| {
-                    i.end_conversation(outcome, now)
+                    i.end_conversation(outcome.clone(), now)
                 })
                 .await
             }
             Action::RequestHuman { reason } => {
                 act(state, product, id, move |i, now| {
-                    i.request_human(reason, now)
+                    i.request_human(reason.clone(), now)
                 })
                 .await
             }
@@ -385,34 +389,12 @@ pub async fn run_follow_up(
         return Err(AgentError::Unusable("a follow-up must be a message".into()));
     };
     act(state, product, id, move |i, now| {
-        i.send_follow_up(text, next_heartbeat_s, now)
+        i.send_follow_up(text.clone(), next_heartbeat_s, now)
     })
     .await
 }
 
-/// Task kind of an agent turn.
-pub const TURN_KIND: &str = "conversation.agent_turn";
-/// Task kind of a follow-up.
-pub const FOLLOW_UP_KIND: &str = "conversation.follow_up";
-
-/// Queues the agent work an effect asks for. One pending task per instance
-/// and kind: a second request while one waits is folded into it.
-pub async fn schedule(state: &AppState, instance: &Instance, effect: &Effect) {
-    let kind = match effect {
-        Effect::EnqueueAgentTurn => TURN_KIND,
-        Effect::ComposeFollowUp => FOLLOW_UP_KIND,
-        _ => return,
-    };
-    let mut task = TaskSpec::new(
-        instance.product_id.clone(),
-        kind,
-        json!({ "instance_id": instance.instance_id }),
-    );
-    task.dedup_key = Some(format!("{kind}:{}", instance.instance_id));
-    if let Err(e) = state.queue.enqueue(&[task]).await {
-        tracing::warn!(error = %e, instance_id = %instance.instance_id, kind, "could not queue agent work");
-    }
-}
+pub use parlance_ports::conversation::{FOLLOW_UP_KIND, TURN_KIND};
 
 /// Runs agent turns or follow-ups from the queue. A task whose last attempt
 /// fails applies `fail(error)` to its instance.
@@ -454,9 +436,10 @@ impl TaskHandler for AgentTaskHandler {
                 };
                 if task.attempt >= task.max_attempts {
                     let reason = message.clone();
-                    let failed =
-                        service::apply(&self.state, product, id, move |i, now| i.fail(reason, now))
-                            .await;
+                    let failed = service::apply(&self.state, product, id, move |i, now| {
+                        i.fail(reason.clone(), now)
+                    })
+                    .await;
                     if let Err(store) = failed {
                         return Err(TaskError::retryable(format!(
                             "{message}; marking the conversation failed: {store}"
@@ -470,8 +453,12 @@ impl TaskHandler for AgentTaskHandler {
     }
 }
 
-/// Registers the conversation agent's task kinds.
+/// Registers the conversation agent's task kinds and deliveries.
 pub fn register(handlers: &mut Handlers, state: &AppState) {
+    handlers.register(
+        parlance_ports::conversation::DELIVER_KIND,
+        std::sync::Arc::new(service::DeliveryHandler::new(state.clone())),
+    );
     handlers.register(
         TURN_KIND,
         std::sync::Arc::new(AgentTaskHandler::new(state.clone(), false)),

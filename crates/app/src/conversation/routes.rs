@@ -234,7 +234,7 @@ async fn reply(
     let id = parse_id(&id)?;
     check_text(&body.text)?;
     let applied = service::run(&state, &product, id, move |i, now| {
-        Ok(i.contact_reply(body.text, now))
+        Ok(i.contact_reply(body.text.clone(), now))
     })
     .await?;
     Ok(ApiJson(applied.into()))
@@ -262,7 +262,7 @@ async fn contact_reply(
         .ok_or_else(|| ApiError::not_found(format!("no conversation with contact {contact}")))?;
     let id = target.instance_id;
     let applied = service::run(&state, &product, id, move |i, now| {
-        Ok(i.contact_reply(body.text, now))
+        Ok(i.contact_reply(body.text.clone(), now))
     })
     .await?;
     Ok(ApiJson(applied.into()))
@@ -320,7 +320,7 @@ async fn send(
 ) -> Result<ApiJson<CommandView>, ApiError> {
     let id = parse_id(&id)?;
     let applied = service::run(&state, &product, id, move |i, now| {
-        i.operator_send(body.text, now)
+        i.operator_send(body.text.clone(), now)
     })
     .await?;
     Ok(ApiJson(applied.into()))

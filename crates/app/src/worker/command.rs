@@ -95,8 +95,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     };
     let clock = Arc::new(SystemClock);
     let queue = Arc::new(PgTaskQueue::new(pool.clone(), clock.clone(), config));
-    let mut state = crate::state::AppState::postgres(pool, crate::auth::ApiKeys::new());
+    let mut state = crate::state::AppState::postgres(pool.clone(), crate::auth::ApiKeys::new());
     state.queue = queue.clone();
+    state.conversations = Arc::new(parlance_postgres::PgConversationStore::new(
+        pool,
+        (*queue).clone(),
+    ));
     if let Some(dir) = &args.flows {
         let known = |name: &str| crate::flow::Invokers::is_builtin(name);
         state.flow_catalog = Arc::new(

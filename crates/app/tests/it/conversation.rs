@@ -134,7 +134,7 @@ async fn a_silent_contact_is_followed_up_then_abandoned() {
     let id = id_of(&created);
     assert_eq!(created["conversation"]["state"], "CREATED");
 
-    assert_eq!(f.drain().await, 1, "one agent turn");
+    assert_eq!(f.drain().await, 2, "one agent turn and its delivery");
     let (state, _) = f.state_of(&id).await;
     assert_eq!(state, "WAITING_FOR_REPLY");
 
@@ -152,7 +152,7 @@ async fn a_silent_contact_is_followed_up_then_abandoned() {
             "heartbeat {n} fires"
         );
         assert_eq!(f.state_of(&id).await.0, "HEARTBEAT_SCHEDULED");
-        assert_eq!(f.drain().await, 1, "one follow-up");
+        assert_eq!(f.drain().await, 2, "one follow-up and its delivery");
         let (state, body) = f.state_of(&id).await;
         assert_eq!(state, "WAITING_FOR_REPLY");
         assert_eq!(body["conversation"]["follow_ups_sent"], n);
@@ -244,6 +244,7 @@ async fn one_contact_one_active_conversation_and_operator_commands() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{sent}");
+    assert_eq!(f.drain().await, 1, "the delivery");
     assert_eq!(f.channel.sent().last().unwrap().role, Role::Human);
 
     let (status, cancelled) = f

@@ -13,14 +13,20 @@ mod audit {
 mod conversation {
     use std::sync::Arc;
 
-    use parlance_memory::{MemoryAuditLog, MemoryConversationStore};
+    use parlance_memory::{MemoryAuditLog, MemoryConversationStore, MemoryTaskQueue};
+    use parlance_ports::{QueueConfig, SystemClock};
     use parlance_testkit::conversation::Subject;
 
     parlance_testkit::conversation_store_suite!(async {
         let audit = Arc::new(MemoryAuditLog::new());
+        let queue = Arc::new(MemoryTaskQueue::new(
+            Arc::new(SystemClock),
+            QueueConfig::default(),
+        ));
         Some(Subject {
-            store: Arc::new(MemoryConversationStore::new(audit.clone())),
+            store: Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone())),
             audit,
+            queue,
         })
     });
 }

@@ -16,15 +16,104 @@ mod audit {
 mod conversation {
     use std::sync::Arc;
 
-    use parlance_postgres::{PgAuditLog, PgConversationStore, testing::test_pool};
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_postgres::{PgAuditLog, PgConversationStore, PgTaskQueue, testing::test_pool};
     use parlance_testkit::conversation::Subject;
 
     parlance_testkit::conversation_store_suite!(async {
-        test_pool().await.map(|pool| Subject {
-            store: Arc::new(PgConversationStore::new(pool.clone())),
-            audit: Arc::new(PgAuditLog::new(pool)),
+        test_pool().await.map(|pool| {
+            let queue =
+                PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
+            Subject {
+                store: Arc::new(PgConversationStore::new(pool.clone(), queue.clone())),
+                audit: Arc::new(PgAuditLog::new(pool)),
+                queue: Arc::new(queue),
+            }
         })
     });
+
+    /// Two commands decided on the same read: one guarded write lands, the
+    /// other finds the instance moved, writes nothing, and is decided again
+    /// under the row lock; both replies are kept, in one version each.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_decided_on_a_stale_read_is_decided_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Barrier, Mutex};
+
+        use parlance_core::conversation::{ContactId, InstanceId, NewInstance, Role};
+        use parlance_core::{ProductId, Timestamp};
+        use parlance_ports::ConversationStore as _;
+
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
+        let store = Arc::new(PgConversationStore::new(pool, queue));
+        let product = ProductId::parse("p").unwrap();
+        let id = InstanceId::from_uuid(uuid::Uuid::from_u128(1));
+        let now = Timestamp::from_secs(1_767_225_600).unwrap();
+        let new = NewInstance {
+            product_id: product.clone(),
+            instance_id: id,
+            contact_id: ContactId::parse("zoe").unwrap(),
+            channel: "loopback".into(),
+            objective: "book a demo".into(),
+            todos: vec![],
+            heartbeat_interval_s: 100,
+            max_follow_ups: 2,
+            metadata: serde_json::Map::new(),
+        };
+        let start = store.create(new, now).await.unwrap().unwrap().0;
+        // The first two decisions wait for each other, so both read the
+        // same version; later ones run straight through.
+        let barrier = Arc::new(Barrier::new(2));
+        let decisions = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut writers = Vec::new();
+        for w in 0..2 {
+            let (store, product) = (store.clone(), product.clone());
+            let (barrier, decisions, seen) = (barrier.clone(), decisions.clone(), seen.clone());
+            writers.push(tokio::spawn(async move {
+                store
+                    .apply(
+                        &product,
+                        id,
+                        now,
+                        Box::new(move |i| {
+                            seen.lock().unwrap().push(i.version);
+                            if decisions.fetch_add(1, Ordering::SeqCst) < 2 {
+                                barrier.wait();
+                            }
+                            Ok(i.contact_reply(format!("w{w}"), now))
+                        }),
+                    )
+                    .await
+                    .unwrap()
+                    .unwrap()
+            }));
+        }
+        for w in writers {
+            w.await.unwrap();
+        }
+        assert_eq!(decisions.load(Ordering::SeqCst), 3, "one decision repeated");
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(&seen[..2], [start.version, start.version], "a shared read");
+        assert_eq!(
+            seen[2],
+            start.version + 1,
+            "decided again on the write that landed"
+        );
+        let end = store.get(&product, id).await.unwrap().unwrap();
+        assert_eq!(end.version, start.version + 2);
+        let transcript = store.transcript(&product, id).await.unwrap();
+        let mut replies: Vec<_> = transcript
+            .iter()
+            .filter(|m| m.role == Role::Contact)
+            .map(|m| m.text.clone())
+            .collect();
+        replies.sort();
+        assert_eq!(replies, ["w0", "w1"]);
+    }
 }
 
 mod checkpoint {
