@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | test | docs`.
+//! Project automation: `cargo xtask ci | test | docs | fuzz | bench`.
 //!
 //! Depends on no `parlance-*` crate, so it builds in seconds. It finds the
 //! workspace root from `CARGO_MANIFEST_DIR`, runs cargo through the `CARGO`
@@ -21,12 +21,14 @@ usage: cargo xtask <command>
 
 commands:
   ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny
-         (advisories reported, not blocking), docs, tidy
+         (advisories reported, not blocking), docs, tidy, and the fuzz smoke run
+         (needs a nightly toolchain; skipped without one unless CI=true)
   test   the workspace tests, with PostgreSQL found or started as for ci
   docs   build the API docs with warnings denied
   fuzz [--smoke | --secs N] [target...]
          run the cargo-fuzz targets in fuzz/ (nightly; cargo-fuzz is installed
-         when missing): --smoke runs each for 30 s, --secs N for N seconds
+         when missing): --smoke runs each for 30 s on an unoptimised build
+         (quick to compile), --secs N for N seconds on an optimised one
   bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
                 against PostgreSQL found or started as for ci
 ";
@@ -63,9 +65,27 @@ fn ci() -> Result<()> {
     deny()?;
     let advisories = advisories();
     docs()?;
+    if nightly_available() {
+        fuzz(&["--smoke".to_owned()])?;
+    } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+        bail!("the fuzz smoke run needs a nightly toolchain: rustup toolchain install nightly");
+    } else {
+        println!("xtask: fuzz smoke run skipped: no nightly toolchain");
+    }
     println!("xtask: {advisories}");
     println!("xtask: ci passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// Cargo on the nightly toolchain, whatever `rust-toolchain.toml` pins.
+fn nightly(c: Cmd) -> Cmd {
+    c.env("RUSTUP_TOOLCHAIN", "nightly")
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+}
+
+fn nightly_available() -> bool {
+    nightly(Cmd::new("cargo").arg("--version")).succeeds_quietly()
 }
 
 /// Runs every test of the workspace with a PostgreSQL database, then tidy.
@@ -136,11 +156,15 @@ const FUZZ_TARGETS: &[&str] = &[
 /// Runs fuzz targets for a bounded time each; fails on the first crash.
 fn fuzz(args: &[String]) -> Result<()> {
     let mut secs: u64 = 30;
+    let mut smoke = false;
     let mut targets: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--smoke" => secs = 30,
+            "--smoke" => {
+                secs = 30;
+                smoke = true;
+            }
             "--secs" => {
                 secs = it
                     .next()
@@ -154,20 +178,18 @@ fn fuzz(args: &[String]) -> Result<()> {
     if targets.is_empty() {
         targets = FUZZ_TARGETS.iter().map(|t| (*t).to_owned()).collect();
     }
-    let nightly = |c: Cmd| {
-        c.env("RUSTUP_TOOLCHAIN", "nightly")
-            .env_remove("CARGO")
-            .env_remove("RUSTC")
-    };
-    if !nightly(Cmd::new("cargo").arg("--version")).succeeds_quietly() {
+    if !nightly_available() {
         bail!("fuzzing needs a nightly toolchain: rustup toolchain install nightly");
     }
     if !Cmd::new("cargo-fuzz").arg("--version").succeeds_quietly() {
         cargo(["install", "--locked", "cargo-fuzz"]).run()?;
     }
+    // A smoke run compiles without optimisation: a fraction of the build
+    // time, for a run that only has to reach the shallow paths.
+    let profile = if smoke { "--dev" } else { "-O" };
     let root = run::root();
     nightly(Cmd::new("cargo"))
-        .args(["fuzz", "build", "-O"])
+        .args(["fuzz", "build", profile])
         .arg("--fuzz-dir")
         .arg(root.join("fuzz"))
         .run()?;
@@ -176,7 +198,7 @@ fn fuzz(args: &[String]) -> Result<()> {
         let corpus = root.join("fuzz/corpus").join(t);
         std::fs::create_dir_all(&corpus)?;
         let mut cmd = nightly(Cmd::new("cargo"))
-            .args(["fuzz", "run", "-O", t])
+            .args(["fuzz", "run", profile, t])
             .arg("--fuzz-dir")
             .arg(root.join("fuzz"))
             .arg(&corpus);
