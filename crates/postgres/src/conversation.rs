@@ -129,26 +129,6 @@ async fn contact_is_held(
     .map_err(pg_err("check contact holder"))
 }
 
-/// Writes an instance's row (state, timer, version and record together).
-async fn update(conn: &mut PgConnection, instance: &Instance) -> PortResult<()> {
-    sqlx::query(
-        "UPDATE conversation_instances SET state = $3, holds_contact = $4, version = $5, \
-         heartbeat_due_at = $6, claimed_until = NULL, record = $7 \
-         WHERE product_id = $1 AND instance_id = $2",
-    )
-    .bind(instance.product_id.as_str())
-    .bind(instance.instance_id.as_uuid())
-    .bind(instance.state.as_str())
-    .bind(instance.holds_contact())
-    .bind(version(instance))
-    .bind(instance.heartbeat_due_at.map(to_pg))
-    .bind(encode(instance)?)
-    .execute(&mut *conn)
-    .await
-    .map_err(pg_err("save conversation"))?;
-    Ok(())
-}
-
 /// Writes a transition decided on `seen` (the state and version the command
 /// read): the row, its transcript messages and its audit entries, in one
 /// statement whose inserts happen only if the guarded update matched.
@@ -239,11 +219,17 @@ async fn promote_next(
     .map_err(pg_err("find queued conversation"))?;
     let Some(row) = row else { return Ok(None) };
     let mut next = decode(&row)?;
+    let seen = (next.state, version(&next));
     let Ok(outcome) = next.promote(now) else {
         return Ok(None);
     };
     next.version += 1;
-    update(conn, &next).await?;
+    // The row is locked: the guard holds, and the audit entries go with it.
+    if !write_transition(conn, &next, seen, &outcome, now).await? {
+        return Err(PortError::other(
+            "queued conversation moved under its row lock",
+        ));
+    }
     Ok(Some((next, outcome)))
 }
 
@@ -260,6 +246,26 @@ impl Decided {
     fn promotes(&self) -> bool {
         self.outcome.effects.contains(&Effect::PromoteNextQueued)
     }
+}
+
+/// The instance's row, read with `suffix` (a plain read, or `FOR UPDATE`);
+/// `NotFound` when there is none.
+async fn load(
+    conn: &mut PgConnection,
+    product: &ProductId,
+    id: InstanceId,
+    suffix: &str,
+) -> PortResult<PgRow> {
+    sqlx::query(&format!(
+        "SELECT record, version FROM conversation_instances \
+         WHERE product_id = $1 AND instance_id = $2{suffix}"
+    ))
+    .bind(product.as_str())
+    .bind(id.as_uuid())
+    .fetch_optional(conn)
+    .await
+    .map_err(pg_err("load conversation"))?
+    .ok_or_else(|| PortError::not_found(format!("no conversation {id}")))
 }
 
 /// Runs `command` on the instance in `row`; the inner error is a refusal.
@@ -301,9 +307,6 @@ impl PgConversationStore {
         };
         let mut tasks = d.tasks.clone();
         if let Some((p, o)) = &promoted {
-            insert_entries(&mut *conn, &audit_entries(p, o, now))
-                .await
-                .map_err(pg_err("audit conversation"))?;
             tasks.extend(effect_tasks(p, o));
         }
         if !tasks.is_empty() {
@@ -426,18 +429,9 @@ impl ConversationStore for PgConversationStore {
         command: Command,
     ) -> PortResult<Result<Applied, ConversationError>> {
         // Decide on a plain read, write with a guard.
-        let row = sqlx::query(
-            "SELECT record, version FROM conversation_instances \
-             WHERE product_id = $1 AND instance_id = $2",
-        )
-        .bind(product.as_str())
-        .bind(id.as_uuid())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(pg_err("load conversation"))?;
-        let Some(row) = row else {
-            return Err(PortError::not_found(format!("no conversation {id}")));
-        };
+        let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
+        let row = load(&mut conn, product, id, "").await?;
+        drop(conn);
         let decided = match decide(&row, &command)? {
             Ok(d) => d,
             Err(e) => return Ok(Err(e)),
@@ -457,18 +451,7 @@ impl ConversationStore for PgConversationStore {
         }
         // Another write landed in between: decide again under the row lock.
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let row = sqlx::query(
-            "SELECT record, version FROM conversation_instances \
-             WHERE product_id = $1 AND instance_id = $2 FOR UPDATE",
-        )
-        .bind(product.as_str())
-        .bind(id.as_uuid())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(pg_err("lock conversation"))?;
-        let Some(row) = row else {
-            return Err(PortError::not_found(format!("no conversation {id}")));
-        };
+        let row = load(&mut tx, product, id, " FOR UPDATE").await?;
         let decided = match decide(&row, &command)? {
             Ok(d) => d,
             // Dropping the transaction rolls it back: nothing changed.

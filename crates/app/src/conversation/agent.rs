@@ -414,12 +414,7 @@ impl AgentTaskHandler {
 #[async_trait::async_trait]
 impl TaskHandler for AgentTaskHandler {
     async fn run(&self, task: &Lease) -> Result<Value, TaskError> {
-        let id: InstanceId = task
-            .payload
-            .get("instance_id")
-            .cloned()
-            .and_then(|v| serde_json::from_value(v).ok())
-            .ok_or_else(|| TaskError::permanent("payload has no instance_id"))?;
+        let id = service::task_instance(task)?;
         let product = &task.product_id;
         let result = if self.follow_up {
             run_follow_up(&self.state, product, id).await

@@ -109,6 +109,19 @@ pub async fn execute(_state: &AppState, instance: &Instance, outcome: &Outcome) 
     }
 }
 
+/// The conversation a task's payload names.
+///
+/// # Errors
+///
+/// A permanent task error when the payload has no usable `instance_id`.
+pub fn task_instance(task: &Lease) -> Result<InstanceId, TaskError> {
+    task.payload
+        .get("instance_id")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .ok_or_else(|| TaskError::permanent("payload has no instance_id"))
+}
+
 /// Delivers one outbound message from the queue: the message named by the
 /// task's `instance_id` and `outbound_seq` is read from the transcript,
 /// handed to the channel under its idempotency key, and its key recorded.
@@ -129,12 +142,7 @@ impl DeliveryHandler {
 #[async_trait::async_trait]
 impl TaskHandler for DeliveryHandler {
     async fn run(&self, task: &Lease) -> Result<Value, TaskError> {
-        let id: InstanceId = task
-            .payload
-            .get("instance_id")
-            .cloned()
-            .and_then(|v| serde_json::from_value(v).ok())
-            .ok_or_else(|| TaskError::permanent("payload has no instance_id"))?;
+        let id = task_instance(task)?;
         let seq = task
             .payload
             .get("outbound_seq")
