@@ -159,17 +159,18 @@ impl PgTaskQueue {
         }
         let now = self.clock.now();
         let mut ids: Vec<Option<TaskId>> = Vec::with_capacity(tasks.len());
-        let mut notified = false;
         let mut i = 0;
         while i < tasks.len() {
             if let Some(key) = &tasks[i].dedup_key {
                 let t = &tasks[i];
                 let id: Option<i64> = sqlx::query_scalar(
-                    "INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
-                     timeout_ms, args, dedup_key, created_at) \
+                    "WITH ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
+                     max_attempts, timeout_ms, args, dedup_key, created_at) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                      ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
-                     DO NOTHING RETURNING id",
+                     DO NOTHING RETURNING id, run_at), \
+                     hint AS (SELECT pg_notify($11, '') FROM ins WHERE run_at <= $10 LIMIT 1) \
+                     SELECT id FROM ins WHERE (SELECT count(*) FROM hint) >= 0",
                 )
                 .bind(t.product_id.as_str())
                 .bind(&t.queue)
@@ -181,6 +182,7 @@ impl PgTaskQueue {
                 .bind(&t.payload)
                 .bind(key)
                 .bind(to_pg(now))
+                .bind(CHANNEL)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(pg_err("enqueue task"))?;
@@ -237,7 +239,6 @@ impl PgTaskQueue {
             .fetch_all(&mut *conn)
             .await
             .map_err(pg_err("enqueue tasks"))?;
-            notified |= batch.iter().any(|t| t.run_at.is_none_or(|r| r <= now));
             // Identity values follow insertion order within one statement.
             got.sort_unstable();
             ids.extend(got.into_iter().map(|id| Some(TaskId(id))));
@@ -247,10 +248,9 @@ impl PgTaskQueue {
             .iter()
             .zip(&ids)
             .any(|(t, id)| id.is_some() && t.run_at.is_none_or(|r| r <= now));
+        // Each insert carried its own `pg_notify` hint; this is the
+        // in-process one.
         if runnable {
-            if !notified {
-                notify(&mut *conn).await?;
-            }
             wake(&self.shared.notify);
         }
         Ok(ids)
