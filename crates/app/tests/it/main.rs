@@ -8,6 +8,7 @@ mod concurrency;
 mod conversation;
 mod faults;
 mod flow;
+mod load;
 mod security;
 mod service;
 mod session;
