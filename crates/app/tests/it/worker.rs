@@ -12,9 +12,11 @@ use parlance_app::worker::{
     register_test_handlers,
 };
 use parlance_core::ProductId;
+use parlance_core::Timestamp;
 use parlance_memory::MemoryTaskQueue;
 use parlance_ports::{
-    DagId, DagSpec, DagState, Lease, ManualClock, MapSpec, NodeSpec, QueueConfig, SystemClock,
+    DagId, DagSpec, DagState, DagStatus, DiscardedTask, FailOutcome, Lease, ManualClock, MapSpec,
+    NodeResult, NodeSpec, PortError, PortResult, QueueConfig, RecoverReport, SystemClock, TaskId,
     TaskQueue, TaskSpec, WorkerId,
 };
 use parlance_postgres::PgTaskQueue;
@@ -182,6 +184,132 @@ async fn step_retries_with_back_off_then_discards() {
     let second = w.step().await.unwrap();
     assert_eq!((second.claimed, second.discarded), (1, 1));
     assert_eq!(flaky.calls.load(Ordering::SeqCst), 2);
+}
+
+/// A queue whose first `outage` attempts at recording an outcome find it
+/// unavailable, as while its database restarts.
+struct Outage {
+    inner: Arc<dyn TaskQueue>,
+    outage: AtomicUsize,
+}
+
+impl Outage {
+    fn down(&self) -> bool {
+        self.outage
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+#[async_trait]
+impl TaskQueue for Outage {
+    async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>> {
+        self.inner.enqueue(tasks).await
+    }
+    async fn enqueue_dag(&self, dag: &DagSpec) -> PortResult<DagId> {
+        self.inner.enqueue_dag(dag).await
+    }
+    async fn claim(
+        &self,
+        worker: &WorkerId,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+    ) -> PortResult<Vec<Lease>> {
+        self.inner.claim(worker, queue, max, lease).await
+    }
+    async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
+        if self.down() {
+            return Err(PortError::unavailable("postgres: connection refused"));
+        }
+        self.inner.complete(lease, result).await
+    }
+    async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {
+        if self.down() {
+            return Err(PortError::unavailable("postgres: connection refused"));
+        }
+        self.inner.fail(lease, error, retryable).await
+    }
+    async fn release(&self, lease: &Lease) -> PortResult<()> {
+        self.inner.release(lease).await
+    }
+    async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()> {
+        self.inner.heartbeat(worker).await
+    }
+    async fn recover_expired(&self) -> PortResult<RecoverReport> {
+        self.inner.recover_expired().await
+    }
+    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus> {
+        self.inner.cancel_dag(id).await
+    }
+    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus> {
+        self.inner.dag_status(id).await
+    }
+    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>> {
+        self.inner.dag_results(id).await
+    }
+    async fn retry_discarded(&self, id: TaskId) -> PortResult<()> {
+        self.inner.retry_discarded(id).await
+    }
+    async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>> {
+        self.inner.list_discarded(queue, limit).await
+    }
+    async fn purge_finished(&self, before: Timestamp) -> PortResult<u64> {
+        self.inner.purge_finished(before).await
+    }
+    async fn wait_for_work(&self, queue: &str, timeout: Duration) {
+        self.inner.wait_for_work(queue, timeout).await;
+    }
+}
+
+/// Answers at once.
+struct Quick;
+
+#[async_trait]
+impl TaskHandler for Quick {
+    async fn run(&self, _task: &Lease) -> Result<Value, TaskError> {
+        Ok(json!("done"))
+    }
+}
+
+/// An outcome that cannot be recorded while the queue is down is recorded
+/// once it is back, within the lease: the task is not left leased until
+/// its deadline (it used to be, for up to the lease's 5 minutes).
+#[tokio::test]
+async fn outcomes_are_recorded_once_the_queue_is_back() {
+    let (inner, clock) = memory_queue();
+    let queue = Arc::new(Outage {
+        inner: inner.clone(),
+        outage: AtomicUsize::new(4),
+    });
+    let flaky = Arc::new(Flaky {
+        calls: AtomicUsize::new(0),
+    });
+    let mut handlers = Handlers::new();
+    handlers.register("quick", Arc::new(Quick));
+    handlers.register("flaky", flaky.clone());
+    let w = worker(queue.clone(), clock, handlers);
+    queue
+        .enqueue(&[
+            TaskSpec::new(product(), "quick", json!({})),
+            TaskSpec::new(product(), "flaky", json!({})),
+        ])
+        .await
+        .unwrap();
+    let report = w.step().await.unwrap();
+    assert_eq!(
+        (report.claimed, report.completed, report.retried),
+        (2, 1, 1),
+        "{report:?}"
+    );
+    assert_eq!(queue.outage.load(Ordering::SeqCst), 0, "the outage is over");
+    assert_eq!(flaky.calls.load(Ordering::SeqCst), 1, "each ran once");
+    let other = WorkerId(uuid_from(2));
+    let left = inner
+        .claim(&other, "default", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "nothing is left leased: {left:?}");
 }
 
 #[derive(Default)]
