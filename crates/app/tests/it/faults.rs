@@ -28,12 +28,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use parlance_postgres::testing::test_pool;
-use serde_json::json;
 
 use crate::load::{
-    Answer, CONVERSATIONS, Ledger, Load, SESSIONS, abandoned, arm_heartbeats, check_audit,
-    check_dags, check_heartbeats, check_sessions, check_transcripts, drained, free_port, post,
-    ready, spawn_server, spawn_worker,
+    Ledger, Load, abandoned, arm_heartbeats, check_audit, check_dags, check_heartbeats,
+    check_sessions, check_transcripts, create_conversations, drained, free_port, open_sessions,
+    ready, session_versions, spawn_server, spawn_worker,
 };
 use crate::support::url_for;
 
@@ -64,39 +63,8 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
         ready(&client, p).await;
     }
     // The sessions start in the reactive state; the conversations exist.
-    let mut base = Vec::new();
-    for s in 0..SESSIONS {
-        let r = post(
-            &client,
-            ports[0],
-            &format!("/v1/products/default/sessions/s{s}/events"),
-            &json!({"type": "open_chat"}),
-        )
-        .await;
-        let Answer::Acked(v) = r else {
-            panic!("open session s{s}");
-        };
-        base.push(v["version"].as_i64().unwrap());
-    }
-    let mut ids = Vec::new();
-    for c in 0..CONVERSATIONS {
-        let Answer::Acked(v) = post(
-            &client,
-            ports[1],
-            "/v1/products/default/conversations",
-            &json!({"contact_id": format!("+1555000{c}"), "objective": "book a demo call", "todos": ["ask for a day"]}),
-        )
-        .await
-        else {
-            panic!("create a conversation");
-        };
-        ids.push(
-            v["conversation"]["instance_id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
-    }
+    let base = open_sessions(&client, ports[0]).await;
+    let ids = create_conversations(&client, ports[1]).await;
     let follow_ups = u32::try_from(phase().as_secs().max(2)).unwrap();
     let mut armed = arm_heartbeats(&client, ports[1], 1, ARMED, follow_ups).await;
     let load = Load {
@@ -104,6 +72,7 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
         conversations: Arc::new(ids),
         ledger: Arc::new(Mutex::new(Ledger::default())),
         refused_is_unknown: false,
+        stop: Arc::default(),
     };
 
     // Load; kill a server and a worker in the middle of it; load on.
@@ -125,6 +94,7 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
     ready(&client, ports[0]).await;
     armed.extend(arm_heartbeats(&client, ports[0], 2, ARMED, follow_ups).await);
     load.run(Instant::now() + phase(), 1).await;
+    let at_stop = session_versions(&pool).await;
 
     // Every armed conversation runs out of follow-ups; every queued task
     // finishes, the killed worker's included.
@@ -137,10 +107,10 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
     }
 
     let ledger = std::mem::take(&mut *load.ledger.lock().unwrap());
-    let acked_events = check_sessions(&pool, &ledger, &base).await;
+    let acked_events = check_sessions(&pool, &ledger, &base, &at_stop).await;
     let messages = check_transcripts(&pool, &ledger).await;
     let fired = check_heartbeats(&pool, &armed, follow_ups).await;
-    let dags = check_dags(&pool, &ledger).await;
+    let dags = check_dags(&pool, &ledger, false).await;
     let audited = check_audit(&pool, &ledger).await;
     assert!(
         acked_events > 0 && !ledger.acked_replies.is_empty() && dags.inputs > 0,

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -98,6 +99,50 @@ pub(crate) async fn ready(client: &reqwest::Client, port: u16) {
         },
     )
     .await;
+}
+
+/// Opens every session (`open_chat`: they start reactive) and returns
+/// each one's version.
+pub(crate) async fn open_sessions(client: &reqwest::Client, port: u16) -> Vec<i64> {
+    let mut base = Vec::new();
+    for s in 0..SESSIONS {
+        let r = post(
+            client,
+            port,
+            &format!("/v1/products/default/sessions/s{s}/events"),
+            &json!({"type": "open_chat"}),
+        )
+        .await;
+        let Answer::Acked(v) = r else {
+            panic!("open session s{s}");
+        };
+        base.push(v["version"].as_i64().unwrap());
+    }
+    base
+}
+
+/// Creates the conversations the clients reply to; returns their ids.
+pub(crate) async fn create_conversations(client: &reqwest::Client, port: u16) -> Vec<String> {
+    let mut ids = Vec::new();
+    for c in 0..CONVERSATIONS {
+        let Answer::Acked(v) = post(
+            client,
+            port,
+            "/v1/products/default/conversations",
+            &json!({"contact_id": format!("+1555000{c}"), "objective": "book a demo call", "todos": ["ask for a day"]}),
+        )
+        .await
+        else {
+            panic!("create a conversation");
+        };
+        ids.push(
+            v["conversation"]["instance_id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    ids
 }
 
 /// One transition as the audit log records it: from, to, cause.
@@ -207,6 +252,8 @@ pub(crate) struct Load {
     /// Count a 503 as unknown rather than as "nothing changed" (the
     /// database went away, possibly after a commit whose answer was lost).
     pub(crate) refused_is_unknown: bool,
+    /// Set to stop the clients before their deadline.
+    pub(crate) stop: Arc<AtomicBool>,
 }
 
 /// How a client treats one answer.
@@ -234,6 +281,18 @@ impl Load {
         (server + 1) % self.ports.len()
     }
 
+    fn going(&self, until: Instant) -> bool {
+        Instant::now() < until && !self.stop.load(Ordering::Relaxed)
+    }
+
+    /// What was acknowledged so far: session events, replies, flow events.
+    pub(crate) fn acked(&self) -> usize {
+        let ledger = self.ledger.lock().unwrap();
+        ledger.acked_versions.values().map(Vec::len).sum::<usize>()
+            + ledger.acked_replies.len()
+            + ledger.flow_events
+    }
+
     /// Runs every client until `until`; `round` keeps texts unique.
     pub(crate) async fn run(&self, until: Instant, round: usize) {
         let mut tasks = Vec::new();
@@ -259,7 +318,7 @@ impl Load {
         let client = reqwest::Client::new();
         let mut server = c % self.ports.len();
         let mut i = 0usize;
-        while Instant::now() < until {
+        while self.going(until) {
             i += 1;
             let port = self.ports[server];
             let seen = if i.is_multiple_of(2) {
@@ -342,7 +401,7 @@ impl Load {
         let mut next = Next::Start;
         let mut n = 0usize;
         let event_path = format!("/v1/ai/{FLOW}/event");
-        while Instant::now() < until {
+        while self.going(until) {
             let port = self.ports[server];
             let event = |name: &str, input: &str| json!({"session_id": session, "event": name, "event_input": input});
             let (seen, then) = match next {
@@ -472,7 +531,8 @@ fn step(t: &Value) -> Step {
 
 /// Waits until no task is queued or running and no DAG run is running.
 pub(crate) async fn drained(pool: &PgPool, timeout: Duration) {
-    wait_until("every task to finish", timeout, || async {
+    let deadline = Instant::now() + timeout;
+    loop {
         let open: i64 = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM jobs WHERE state IN (0, 1)) \
              + (SELECT count(*) FROM dag_runs WHERE state = 0)",
@@ -480,16 +540,47 @@ pub(crate) async fn drained(pool: &PgPool, timeout: Duration) {
         .fetch_one(pool)
         .await
         .unwrap();
-        open == 0
-    })
-    .await;
+        if open == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for every task to finish: {:?}",
+            open_tasks(pool).await
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
-/// Per session: acknowledged events took distinct versions, and the final
-/// version counts every acknowledged event plus at most the requests whose
-/// answer was lost. `base` holds each session's version after set-up.
-/// Returns the events acknowledged.
-pub(crate) async fn check_sessions(pool: &PgPool, ledger: &Ledger, base: &[i64]) -> usize {
+/// Each session's version now; read as soon as the load stops, before the
+/// timer sweeper saves sessions left idle past their interaction timeout
+/// (and again when the cooldown that starts ends), which no event caused.
+pub(crate) async fn session_versions(pool: &PgPool) -> Vec<i64> {
+    let mut versions = Vec::new();
+    for s in 0..SESSIONS {
+        let version: i64 = sqlx::query_scalar(
+            "SELECT version FROM sessions WHERE product_id = 'default' AND session_id = $1",
+        )
+        .bind(format!("s{s}"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        versions.push(version);
+    }
+    versions
+}
+
+/// Per session: acknowledged events took distinct versions, and the
+/// version when the load stopped (`at_stop`, from [`session_versions`])
+/// counts every acknowledged event plus at most the requests whose answer
+/// was lost. `base` holds each session's version after set-up. Returns the
+/// events acknowledged.
+pub(crate) async fn check_sessions(
+    pool: &PgPool,
+    ledger: &Ledger,
+    base: &[i64],
+    at_stop: &[i64],
+) -> usize {
     let mut acked_events = 0;
     for (s, &base) in base.iter().enumerate() {
         let session = format!("s{s}");
@@ -505,18 +596,12 @@ pub(crate) async fn check_sessions(pool: &PgPool, ledger: &Ledger, base: &[i64])
             acked.len(),
             "{session}: a version acknowledged twice"
         );
-        let version: i64 = sqlx::query(
-            "SELECT version FROM sessions WHERE product_id = 'default' AND session_id = $1",
-        )
-        .bind(&session)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-        .get("version");
+        let version = at_stop[s];
         // Versions up to `base` are the set-up's.
         let committed = version - base;
         let causes: Vec<String> = sqlx::query(
-            "SELECT cause || ':' || coalesce(from_state, '') || '->' || to_state AS c FROM audit_log \
+            "SELECT cause || ':' || coalesce(from_state, '') || '->' || to_state || ' ' || \
+             payload::text || ' at ' || at::text AS c FROM audit_log \
              WHERE product_id = 'default' AND entity_id = $1 ORDER BY seq",
         )
         .bind(&session)
@@ -526,9 +611,13 @@ pub(crate) async fn check_sessions(pool: &PgPool, ledger: &Ledger, base: &[i64])
         .iter()
         .map(|r| r.get("c"))
         .collect();
+        let missing: Vec<i64> = (base + 1..=version)
+            .filter(|v| !distinct.contains(v))
+            .collect();
         assert!(
             committed >= acked.len() as i64 && committed <= (acked.len() + unknown) as i64,
-            "{session}: version {version}, {} acknowledged, {unknown} unanswered; audit {causes:?}",
+            "{session}: version {version} after {base}, {} acknowledged, {unknown} unanswered; \
+             versions not acknowledged {missing:?}; audit {causes:?}",
             acked.len()
         );
         assert!(
@@ -580,7 +669,9 @@ pub(crate) async fn check_transcripts(pool: &PgPool, ledger: &Ledger) -> usize {
 }
 
 /// Creates `n` conversations whose heartbeat is due every second, with
-/// `follow_ups` follow-ups before they are abandoned; nobody replies.
+/// `follow_ups` follow-ups before they are abandoned; nobody replies. Each
+/// has a fixed id, so a create whose answer was lost (a 503 while the
+/// database went away) is tried again and then found (409).
 pub(crate) async fn arm_heartbeats(
     client: &reqwest::Client,
     port: u16,
@@ -590,45 +681,81 @@ pub(crate) async fn arm_heartbeats(
 ) -> Vec<String> {
     let mut ids = Vec::new();
     for k in 0..n {
+        let id = uuid::Uuid::from_u128(((batch as u128) << 32) | k as u128).to_string();
         let body = json!({
+            "instance_id": id,
             "contact_id": format!("+1555{batch}{k:03}"),
             "objective": "confirm the appointment",
             "heartbeat_interval_s": 1,
             "max_follow_ups": follow_ups,
         });
-        let Answer::Acked(v) =
-            post(client, port, "/v1/products/default/conversations", &body).await
-        else {
-            panic!("create a conversation with a heartbeat");
+        let url = format!("http://127.0.0.1:{port}/v1/products/default/conversations");
+        let created = || async {
+            let res = client
+                .post(&url)
+                .bearer_auth(KEY)
+                .json(&body)
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await;
+            match res {
+                Ok(r) if r.status().is_success() || r.status().as_u16() == 409 => true,
+                Ok(r) if r.status().as_u16() == 503 => false,
+                Ok(r) => panic!("create {id}: {}", r.status()),
+                Err(_) => false,
+            }
         };
-        ids.push(
-            v["conversation"]["instance_id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
+        wait_until(
+            "a conversation with a heartbeat",
+            Duration::from_secs(60),
+            created,
+        )
+        .await;
+        ids.push(id);
     }
     ids
 }
 
 /// Waits until every conversation in `ids` is abandoned.
 pub(crate) async fn abandoned(pool: &PgPool, ids: &[String], timeout: Duration) {
-    wait_until(
-        "every armed conversation to be abandoned",
-        timeout,
-        || async {
-            let open: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM conversation_instances \
+    let left = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT instance_id::text || ' in ' || state || ', due ' || \
+             coalesce(heartbeat_due_at::text, 'never') || ', claimed until ' || \
+             coalesce(claimed_until::text, 'never') FROM conversation_instances \
              WHERE instance_id::text = ANY($1) AND state <> 'ABANDONED'",
-            )
-            .bind(ids)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            open == 0
-        },
+        )
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    };
+    let deadline = Instant::now() + timeout;
+    loop {
+        let open = left().await;
+        if open.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for every armed conversation to be abandoned: {open:?}; \
+             open tasks: {:?}",
+            open_tasks(pool).await
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Queued and running tasks, described.
+async fn open_tasks(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT kind || ' ' || state || ' attempt ' || attempt || ' ' || args::text || \
+         ' until ' || coalesce(lease_expires_at::text, '-') || ' by ' || \
+         coalesce(leased_by::text, '-') FROM jobs WHERE state IN (0, 1) ORDER BY id",
     )
-    .await;
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 /// No heartbeat fired twice. A heartbeat that fires leaves, in the commit
@@ -704,6 +831,9 @@ pub(crate) struct DagFigures {
     pub(crate) exact_chains: usize,
     /// Chains with a node that ran again after a lost attempt.
     pub(crate) retried_chains: usize,
+    /// Chains, none of whose nodes ran twice, that counted fewer tasks
+    /// than they have (a progress write lost to the database going away).
+    pub(crate) short_chains: usize,
     /// Flow `user_input`s stored, each completed once.
     pub(crate) inputs: usize,
 }
@@ -723,8 +853,10 @@ pub(crate) struct DagFigures {
 ///   was sent;
 /// - a chain's progress is exact (`done == total`) when none of its nodes
 ///   ran twice (a node re-run after a lost attempt counts again: progress
-///   is advisory).
-pub(crate) async fn check_dags(pool: &PgPool, ledger: &Ledger) -> DagFigures {
+///   is advisory); while the database goes away a node's progress write
+///   can fail on its own, so with `database_down` such a chain may only
+///   count short (`done <= total`).
+pub(crate) async fn check_dags(pool: &PgPool, ledger: &Ledger, database_down: bool) -> DagFigures {
     let mut figures = DagFigures::default();
     let runs = sqlx::query(
         "SELECT r.id, r.state, r.total_nodes, r.done_nodes, count(n.id) AS nodes, \
@@ -882,7 +1014,9 @@ pub(crate) async fn check_dags(pool: &PgPool, ledger: &Ledger) -> DagFigures {
         let key: (String, String) = (p.get("session_id"), p.get("chain_id"));
         let (total, done): (i64, i64) = (p.get("total"), p.get("done"));
         let most = attempts.get(&key).copied().unwrap_or(0);
-        if most <= 1 {
+        if most <= 1 && database_down && done < total {
+            figures.short_chains += 1;
+        } else if most <= 1 {
             assert_eq!(done, total, "chain {key:?}: progress");
             figures.exact_chains += 1;
         } else {

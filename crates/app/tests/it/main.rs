@@ -9,6 +9,7 @@ mod conversation;
 mod faults;
 mod flow;
 mod load;
+mod pg_restart;
 mod security;
 mod service;
 mod session;
