@@ -185,10 +185,31 @@ impl Worker {
         let background = tokio::spawn(self.clone().background());
         let mut running: JoinSet<(TaskId, Option<Finish>)> = JoinSet::new();
         let mut held: HashMap<TaskId, Lease> = HashMap::new();
+        // A claim that failed may still have committed (its answer lost
+        // with the connection): before the next one, what this worker has
+        // leased but does not hold is given back.
+        let mut unsure = false;
         tokio::pin!(shutdown);
         loop {
             let free = self.config.slots.max(1).saturating_sub(running.len());
             let mut claimed = 0;
+            if unsure {
+                let ids: Vec<TaskId> = held.keys().copied().collect();
+                match self.queue.release_unheld(&self.id, &ids).await {
+                    Ok(n) => {
+                        unsure = false;
+                        if n > 0 {
+                            tracing::info!(
+                                released = n,
+                                "tasks of a claim whose answer was lost released"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not release unheld tasks; retrying")
+                    }
+                }
+            }
             if free > 0 {
                 match self.claim(free).await {
                     Ok(leases) => {
@@ -202,7 +223,10 @@ impl Worker {
                             });
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "claim failed; retrying after the poll"),
+                    Err(e) => {
+                        unsure = true;
+                        tracing::warn!(error = %e, "claim failed; retrying after the poll");
+                    }
                 }
             }
             if claimed > 0 && claimed == free {

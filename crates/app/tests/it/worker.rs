@@ -187,17 +187,31 @@ async fn step_retries_with_back_off_then_discards() {
 }
 
 /// A queue whose first `outage` attempts at recording an outcome find it
-/// unavailable, as while its database restarts.
+/// unavailable, as while its database restarts, and whose first
+/// `lost_claims` claims go through but answer an error, as when the
+/// connection drops before the answer arrives.
 struct Outage {
     inner: Arc<dyn TaskQueue>,
     outage: AtomicUsize,
+    lost_claims: AtomicUsize,
+}
+
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 impl Outage {
+    fn new(inner: Arc<dyn TaskQueue>, outage: usize, lost_claims: usize) -> Self {
+        Self {
+            inner,
+            outage: AtomicUsize::new(outage),
+            lost_claims: AtomicUsize::new(lost_claims),
+        }
+    }
+
     fn down(&self) -> bool {
-        self.outage
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+        take_one(&self.outage)
     }
 }
 
@@ -216,7 +230,11 @@ impl TaskQueue for Outage {
         max: usize,
         lease: Duration,
     ) -> PortResult<Vec<Lease>> {
-        self.inner.claim(worker, queue, max, lease).await
+        let leases = self.inner.claim(worker, queue, max, lease).await?;
+        if !leases.is_empty() && take_one(&self.lost_claims) {
+            return Err(PortError::unavailable("postgres: connection reset"));
+        }
+        Ok(leases)
     }
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
         if self.down() {
@@ -232,6 +250,9 @@ impl TaskQueue for Outage {
     }
     async fn release(&self, lease: &Lease) -> PortResult<()> {
         self.inner.release(lease).await
+    }
+    async fn release_unheld(&self, worker: &WorkerId, held: &[TaskId]) -> PortResult<u64> {
+        self.inner.release_unheld(worker, held).await
     }
     async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()> {
         self.inner.heartbeat(worker).await
@@ -278,10 +299,7 @@ impl TaskHandler for Quick {
 #[tokio::test]
 async fn outcomes_are_recorded_once_the_queue_is_back() {
     let (inner, clock) = memory_queue();
-    let queue = Arc::new(Outage {
-        inner: inner.clone(),
-        outage: AtomicUsize::new(4),
-    });
+    let queue = Arc::new(Outage::new(inner.clone(), 4, 0));
     let flaky = Arc::new(Flaky {
         calls: AtomicUsize::new(0),
     });
@@ -310,6 +328,38 @@ async fn outcomes_are_recorded_once_the_queue_is_back() {
         .await
         .unwrap();
     assert!(left.is_empty(), "nothing is left leased: {left:?}");
+}
+
+/// Tasks a claim took whose answer was lost are given back before the
+/// next claim and run at once, not after their lease runs out (which the
+/// manual clock here never lets happen).
+#[tokio::test]
+async fn tasks_of_a_claim_whose_answer_was_lost_run_at_once() {
+    let (inner, clock) = memory_queue();
+    let queue = Arc::new(Outage::new(inner.clone(), 0, 1));
+    let mut handlers = Handlers::new();
+    handlers.register("quick", Arc::new(Quick));
+    let w = worker(queue.clone(), clock, handlers);
+    let dag = DagSpec::new(product())
+        .node(NodeSpec::new("a", "quick", json!({})))
+        .node(NodeSpec::new("b", "quick", json!({})));
+    let id = queue.enqueue_dag(&dag).await.unwrap();
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(w.run(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    wait_until("the run to complete", Duration::from_secs(30), || {
+        let inner = inner.clone();
+        async move { inner.dag_status(id).await.unwrap().state == DagState::Completed }
+    })
+    .await;
+    assert_eq!(
+        queue.lost_claims.load(Ordering::SeqCst),
+        0,
+        "a claim was lost"
+    );
+    stop.send(true).unwrap();
+    run.await.unwrap().unwrap();
 }
 
 #[derive(Default)]
