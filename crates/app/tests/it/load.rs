@@ -50,9 +50,33 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// A `parlance` process, killed (SIGKILL) and reaped when dropped, so a
+/// test that fails leaves none behind.
+pub(crate) struct Proc(Child);
+
+impl Proc {
+    /// Kills the process (SIGKILL) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+
+    /// Whether the process still runs.
+    pub(crate) fn running(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `parlance serve --no-worker` on `port`, with the example flows.
-pub(crate) fn spawn_server(url: &str, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_parlance"))
+pub(crate) fn spawn_server(url: &str, port: u16) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_parlance"))
         .args([
             "serve",
             "--no-worker",
@@ -67,14 +91,15 @@ pub(crate) fn spawn_server(url: &str, port: u16) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("start parlance serve")
+        .expect("start parlance serve");
+    Proc(child)
 }
 
 /// `parlance worker` with the example flows; a worker silent for 2 s is
 /// dead and loses its tasks.
-pub(crate) fn spawn_worker(url: &str) -> Child {
+pub(crate) fn spawn_worker(url: &str) -> Proc {
     let flows = flows_dir();
-    crate::support::spawn_worker(
+    Proc(crate::support::spawn_worker(
         url,
         &[
             "--stale-after-secs",
@@ -82,7 +107,7 @@ pub(crate) fn spawn_worker(url: &str) -> Child {
             "--flows",
             flows.to_str().expect("a UTF-8 path"),
         ],
-    )
+    ))
 }
 
 /// Waits for `/readyz` to answer 200.

@@ -344,7 +344,7 @@ async fn the_services_ride_out_a_postgres_restart_and_lose_nothing_acknowledged(
     let at_stop = session_versions(&pool).await;
     for (name, child) in [("serve", &mut server), ("worker", &mut worker)] {
         assert!(
-            child.try_wait().unwrap().is_none(),
+            child.running(),
             "parlance {name} exited instead of riding out the restarts"
         );
     }
@@ -355,10 +355,8 @@ async fn the_services_ride_out_a_postgres_restart_and_lose_nothing_acknowledged(
     abandoned(&pool, &armed, Duration::from_secs(180)).await;
     drained(&pool, Duration::from_secs(180)).await;
     let settled = loaded.elapsed();
-    for child in [&mut server, &mut worker] {
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
+    server.kill();
+    worker.kill();
 
     let ledger = std::mem::take(&mut *load.ledger.lock().unwrap());
     let acked_events = check_sessions(&pool, &ledger, &base, &at_stop).await;
