@@ -18,7 +18,9 @@
 //! Without `initdb` and `pg_ctl` (on `PATH` or in
 //! `/usr/lib/postgresql/<version>/bin`) the test says so on stderr and
 //! passes, unless `CI` is `true` or [`REQUIRE_ENV`] is set: then it fails.
-//! `PARLANCE_FAULT_SECS` sets the length of each load phase (default 2).
+//! `PARLANCE_FAULT_SECS` sets the length of each load phase (default 2);
+//! the conversations with heartbeats get that many follow-ups (at least 2),
+//! so the first ones keep firing through the stop.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -298,7 +300,8 @@ async fn the_services_ride_out_a_postgres_restart_and_lose_nothing_acknowledged(
     ready(&client, port).await;
     let base = open_sessions(&client, port).await;
     let ids = create_conversations(&client, port).await;
-    let follow_ups = 2;
+    // Heartbeats keep firing until after the stop.
+    let follow_ups = u32::try_from(phase().as_secs().max(2)).unwrap();
     let mut armed = arm_heartbeats(&client, port, 1, ARMED, follow_ups).await;
     let load = Load {
         ports: vec![port],
@@ -352,7 +355,8 @@ async fn the_services_ride_out_a_postgres_restart_and_lose_nothing_acknowledged(
     // Heartbeats armed after the restarts fire too; everything settles.
     let loaded = Instant::now();
     armed.extend(arm_heartbeats(&client, port, 2, ARMED, follow_ups).await);
-    abandoned(&pool, &armed, Duration::from_secs(180)).await;
+    let guard = Duration::from_secs(120 + 2 * u64::from(follow_ups));
+    abandoned(&pool, &armed, guard).await;
     drained(&pool, Duration::from_secs(180)).await;
     let settled = loaded.elapsed();
     server.kill();
