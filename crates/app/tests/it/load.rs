@@ -196,8 +196,6 @@ pub(crate) struct Ledger {
     pub(crate) flows: BTreeMap<String, FlowLedger>,
     /// Flow events acknowledged (`start_session`, `user_input`, `restart`).
     pub(crate) flow_events: usize,
-    /// Polls answered while a DAG ran.
-    pub(crate) polls: usize,
     /// Transitions acknowledged, by (entity kind, entity id).
     pub(crate) transitions: BTreeMap<(String, String), Vec<Step>>,
 }
@@ -483,7 +481,6 @@ impl Load {
                     if let Seen::Acked(v) = &seen {
                         let actions = &v["next_actions"];
                         if *actions == json!(["poll"]) {
-                            self.ledger.lock().unwrap().polls += 1;
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         } else {
                             // Anything but the confirmation is a failed DAG.
