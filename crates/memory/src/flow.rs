@@ -1,4 +1,5 @@
-//! Flow sessions in maps.
+//! Flow sessions in maps; each write's audit entries go to the in-memory
+//! audit log under the same lock.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,9 +8,11 @@ use async_trait::async_trait;
 use parlance_core::flow::{DialogueElement, FlowSession};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    ChainProgress, DagId, DagStart, FlowStore, PortError, PortResult, ProgressUpdate,
+    ChainProgress, DagId, DagStart, FlowAppend, FlowStore, PortError, PortResult, ProgressUpdate,
     StoredFlowSession, TaskQueue,
 };
+
+use crate::MemoryAuditLog;
 
 type Key = (ProductId, String);
 
@@ -25,12 +28,14 @@ struct Inner {
 /// Saves are serialised by an async gate, so a save that enqueues a DAG can
 /// check the version, enqueue and apply without another save slipping in
 /// between: the run exists if and only if the save succeeded, as in one
-/// database transaction.
+/// database transaction. Audit entries are appended under the store's lock,
+/// with the change they record.
 #[derive(Default)]
 pub struct MemoryFlowStore {
     inner: Mutex<Inner>,
     gate: tokio::sync::Mutex<()>,
     queue: Option<Arc<dyn TaskQueue>>,
+    audit: Arc<MemoryAuditLog>,
 }
 
 impl std::fmt::Debug for MemoryFlowStore {
@@ -43,16 +48,21 @@ impl std::fmt::Debug for MemoryFlowStore {
 }
 
 impl MemoryFlowStore {
-    /// An empty store without a task queue (`save_and_enqueue` is
-    /// `Unavailable`).
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty store writing audit entries to `audit`, without a task
+    /// queue (`save_and_enqueue` is `Unavailable`).
+    pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
+        Self {
+            audit,
+            ..Self::default()
+        }
     }
 
-    /// An empty store that enqueues DAGs on `queue`.
-    pub fn with_queue(queue: Arc<dyn TaskQueue>) -> Self {
+    /// An empty store writing audit entries to `audit` that enqueues DAGs
+    /// on `queue`.
+    pub fn with_queue(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
         Self {
             queue: Some(queue),
+            audit,
             ..Self::default()
         }
     }
@@ -75,7 +85,7 @@ impl MemoryFlowStore {
         product_id: &ProductId,
         session: &FlowSession,
         expected_version: i64,
-        append: &[DialogueElement],
+        append: FlowAppend<'_>,
         progress: Option<&ProgressUpdate>,
     ) -> PortResult<i64> {
         let mut inner = self.lock();
@@ -89,13 +99,14 @@ impl MemoryFlowStore {
         }
         stored.version += 1;
         stored.session = session.clone();
-        stored.dialogue_len += append.len() as i64;
+        stored.dialogue_len += append.dialogue.len() as i64;
         let version = stored.version;
         inner
             .dialogue
             .entry(k)
             .or_default()
-            .extend_from_slice(append);
+            .extend_from_slice(append.dialogue);
+        self.audit.push(append.audit);
         if let Some(p) = progress {
             let entry = inner
                 .progress
@@ -134,7 +145,7 @@ impl FlowStore for MemoryFlowStore {
         &self,
         product_id: &ProductId,
         session: &FlowSession,
-        dialogue: &[DialogueElement],
+        append: FlowAppend<'_>,
         _now: Timestamp,
     ) -> PortResult<i64> {
         let mut inner = self.lock();
@@ -147,10 +158,11 @@ impl FlowStore for MemoryFlowStore {
             StoredFlowSession {
                 session: session.clone(),
                 version: 1,
-                dialogue_len: dialogue.len() as i64,
+                dialogue_len: append.dialogue.len() as i64,
             },
         );
-        inner.dialogue.insert(k, dialogue.to_vec());
+        inner.dialogue.insert(k, append.dialogue.to_vec());
+        self.audit.push(append.audit);
         Ok(1)
     }
 
@@ -176,7 +188,7 @@ impl FlowStore for MemoryFlowStore {
         product_id: &ProductId,
         session: &FlowSession,
         expected_version: i64,
-        append: &[DialogueElement],
+        append: FlowAppend<'_>,
         progress: Option<&ProgressUpdate>,
         _now: Timestamp,
     ) -> PortResult<i64> {
@@ -189,7 +201,7 @@ impl FlowStore for MemoryFlowStore {
         product_id: &ProductId,
         session: &FlowSession,
         expected_version: i64,
-        append: &[DialogueElement],
+        append: FlowAppend<'_>,
         start: &DagStart,
         _now: Timestamp,
     ) -> PortResult<(i64, DagId)> {

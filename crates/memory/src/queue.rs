@@ -687,6 +687,29 @@ impl TaskQueue for MemoryTaskQueue {
         Ok(())
     }
 
+    async fn release_unheld(&self, worker: &WorkerId, held: &[TaskId]) -> PortResult<u64> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        let mut released = 0;
+        for (id, job) in &mut st.jobs {
+            if matches!(job.state, JobState::Running)
+                && job.leased_by == Some(*worker)
+                && !held.contains(&TaskId(*id))
+            {
+                job.state = JobState::Available;
+                job.attempt = job.attempt.saturating_sub(1);
+                job.run_at = now;
+                job.leased_by = None;
+                released += 1;
+            }
+        }
+        drop(st);
+        if released > 0 {
+            self.wake();
+        }
+        Ok(released)
+    }
+
     async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()> {
         let now = self.clock.now();
         self.lock().workers.insert(*worker, now);

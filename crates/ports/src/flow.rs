@@ -6,8 +6,8 @@ use parlance_core::flow::{DialogueElement, FlowSession};
 use parlance_core::{ProductId, Timestamp};
 use serde::Serialize;
 
-use crate::PortResult;
 use crate::queue::{DagId, DagSpec};
+use crate::{AuditEntry, PortResult};
 
 /// A session as stored, with its version for compare-and-swap.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,16 +57,27 @@ pub struct DagStart {
     pub dag: DagSpec,
 }
 
+/// What a write appends beside the session, in the same commit: dialogue
+/// elements and the audit entries of the transition. A write that fails
+/// appends neither.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FlowAppend<'a> {
+    /// Dialogue elements, oldest first.
+    pub dialogue: &'a [DialogueElement],
+    /// Audit entries, in order.
+    pub audit: &'a [AuditEntry],
+}
+
 /// Storage of flow sessions.
 #[async_trait]
 pub trait FlowStore: Send + Sync + 'static {
-    /// Stores a new session (version 1) with its first dialogue elements;
-    /// `Conflict` when the id exists for this product.
+    /// Stores a new session (version 1) with its first dialogue elements
+    /// and audit entries; `Conflict` when the id exists for this product.
     async fn create(
         &self,
         product_id: &ProductId,
         session: &FlowSession,
-        dialogue: &[DialogueElement],
+        append: FlowAppend<'_>,
         now: Timestamp,
     ) -> PortResult<i64>;
 
@@ -75,15 +86,15 @@ pub trait FlowStore: Send + Sync + 'static {
     -> PortResult<StoredFlowSession>;
 
     /// Saves the session if its version is still `expected_version`,
-    /// appending `append` to the dialogue and creating or updating chain
-    /// progress, all in one commit. Returns the new version; `Conflict` when
+    /// appending `append` to the dialogue and the audit log and creating or
+    /// updating chain progress, all in one commit. Returns the new version; `Conflict` when
     /// the version moved, `NotFound` when the session does not exist.
     async fn save(
         &self,
         product_id: &ProductId,
         session: &FlowSession,
         expected_version: i64,
-        append: &[DialogueElement],
+        append: FlowAppend<'_>,
         progress: Option<&ProgressUpdate>,
         now: Timestamp,
     ) -> PortResult<i64>;
@@ -100,7 +111,7 @@ pub trait FlowStore: Send + Sync + 'static {
         product_id: &ProductId,
         session: &FlowSession,
         expected_version: i64,
-        append: &[DialogueElement],
+        append: FlowAppend<'_>,
         start: &DagStart,
         now: Timestamp,
     ) -> PortResult<(i64, DagId)>;

@@ -32,7 +32,7 @@ pub use conversation::{Applied, ConversationStore, ListFilter};
 pub use crisis::{CrisisLog, CrisisLogEntry, CrisisLogRecord};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
-pub use flow::{ChainProgress, DagStart, FlowStore, ProgressUpdate, StoredFlowSession};
+pub use flow::{ChainProgress, DagStart, FlowAppend, FlowStore, ProgressUpdate, StoredFlowSession};
 pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,

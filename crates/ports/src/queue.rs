@@ -597,6 +597,13 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// counted): for a worker shutting down. Lease lost: error.
     async fn release(&self, lease: &Lease) -> PortResult<()>;
 
+    /// Gives back, as [`TaskQueue::release`] would, every task `worker`
+    /// holds a lease on except those in `held`; returns how many. For a
+    /// worker whose claim failed after the queue may have committed it
+    /// (the answer lost with the connection): those tasks never reached it
+    /// and would otherwise wait for their deadline.
+    async fn release_unheld(&self, worker: &WorkerId, held: &[TaskId]) -> PortResult<u64>;
+
     /// Marks `worker` alive now.
     async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()>;
 

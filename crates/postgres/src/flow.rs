@@ -1,4 +1,5 @@
-//! Flow sessions in `flow_sessions`, `flow_dialogue` and `flow_progress`.
+//! Flow sessions in `flow_sessions`, `flow_dialogue` and `flow_progress`;
+//! each write's audit entries go to `audit_log` in the same transaction.
 
 use std::sync::Arc;
 
@@ -6,12 +7,13 @@ use async_trait::async_trait;
 use parlance_core::flow::{Actor, DialogueElement, FlowSession};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    ChainProgress, DagId, DagStart, FlowStore, PortError, PortResult, ProgressUpdate,
+    ChainProgress, DagId, DagStart, FlowAppend, FlowStore, PortError, PortResult, ProgressUpdate,
     StoredFlowSession,
 };
 use sqlx::{PgPool, Postgres, QueryBuilder, Row as _};
 
 use crate::PgTaskQueue;
+use crate::audit::insert_entries;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
@@ -88,7 +90,7 @@ async fn save_in(
     product_id: &ProductId,
     session: &FlowSession,
     expected_version: i64,
-    append: &[DialogueElement],
+    append: FlowAppend<'_>,
     progress: Option<&ProgressUpdate>,
     now: Timestamp,
 ) -> PortResult<i64> {
@@ -103,7 +105,7 @@ async fn save_in(
     .bind(&session.session_id)
     .bind(&data)
     .bind(&session.state)
-    .bind(append.len() as i64)
+    .bind(append.dialogue.len() as i64)
     .bind(to_pg(now))
     .bind(expected_version)
     .fetch_optional(&mut **tx)
@@ -132,11 +134,14 @@ async fn save_in(
         tx,
         product_id,
         &session.session_id,
-        len - append.len() as i64 + 1,
-        append,
+        len - append.dialogue.len() as i64 + 1,
+        append.dialogue,
     )
     .await
     .map_err(pg_err("append flow dialogue"))?;
+    insert_entries(&mut **tx, append.audit)
+        .await
+        .map_err(pg_err("audit flow transition"))?;
     if let Some(p) = progress {
         sqlx::query(
             "INSERT INTO flow_progress (product_id, session_id, chain_id, label, total, done) \
@@ -165,7 +170,7 @@ impl FlowStore for PgFlowStore {
         &self,
         product_id: &ProductId,
         session: &FlowSession,
-        dialogue: &[DialogueElement],
+        append: FlowAppend<'_>,
         now: Timestamp,
     ) -> PortResult<i64> {
         let data = encode(session)?;
@@ -179,14 +184,17 @@ impl FlowStore for PgFlowStore {
         .bind(&session.flow)
         .bind(&session.state)
         .bind(&data)
-        .bind(dialogue.len() as i64)
+        .bind(append.dialogue.len() as i64)
         .bind(to_pg(now))
         .execute(&mut *tx)
         .await
         .map_err(pg_err("create flow session"))?;
-        insert_dialogue(&mut tx, product_id, &session.session_id, 1, dialogue)
+        insert_dialogue(&mut tx, product_id, &session.session_id, 1, append.dialogue)
             .await
             .map_err(pg_err("append flow dialogue"))?;
+        insert_entries(&mut *tx, append.audit)
+            .await
+            .map_err(pg_err("audit flow transition"))?;
         tx.commit().await.map_err(pg_err("commit"))?;
         Ok(1)
     }
@@ -221,7 +229,7 @@ impl FlowStore for PgFlowStore {
         product_id: &ProductId,
         session: &FlowSession,
         expected_version: i64,
-        append: &[DialogueElement],
+        append: FlowAppend<'_>,
         progress: Option<&ProgressUpdate>,
         now: Timestamp,
     ) -> PortResult<i64> {
@@ -245,7 +253,7 @@ impl FlowStore for PgFlowStore {
         product_id: &ProductId,
         session: &FlowSession,
         expected_version: i64,
-        append: &[DialogueElement],
+        append: FlowAppend<'_>,
         start: &DagStart,
         now: Timestamp,
     ) -> PortResult<(i64, DagId)> {

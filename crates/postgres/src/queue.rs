@@ -1112,6 +1112,27 @@ impl TaskQueue for PgTaskQueue {
         Ok(())
     }
 
+    async fn release_unheld(&self, worker: &WorkerId, held: &[TaskId]) -> PortResult<u64> {
+        let now = self.clock.now();
+        let held: Vec<i64> = held.iter().map(|t| t.0).collect();
+        let n = sqlx::query(
+            "UPDATE jobs SET state = 0, attempt = greatest(attempt - 1, 0), run_at = $3, \
+             leased_by = NULL WHERE state = 1 AND leased_by = $1 AND NOT (id = ANY($2))",
+        )
+        .bind(worker.0)
+        .bind(&held)
+        .bind(to_pg(now))
+        .execute(&self.pool)
+        .await
+        .map_err(pg_err("release unheld tasks"))?
+        .rows_affected();
+        if n > 0 {
+            notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
+            wake(&self.shared.notify);
+        }
+        Ok(n)
+    }
+
     async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()> {
         let now = self.clock.now();
         sqlx::query(

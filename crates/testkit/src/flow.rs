@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parlance_core::flow::{Actor, DialogueElement, FlowSession, Running};
 use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{ErrorKind, FlowStore, ProgressUpdate};
+use parlance_ports::{ErrorKind, FlowAppend, FlowStore, ProgressUpdate};
 use serde_json::json;
 
 /// Runs every case of this suite against the adapter the factory builds.
@@ -46,8 +46,36 @@ macro_rules! flow_store_enqueue_suite {
     };
 }
 
+/// Runs the cases about the audit entries a store writes with its changes.
+#[macro_export]
+macro_rules! flow_store_audit_suite {
+    ($factory:expr) => {
+        $crate::contract_tests! {
+            factory = $factory;
+            suite = $crate::flow::audit;
+            cases = [
+                each_write_appends_its_audit_entries,
+                a_write_that_fails_appends_no_audit_entry,
+            ]
+        }
+    };
+}
+
 /// The subject of this suite.
 pub type Subject = Arc<dyn FlowStore>;
+
+/// Dialogue elements to append, with no audit entry.
+fn append(dialogue: &[DialogueElement]) -> FlowAppend<'_> {
+    FlowAppend {
+        dialogue,
+        audit: &[],
+    }
+}
+
+/// Nothing to append.
+fn nothing() -> FlowAppend<'static> {
+    FlowAppend::default()
+}
 
 fn product(p: &str) -> ProductId {
     ProductId::parse(p).expect("valid product id")
@@ -96,7 +124,13 @@ pub async fn create_then_load_round_trips(store: Subject) {
         dag_id: Some(7),
     });
     let init = [el(Actor::Assistant, Some("hello\n  there"), 1)];
-    assert_eq!(store.create(&p, &s, &init, at(1)).await.expect("create"), 1);
+    assert_eq!(
+        store
+            .create(&p, &s, append(&init), at(1))
+            .await
+            .expect("create"),
+        1
+    );
     let got = store.load(&p, "s1").await.expect("load");
     assert_eq!(got.session, s);
     assert_eq!(got.version, 1);
@@ -108,11 +142,11 @@ pub async fn create_then_load_round_trips(store: Subject) {
 pub async fn create_twice_conflicts(store: Subject) {
     let p = product("p");
     store
-        .create(&p, &session("s1", "ask"), &[], at(1))
+        .create(&p, &session("s1", "ask"), nothing(), at(1))
         .await
         .expect("create");
     let err = store
-        .create(&p, &session("s1", "ask"), &[], at(2))
+        .create(&p, &session("s1", "ask"), nothing(), at(2))
         .await
         .expect_err("duplicate");
     assert_eq!(err.kind, ErrorKind::Conflict);
@@ -122,11 +156,11 @@ pub async fn create_twice_conflicts(store: Subject) {
 pub async fn save_with_a_stale_version_conflicts(store: Subject) {
     let p = product("p");
     store
-        .create(&p, &session("s1", "ask"), &[], at(1))
+        .create(&p, &session("s1", "ask"), nothing(), at(1))
         .await
         .expect("create");
     let v2 = store
-        .save(&p, &session("s1", "answer"), 1, &[], None, at(2))
+        .save(&p, &session("s1", "answer"), 1, nothing(), None, at(2))
         .await
         .expect("save");
     assert_eq!(v2, 2);
@@ -135,7 +169,7 @@ pub async fn save_with_a_stale_version_conflicts(store: Subject) {
             &p,
             &session("s1", "followup"),
             1,
-            &[el(Actor::User, Some("lost"), 3)],
+            append(&[el(Actor::User, Some("lost"), 3)]),
             None,
             at(3),
         )
@@ -155,7 +189,7 @@ pub async fn dialogue_is_appended_in_order(store: Subject) {
         .create(
             &p,
             &session("s1", "ask"),
-            std::slice::from_ref(&first),
+            append(std::slice::from_ref(&first)),
             at(1),
         )
         .await
@@ -165,11 +199,11 @@ pub async fn dialogue_is_appended_in_order(store: Subject) {
         el(Actor::Assistant, None, 3),
     ];
     store
-        .save(&p, &session("s1", "ask"), 1, &turn, None, at(2))
+        .save(&p, &session("s1", "ask"), 1, append(&turn), None, at(2))
         .await
         .expect("save");
     store
-        .save(&p, &session("s1", "ask"), 2, &[], None, at(3))
+        .save(&p, &session("s1", "ask"), 2, nothing(), None, at(3))
         .await
         .expect("save");
     let got = store.dialogue(&p, "s1").await.expect("dialogue");
@@ -190,7 +224,7 @@ pub async fn unknown_sessions_are_not_found(store: Subject) {
     );
     assert_eq!(
         store
-            .save(&p, &session("nope", "ask"), 1, &[], None, at(1))
+            .save(&p, &session("nope", "ask"), 1, nothing(), None, at(1))
             .await
             .expect_err("missing")
             .kind,
@@ -205,7 +239,7 @@ pub async fn unknown_sessions_are_not_found(store: Subject) {
 /// Another product never sees the session.
 pub async fn sessions_are_scoped_by_product(store: Subject) {
     store
-        .create(&product("a"), &session("s1", "ask"), &[], at(1))
+        .create(&product("a"), &session("s1", "ask"), nothing(), at(1))
         .await
         .expect("create");
     assert_eq!(
@@ -217,7 +251,7 @@ pub async fn sessions_are_scoped_by_product(store: Subject) {
         ErrorKind::NotFound
     );
     store
-        .create(&product("b"), &session("s1", "other"), &[], at(1))
+        .create(&product("b"), &session("s1", "other"), nothing(), at(1))
         .await
         .expect("same id, other product");
     assert_eq!(
@@ -235,7 +269,7 @@ pub async fn sessions_are_scoped_by_product(store: Subject) {
 pub async fn progress_accumulates_across_a_chain(store: Subject) {
     let p = product("p");
     store
-        .create(&p, &session("s1", "ask"), &[], at(1))
+        .create(&p, &session("s1", "ask"), nothing(), at(1))
         .await
         .expect("create");
     let start = |total, label: &str| ProgressUpdate {
@@ -249,7 +283,7 @@ pub async fn progress_accumulates_across_a_chain(store: Subject) {
             &p,
             &session("s1", "one"),
             1,
-            &[],
+            nothing(),
             Some(&start(2, "one")),
             at(2),
         )
@@ -261,7 +295,7 @@ pub async fn progress_accumulates_across_a_chain(store: Subject) {
             &p,
             &session("s1", "two"),
             2,
-            &[],
+            nothing(),
             Some(&start(4, "two")),
             at(3),
         )
@@ -275,7 +309,14 @@ pub async fn progress_accumulates_across_a_chain(store: Subject) {
         label: None,
     };
     store
-        .save(&p, &session("s1", "ask"), 3, &[], Some(&finish), at(4))
+        .save(
+            &p,
+            &session("s1", "ask"),
+            3,
+            nothing(),
+            Some(&finish),
+            at(4),
+        )
         .await
         .expect("save");
     let got = store
@@ -298,7 +339,7 @@ pub async fn progress_accumulates_across_a_chain(store: Subject) {
 pub async fn concurrent_saves_exactly_one_wins(store: Subject) {
     let p = product("p");
     store
-        .create(&p, &session("s1", "ask"), &[], at(1))
+        .create(&p, &session("s1", "ask"), nothing(), at(1))
         .await
         .expect("create");
     let mut handles = Vec::new();
@@ -311,7 +352,7 @@ pub async fn concurrent_saves_exactly_one_wins(store: Subject) {
                     &p,
                     &session("s1", &format!("s{i}")),
                     1,
-                    &[el(Actor::User, Some("x"), i)],
+                    append(&[el(Actor::User, Some("x"), i)]),
                     None,
                     at(i),
                 )
@@ -342,7 +383,7 @@ pub mod enqueue {
     };
     use serde_json::json;
 
-    use super::{at, el, product, session};
+    use super::{append, at, el, nothing, product, session};
     use parlance_core::flow::Actor;
 
     /// The subject of these cases.
@@ -384,7 +425,7 @@ pub mod enqueue {
         let (store, queue) = subject;
         let p = product("p");
         store
-            .create(&p, &session("s1", "ask"), &[], at(1))
+            .create(&p, &session("s1", "ask"), nothing(), at(1))
             .await
             .expect("create");
         let (version, dag) = store
@@ -392,7 +433,7 @@ pub mod enqueue {
                 &p,
                 &running(),
                 1,
-                &[el(Actor::User, Some("q"), 2)],
+                append(&[el(Actor::User, Some("q"), 2)]),
                 &start(&p),
                 at(2),
             )
@@ -428,11 +469,11 @@ pub mod enqueue {
         let (store, queue) = subject;
         let p = product("p");
         store
-            .create(&p, &session("s1", "ask"), &[], at(1))
+            .create(&p, &session("s1", "ask"), nothing(), at(1))
             .await
             .expect("create");
         let err = store
-            .save_and_enqueue(&p, &running(), 5, &[], &start(&p), at(2))
+            .save_and_enqueue(&p, &running(), 5, nothing(), &start(&p), at(2))
             .await
             .expect_err("stale");
         assert_eq!(err.kind, ErrorKind::Conflict);
@@ -452,5 +493,117 @@ pub mod enqueue {
             store.progress(&p, "s1", "think-1").await.expect("progress"),
             None
         );
+    }
+}
+
+/// Cases of the audit entries a write appends: the subject is the store and
+/// the audit log it writes to.
+pub mod audit {
+    use std::sync::Arc;
+
+    use parlance_core::flow::Actor;
+    use parlance_ports::{AuditEntry, AuditLog, ErrorKind, FlowAppend, FlowStore};
+    use serde_json::json;
+
+    use super::{at, el, product, session};
+
+    /// The subject of these cases.
+    pub type Subject = (Arc<dyn FlowStore>, Arc<dyn AuditLog>);
+
+    fn entry(from: Option<&str>, to: &str, cause: &str, t: i64) -> AuditEntry {
+        AuditEntry {
+            product_id: product("p"),
+            entity_kind: "flow".to_owned(),
+            entity_id: "s1".to_owned(),
+            from: from.map(str::to_owned),
+            to: to.to_owned(),
+            cause: cause.to_owned(),
+            at: at(t),
+            payload: json!({"flow": "qa"}),
+        }
+    }
+
+    fn audited(audit: &[AuditEntry]) -> FlowAppend<'_> {
+        FlowAppend {
+            dialogue: &[],
+            audit,
+        }
+    }
+
+    async fn trail(log: &dyn AuditLog) -> Vec<AuditEntry> {
+        log.list(&product("p"), "flow", "s1", None, 100)
+            .await
+            .expect("list audit entries")
+            .into_iter()
+            .map(|r| r.entry)
+            .collect()
+    }
+
+    /// Creation and each save append their entries, in order.
+    pub async fn each_write_appends_its_audit_entries(subject: Subject) {
+        let (store, log) = subject;
+        let p = product("p");
+        let created = [entry(None, "ask", "start_session", 1)];
+        store
+            .create(&p, &session("s1", "ask"), audited(&created), at(1))
+            .await
+            .expect("create");
+        let asked = [entry(Some("ask"), "answer", "user_input", 2)];
+        let turn = [el(Actor::User, Some("why?"), 2)];
+        let append = FlowAppend {
+            dialogue: &turn,
+            audit: &asked,
+        };
+        store
+            .save(&p, &session("s1", "answer"), 1, append, None, at(2))
+            .await
+            .expect("save");
+        let answered = [entry(Some("answer"), "ask", "dag_completed", 3)];
+        store
+            .save(
+                &p,
+                &session("s1", "ask"),
+                2,
+                audited(&answered),
+                None,
+                at(3),
+            )
+            .await
+            .expect("save");
+        assert_eq!(
+            trail(&*log).await,
+            [created[0].clone(), asked[0].clone(), answered[0].clone()]
+        );
+    }
+
+    /// A create or save that is refused appends nothing.
+    pub async fn a_write_that_fails_appends_no_audit_entry(subject: Subject) {
+        let (store, log) = subject;
+        let p = product("p");
+        let created = [entry(None, "ask", "start_session", 1)];
+        store
+            .create(&p, &session("s1", "ask"), audited(&created), at(1))
+            .await
+            .expect("create");
+        let again = [entry(None, "ask", "start_session", 2)];
+        let err = store
+            .create(&p, &session("s1", "ask"), audited(&again), at(2))
+            .await
+            .expect_err("duplicate");
+        assert_eq!(err.kind, ErrorKind::Conflict);
+        let stale = [entry(Some("ask"), "answer", "user_input", 3)];
+        let err = store
+            .save(
+                &p,
+                &session("s1", "answer"),
+                7,
+                audited(&stale),
+                None,
+                at(3),
+            )
+            .await
+            .expect_err("stale");
+        assert_eq!(err.kind, ErrorKind::Conflict);
+        assert_eq!(trail(&*log).await, created);
     }
 }

@@ -37,6 +37,7 @@ macro_rules! task_queue_suite {
                 fence_names_the_worker,
                 failed_attempts_back_off_then_dead_letter,
                 release_gives_the_attempt_back,
+                release_unheld_gives_back_what_the_worker_does_not_hold,
                 complete_many_fences_each_item,
                 dead_letters_are_listed_for_the_operator,
                 dag_chain_passes_results_in_order,
@@ -460,6 +461,47 @@ pub async fn release_gives_the_attempt_back(s: Subject) {
     assert_eq!(again.attempt, 1);
     assert!(s.queue.release(&l).await.unwrap_err().is_lease_lost());
     s.queue.complete(&again, json!(1)).await.expect("complete");
+}
+
+/// A worker's leases other than those it holds are given back (the
+/// attempt not counted); other workers' leases are untouched.
+pub async fn release_unheld_gives_back_what_the_worker_does_not_hold(s: Subject) {
+    s.queue
+        .enqueue(&[task("a"), task("b"), task("c")])
+        .await
+        .expect("enqueue");
+    let mine = claim(&s, 1, 10).await;
+    assert_eq!(mine.len(), 3);
+    let me = mine[0].worker;
+    let released = s
+        .queue
+        .release_unheld(&me, &[mine[0].task_id])
+        .await
+        .expect("release unheld");
+    assert_eq!(released, 2);
+    let theirs = claim(&s, 2, 10).await;
+    let mut ids: Vec<TaskId> = theirs.iter().map(|l| l.task_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [mine[1].task_id, mine[2].task_id]);
+    assert!(
+        theirs.iter().all(|l| l.attempt == 1),
+        "the attempt does not count"
+    );
+    assert!(
+        s.queue
+            .complete(&mine[1], json!(1))
+            .await
+            .unwrap_err()
+            .is_lease_lost()
+    );
+    assert_eq!(
+        s.queue.release_unheld(&me, &[]).await.expect("again"),
+        1,
+        "only its own lease"
+    );
+    for l in &theirs {
+        s.queue.complete(l, json!(1)).await.expect("still theirs");
+    }
 }
 
 /// A batch completion records the held leases and reports each lost one,

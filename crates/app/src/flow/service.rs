@@ -1,5 +1,6 @@
 //! The flow service: sessions, events, polls and DAG completions, each
-//! loaded and saved with compare-and-swap.
+//! loaded and saved with compare-and-swap; a transition's audit entry is
+//! written in the commit that saves it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 use parlance_core::ProductId;
 use parlance_core::flow::{Actor, DialogueElement, Fired, Flow, FlowError, FlowSession, TaskError};
 use parlance_ports::{
-    AuditEntry, AuditLog, Clock, DagStart, ErrorKind, FlowStore, IdGen, LlmClient, PortError,
+    AuditEntry, Clock, DagStart, ErrorKind, FlowAppend, FlowStore, IdGen, LlmClient, PortError,
     ProgressUpdate, StoredFlowSession,
 };
 use serde::Serialize;
@@ -70,7 +71,6 @@ pub struct FlowService {
     catalog: Arc<FlowCatalog>,
     store: Arc<dyn FlowStore>,
     runner: Arc<dyn DagRunner>,
-    audit: Arc<dyn AuditLog>,
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdGen>,
     invokers: Invokers,
@@ -84,8 +84,6 @@ pub struct FlowDeps {
     pub store: Arc<dyn FlowStore>,
     /// Runs DAG plans.
     pub runner: Arc<dyn DagRunner>,
-    /// Transition log.
-    pub audit: Arc<dyn AuditLog>,
     /// Time.
     pub clock: Arc<dyn Clock>,
     /// Ids.
@@ -105,7 +103,6 @@ impl FlowService {
             catalog: deps.catalog,
             store: deps.store,
             runner: deps.runner,
-            audit: deps.audit,
             clock: deps.clock,
             ids: deps.ids,
             invokers,
@@ -127,23 +124,28 @@ impl FlowService {
         &self.invokers
     }
 
-    /// Saves a transition; one that starts a DAG enqueues it in the same
-    /// commit, with its progress.
+    /// Saves a transition with its audit entry; one that starts a DAG
+    /// enqueues it in the same commit, with its progress.
     async fn commit(
         &self,
         product: &ProductId,
-        flow: &Flow,
         fired: &Fired,
         expected_version: i64,
         progress: Option<ProgressUpdate>,
+        audit: AuditEntry,
         now: parlance_core::Timestamp,
     ) -> Result<(), PortError> {
+        let audit = [audit];
+        let append = FlowAppend {
+            dialogue: &fired.appended,
+            audit: &audit,
+        };
         match (&fired.dag, progress) {
             (Some(plan), Some(progress)) => {
                 let dag = self.runner.compile(&DagJob {
                     product_id: product,
                     session_id: &fired.session.session_id,
-                    flow: flow.name(),
+                    flow: &fired.session.flow,
                     plan,
                 });
                 self.store
@@ -151,7 +153,7 @@ impl FlowService {
                         product,
                         &fired.session,
                         expected_version,
-                        &fired.appended,
+                        append,
                         &DagStart { progress, dag },
                         now,
                     )
@@ -164,7 +166,7 @@ impl FlowService {
                     product,
                     &fired.session,
                     expected_version,
-                    &fired.appended,
+                    append,
                     progress.as_ref(),
                     now,
                 )
@@ -214,11 +216,20 @@ impl FlowService {
         let flow = self.flow(flow_name)?;
         let now = self.clock.now();
         let fired = flow.start(&self.new_id(), now)?;
+        let audit = [audit_entry(
+            product,
+            &fired.session,
+            None,
+            "start_session",
+            now,
+        )];
+        let append = FlowAppend {
+            dialogue: &fired.appended,
+            audit: &audit,
+        };
         self.store
-            .create(product, &fired.session, &fired.appended, now)
+            .create(product, &fired.session, append, now)
             .await?;
-        self.audit(product, &fired.session, None, "start_session")
-            .await;
         Ok(AiResponse {
             session_id: fired.session.session_id.clone(),
             next_actions: flow.next_actions(&fired.session),
@@ -227,22 +238,6 @@ impl FlowService {
             response: fired.response,
             progress: None,
         })
-    }
-
-    async fn audit(&self, product: &ProductId, s: &FlowSession, from: Option<String>, cause: &str) {
-        let entry = AuditEntry {
-            product_id: product.clone(),
-            entity_kind: "flow".into(),
-            entity_id: s.session_id.clone(),
-            from,
-            to: s.state.clone(),
-            cause: cause.to_owned(),
-            at: self.clock.now(),
-            payload: json!({"flow": s.flow}),
-        };
-        if let Err(e) = self.audit.append(&[entry]).await {
-            tracing::warn!(error = %e, "flow transition not audited");
-        }
     }
 
     /// Handles a client event: `poll`, `cancel`, `retry`, or a flow event.
@@ -295,7 +290,14 @@ impl FlowService {
                 label: Some(plan.label.clone()),
             });
             match self
-                .commit(product, &flow, &fired, stored.version, progress, now)
+                .commit(
+                    product,
+                    &fired,
+                    stored.version,
+                    progress,
+                    audit_entry(product, &fired.session, Some(from), event, now),
+                    now,
+                )
                 .await
             {
                 Ok(()) => {}
@@ -307,7 +309,6 @@ impl FlowService {
             {
                 self.runner.cancel(r).await;
             }
-            self.audit(product, &fired.session, Some(from), event).await;
             let mut response = AiResponse {
                 session_id: session_id.to_owned(),
                 next_actions: flow.next_actions(&fired.session),
@@ -469,23 +470,49 @@ impl FlowService {
                 }),
                 (None, false) => None,
             };
+            let cause = if outcome.is_ok() {
+                "dag_completed"
+            } else {
+                "dag_failed"
+            };
             match self
-                .commit(product, &flow, &fired, stored.version, progress, now)
+                .commit(
+                    product,
+                    &fired,
+                    stored.version,
+                    progress,
+                    audit_entry(product, &fired.session, Some(from), cause, now),
+                    now,
+                )
                 .await
             {
                 Ok(()) => {}
                 Err(e) if e.kind == ErrorKind::Conflict => continue,
                 Err(e) => return Err(e.into()),
             }
-            let cause = if outcome.is_ok() {
-                "dag_completed"
-            } else {
-                "dag_failed"
-            };
-            self.audit(product, &fired.session, Some(from), cause).await;
             return Ok(());
         }
         Err(PortError::conflict("the session changed too often").into())
+    }
+}
+
+/// The audit entry of a flow transition to `s.state`.
+fn audit_entry(
+    product: &ProductId,
+    s: &FlowSession,
+    from: Option<String>,
+    cause: &str,
+    now: parlance_core::Timestamp,
+) -> AuditEntry {
+    AuditEntry {
+        product_id: product.clone(),
+        entity_kind: "flow".into(),
+        entity_id: s.session_id.clone(),
+        from,
+        to: s.state.clone(),
+        cause: cause.to_owned(),
+        at: now,
+        payload: json!({"flow": s.flow}),
     }
 }
 

@@ -6,12 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parlance_ports::{
-    Clock, FailOutcome, Lease, PortError, PortResult, TaskId, TaskQueue, WorkerId,
+    Clock, ErrorKind, FailOutcome, Lease, PortError, PortResult, TaskId, TaskQueue, WorkerId,
 };
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use super::{Handlers, TaskError};
+
+/// The first wait before recording an outcome again after the queue was
+/// unavailable; it doubles up to [`RECORD_RETRY_MAX`].
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest wait between two tries at recording an outcome.
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Tuning of one worker.
 #[derive(Debug, Clone)]
@@ -179,10 +185,31 @@ impl Worker {
         let background = tokio::spawn(self.clone().background());
         let mut running: JoinSet<(TaskId, Option<Finish>)> = JoinSet::new();
         let mut held: HashMap<TaskId, Lease> = HashMap::new();
+        // A claim that failed may still have committed (its answer lost
+        // with the connection): before the next one, what this worker has
+        // leased but does not hold is given back.
+        let mut unsure = false;
         tokio::pin!(shutdown);
         loop {
             let free = self.config.slots.max(1).saturating_sub(running.len());
             let mut claimed = 0;
+            if unsure {
+                let ids: Vec<TaskId> = held.keys().copied().collect();
+                match self.queue.release_unheld(&self.id, &ids).await {
+                    Ok(n) => {
+                        unsure = false;
+                        if n > 0 {
+                            tracing::info!(
+                                released = n,
+                                "tasks of a claim whose answer was lost released"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not release unheld tasks; retrying")
+                    }
+                }
+            }
             if free > 0 {
                 match self.claim(free).await {
                     Ok(leases) => {
@@ -196,7 +223,10 @@ impl Worker {
                             });
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "claim failed; retrying after the poll"),
+                    Err(e) => {
+                        unsure = true;
+                        tracing::warn!(error = %e, "claim failed; retrying after the poll");
+                    }
                 }
             }
             if claimed > 0 && claimed == free {
@@ -279,9 +309,12 @@ impl Worker {
         }
     }
 
-    /// Runs one attempt and records its outcome; `None` when recording
-    /// failed for a reason other than a lost lease (the sweeper will return
-    /// the task).
+    /// Runs one attempt and records its outcome. While the queue is
+    /// unavailable (its database restarting, say) recording is tried again,
+    /// with a growing wait, until it succeeds or the lease runs out, so a
+    /// short outage does not leave the task leased until its deadline.
+    /// `None` when recording failed for good for a reason other than a lost
+    /// lease (the sweeper will return the task).
     async fn execute(&self, lease: Lease) -> Option<Finish> {
         let span = tracing::info_span!(
             "task",
@@ -293,35 +326,56 @@ impl Worker {
         );
         async move {
             let outcome = self.invoke(&lease).await;
-            let recorded = match outcome {
-                Ok(result) => match self.queue.complete(&lease, result).await {
-                    Ok(()) => Ok(Finish::Completed),
-                    // The queue refused the result itself (a map node that
-                    // did not return a list): no retry can fix that.
-                    Err(e) if e.kind == parlance_ports::ErrorKind::Invalid => {
-                        self.fail(&lease, &TaskError::permanent(e.message)).await
+            let deadline = tokio::time::Instant::now()
+                + lease.expires_at.saturating_duration_since(self.clock.now());
+            let mut wait = RECORD_RETRY_FIRST;
+            loop {
+                match self.record(&lease, &outcome).await {
+                    Ok(finish) => {
+                        tracing::debug!(?finish, "task finished");
+                        return Some(finish);
                     }
-                    Err(e) => Err(e),
-                },
-                Err(err) => self.fail(&lease, &err).await,
-            };
-            match recorded {
-                Ok(finish) => {
-                    tracing::debug!(?finish, "task finished");
-                    Some(finish)
-                }
-                Err(e) if e.is_lease_lost() => {
-                    tracing::info!("lease lost; result dropped");
-                    Some(Finish::Lost)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not record the task's outcome");
-                    None
+                    Err(e) if e.is_lease_lost() => {
+                        tracing::info!("lease lost; result dropped");
+                        return Some(Finish::Lost);
+                    }
+                    Err(e)
+                        if e.kind == ErrorKind::Unavailable
+                            && tokio::time::Instant::now() + wait < deadline =>
+                    {
+                        tracing::warn!(error = %e, "could not record the task's outcome; trying again");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RECORD_RETRY_MAX);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not record the task's outcome");
+                        return None;
+                    }
                 }
             }
         }
         .instrument(span)
         .await
+    }
+
+    /// Records one attempt's outcome: its result, or its failure.
+    async fn record(
+        &self,
+        lease: &Lease,
+        outcome: &Result<serde_json::Value, TaskError>,
+    ) -> Result<Finish, PortError> {
+        match outcome {
+            Ok(result) => match self.queue.complete(lease, result.clone()).await {
+                Ok(()) => Ok(Finish::Completed),
+                // The queue refused the result itself (a map node that did
+                // not return a list): no retry can fix that.
+                Err(e) if e.kind == ErrorKind::Invalid => {
+                    self.fail(lease, &TaskError::permanent(e.message)).await
+                }
+                Err(e) => Err(e),
+            },
+            Err(err) => self.fail(lease, err).await,
+        }
     }
 
     async fn fail(&self, lease: &Lease, err: &TaskError) -> Result<Finish, PortError> {

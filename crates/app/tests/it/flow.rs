@@ -13,8 +13,8 @@ use parlance_app::flow::{FlowCatalog, Invoker, Invokers, QueueRunner, RunnerOpti
 use parlance_app::worker::{EmbeddedWorker, Worker, WorkerConfig, standard_handlers};
 use parlance_core::flow::{Condition, Flow, FlowBuilder, TemplateRef, TransitionDef};
 use parlance_core::queue::Backoff;
-use parlance_memory::{MemoryFlowStore, MemoryTaskQueue};
-use parlance_ports::{Clock, QueueConfig, SystemClock, TaskQueue, WorkerId};
+use parlance_memory::{MemoryAuditLog, MemoryFlowStore, MemoryTaskQueue};
+use parlance_ports::{AuditLog, Clock, QueueConfig, SystemClock, TaskQueue, WorkerId};
 use parlance_postgres::testing::test_pool;
 use parlance_postgres::{PgFlowStore, PgTaskQueue};
 use parlance_testkit::{ManualClock, SequentialIds};
@@ -113,6 +113,8 @@ struct Fixture {
     calls: Arc<AtomicUsize>,
     /// The queue the flows' task graphs run on.
     queue: Arc<dyn TaskQueue>,
+    /// The audit log the flow store writes to.
+    audit: Arc<dyn AuditLog>,
     /// Runs the flows' task graphs off the queue.
     _worker: EmbeddedWorker,
 }
@@ -167,7 +169,9 @@ async fn fixture_with(
         None => {
             let queue: Arc<dyn TaskQueue> =
                 Arc::new(MemoryTaskQueue::new(system.clone(), queue_config(backoff)));
-            state.flow_store = Arc::new(MemoryFlowStore::with_queue(queue.clone()));
+            let audit = Arc::new(MemoryAuditLog::new());
+            state.flow_store = Arc::new(MemoryFlowStore::with_queue(audit.clone(), queue.clone()));
+            state.audit = audit;
             state.queue = queue;
         }
     }
@@ -199,12 +203,14 @@ async fn fixture_with(
         },
     ));
     let queue = state.queue.clone();
+    let audit = state.audit.clone();
     Fixture {
         server: TestServer::start(state, clock).await,
         gate,
         failures,
         calls,
         queue,
+        audit,
         _worker: worker,
     }
 }
@@ -626,6 +632,100 @@ async fn defect_7_progress_is_visible_as_soon_as_the_event_returns() {
     assert_eq!(poll["next_actions"], json!(["poll"]));
     assert_eq!(progress(&poll), (0, 2, "think".into()));
     assert_eq!(poll["response"], Value::Null, "never the user's own input");
+    f.gate.add_permits(1);
+}
+
+/// The audit trail of a flow session: from, to and cause of each entry.
+async fn flow_trail(f: &Fixture, sid: &str) -> Vec<(Option<String>, String, String)> {
+    let product = parlance_core::ProductId::parse("acme").unwrap();
+    f.audit
+        .list(&product, "flow", sid, None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.entry.from, r.entry.to, r.entry.cause))
+        .collect()
+}
+
+async fn every_transition_is_audited_on(f: Fixture) {
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _) = f.event("gated", &sid, "user_input", "q").await;
+    assert_eq!(status, StatusCode::OK);
+    f.gate.add_permits(1);
+    f.poll_until("gated", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    let (status, _) = f.event("gated", &sid, "again", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let step = |from: Option<&str>, to: &str, cause: &str| {
+        (from.map(str::to_owned), to.to_owned(), cause.to_owned())
+    };
+    assert_eq!(
+        flow_trail(&f, &sid).await,
+        [
+            step(None, "ask", "start_session"),
+            step(Some("ask"), "think", "user_input"),
+            step(Some("think"), "answer", "dag_completed"),
+            step(Some("answer"), "ask", "again"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn every_flow_transition_is_audited() {
+    every_transition_is_audited_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn every_flow_transition_is_audited_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    every_transition_is_audited_on(fixture(Some(pool)).await).await;
+}
+
+/// A transition and its audit entry are one commit: when the entry cannot
+/// be written, the event fails and nothing is saved or enqueued (it used
+/// to be saved and answered 200, its entry dropped with a warning).
+#[tokio::test]
+async fn a_flow_transition_whose_audit_entry_fails_is_not_saved_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let f = fixture(Some(pool.clone())).await;
+    let sid = f.start("gated").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = f.model("gated", &sid).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_flow_audit() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN IF NEW.entity_kind = 'flow' THEN RAISE EXCEPTION 'audit refused'; END IF; \
+         RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_flow_audit BEFORE INSERT ON audit_log \
+         FOR EACH ROW EXECUTE FUNCTION refuse_flow_audit();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (status, _) = f.event("gated", &sid, "user_input", "q").await;
+    assert!(status.is_server_error(), "{status}");
+    assert_eq!(f.model("gated", &sid).await, before, "nothing saved");
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM dag_runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 0, "nothing enqueued");
+    assert_eq!(flow_trail(&f, &sid).await.len(), 1);
+    sqlx::raw_sql("DROP TRIGGER refuse_flow_audit ON audit_log")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, _) = f.event("gated", &sid, "user_input", "q").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(flow_trail(&f, &sid).await.len(), 2);
     f.gate.add_permits(1);
 }
 

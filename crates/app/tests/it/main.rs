@@ -8,6 +8,8 @@ mod concurrency;
 mod conversation;
 mod faults;
 mod flow;
+mod load;
+mod pg_restart;
 mod security;
 mod service;
 mod session;

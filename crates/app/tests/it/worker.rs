@@ -12,9 +12,11 @@ use parlance_app::worker::{
     register_test_handlers,
 };
 use parlance_core::ProductId;
+use parlance_core::Timestamp;
 use parlance_memory::MemoryTaskQueue;
 use parlance_ports::{
-    DagId, DagSpec, DagState, Lease, ManualClock, MapSpec, NodeSpec, QueueConfig, SystemClock,
+    DagId, DagSpec, DagState, DagStatus, DiscardedTask, FailOutcome, Lease, ManualClock, MapSpec,
+    NodeResult, NodeSpec, PortError, PortResult, QueueConfig, RecoverReport, SystemClock, TaskId,
     TaskQueue, TaskSpec, WorkerId,
 };
 use parlance_postgres::PgTaskQueue;
@@ -182,6 +184,182 @@ async fn step_retries_with_back_off_then_discards() {
     let second = w.step().await.unwrap();
     assert_eq!((second.claimed, second.discarded), (1, 1));
     assert_eq!(flaky.calls.load(Ordering::SeqCst), 2);
+}
+
+/// A queue whose first `outage` attempts at recording an outcome find it
+/// unavailable, as while its database restarts, and whose first
+/// `lost_claims` claims go through but answer an error, as when the
+/// connection drops before the answer arrives.
+struct Outage {
+    inner: Arc<dyn TaskQueue>,
+    outage: AtomicUsize,
+    lost_claims: AtomicUsize,
+}
+
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+impl Outage {
+    fn new(inner: Arc<dyn TaskQueue>, outage: usize, lost_claims: usize) -> Self {
+        Self {
+            inner,
+            outage: AtomicUsize::new(outage),
+            lost_claims: AtomicUsize::new(lost_claims),
+        }
+    }
+
+    fn down(&self) -> bool {
+        take_one(&self.outage)
+    }
+}
+
+#[async_trait]
+impl TaskQueue for Outage {
+    async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>> {
+        self.inner.enqueue(tasks).await
+    }
+    async fn enqueue_dag(&self, dag: &DagSpec) -> PortResult<DagId> {
+        self.inner.enqueue_dag(dag).await
+    }
+    async fn claim(
+        &self,
+        worker: &WorkerId,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+    ) -> PortResult<Vec<Lease>> {
+        let leases = self.inner.claim(worker, queue, max, lease).await?;
+        if !leases.is_empty() && take_one(&self.lost_claims) {
+            return Err(PortError::unavailable("postgres: connection reset"));
+        }
+        Ok(leases)
+    }
+    async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
+        if self.down() {
+            return Err(PortError::unavailable("postgres: connection refused"));
+        }
+        self.inner.complete(lease, result).await
+    }
+    async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {
+        if self.down() {
+            return Err(PortError::unavailable("postgres: connection refused"));
+        }
+        self.inner.fail(lease, error, retryable).await
+    }
+    async fn release(&self, lease: &Lease) -> PortResult<()> {
+        self.inner.release(lease).await
+    }
+    async fn release_unheld(&self, worker: &WorkerId, held: &[TaskId]) -> PortResult<u64> {
+        self.inner.release_unheld(worker, held).await
+    }
+    async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()> {
+        self.inner.heartbeat(worker).await
+    }
+    async fn recover_expired(&self) -> PortResult<RecoverReport> {
+        self.inner.recover_expired().await
+    }
+    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus> {
+        self.inner.cancel_dag(id).await
+    }
+    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus> {
+        self.inner.dag_status(id).await
+    }
+    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>> {
+        self.inner.dag_results(id).await
+    }
+    async fn retry_discarded(&self, id: TaskId) -> PortResult<()> {
+        self.inner.retry_discarded(id).await
+    }
+    async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>> {
+        self.inner.list_discarded(queue, limit).await
+    }
+    async fn purge_finished(&self, before: Timestamp) -> PortResult<u64> {
+        self.inner.purge_finished(before).await
+    }
+    async fn wait_for_work(&self, queue: &str, timeout: Duration) {
+        self.inner.wait_for_work(queue, timeout).await;
+    }
+}
+
+/// Answers at once.
+struct Quick;
+
+#[async_trait]
+impl TaskHandler for Quick {
+    async fn run(&self, _task: &Lease) -> Result<Value, TaskError> {
+        Ok(json!("done"))
+    }
+}
+
+/// An outcome that cannot be recorded while the queue is down is recorded
+/// once it is back, within the lease: the task is not left leased until
+/// its deadline (it used to be, for up to the lease's 5 minutes).
+#[tokio::test]
+async fn outcomes_are_recorded_once_the_queue_is_back() {
+    let (inner, clock) = memory_queue();
+    let queue = Arc::new(Outage::new(inner.clone(), 4, 0));
+    let flaky = Arc::new(Flaky {
+        calls: AtomicUsize::new(0),
+    });
+    let mut handlers = Handlers::new();
+    handlers.register("quick", Arc::new(Quick));
+    handlers.register("flaky", flaky.clone());
+    let w = worker(queue.clone(), clock, handlers);
+    queue
+        .enqueue(&[
+            TaskSpec::new(product(), "quick", json!({})),
+            TaskSpec::new(product(), "flaky", json!({})),
+        ])
+        .await
+        .unwrap();
+    let report = w.step().await.unwrap();
+    assert_eq!(
+        (report.claimed, report.completed, report.retried),
+        (2, 1, 1),
+        "{report:?}"
+    );
+    assert_eq!(queue.outage.load(Ordering::SeqCst), 0, "the outage is over");
+    assert_eq!(flaky.calls.load(Ordering::SeqCst), 1, "each ran once");
+    let other = WorkerId(uuid_from(2));
+    let left = inner
+        .claim(&other, "default", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "nothing is left leased: {left:?}");
+}
+
+/// Tasks a claim took whose answer was lost are given back before the
+/// next claim and run at once, not after their lease runs out (which the
+/// manual clock here never lets happen).
+#[tokio::test]
+async fn tasks_of_a_claim_whose_answer_was_lost_run_at_once() {
+    let (inner, clock) = memory_queue();
+    let queue = Arc::new(Outage::new(inner.clone(), 0, 1));
+    let mut handlers = Handlers::new();
+    handlers.register("quick", Arc::new(Quick));
+    let w = worker(queue.clone(), clock, handlers);
+    let dag = DagSpec::new(product())
+        .node(NodeSpec::new("a", "quick", json!({})))
+        .node(NodeSpec::new("b", "quick", json!({})));
+    let id = queue.enqueue_dag(&dag).await.unwrap();
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(w.run(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    wait_until("the run to complete", Duration::from_secs(30), || {
+        let inner = inner.clone();
+        async move { inner.dag_status(id).await.unwrap().state == DagState::Completed }
+    })
+    .await;
+    assert_eq!(
+        queue.lost_claims.load(Ordering::SeqCst),
+        0,
+        "a claim was lost"
+    );
+    stop.send(true).unwrap();
+    run.await.unwrap().unwrap();
 }
 
 #[derive(Default)]

@@ -151,8 +151,22 @@ mod flow {
     use parlance_memory::MemoryFlowStore;
 
     parlance_testkit::flow_store_suite!(async {
-        Some(Arc::new(MemoryFlowStore::new()) as parlance_testkit::flow::Subject)
+        Some(Arc::new(MemoryFlowStore::new(Arc::default())) as parlance_testkit::flow::Subject)
     });
+
+    mod audit {
+        use std::sync::Arc;
+
+        use parlance_memory::{MemoryAuditLog, MemoryFlowStore};
+
+        parlance_testkit::flow_store_audit_suite!(async {
+            let audit = Arc::new(MemoryAuditLog::new());
+            Some((
+                Arc::new(MemoryFlowStore::new(audit.clone())) as Arc<dyn parlance_ports::FlowStore>,
+                audit as Arc<dyn parlance_ports::AuditLog>,
+            ))
+        });
+    }
 
     mod enqueue {
         use std::sync::Arc;
@@ -165,7 +179,8 @@ mod flow {
                 Arc::new(SystemClock),
                 QueueConfig::default(),
             ));
-            let store: Arc<dyn FlowStore> = Arc::new(MemoryFlowStore::with_queue(queue.clone()));
+            let store: Arc<dyn FlowStore> =
+                Arc::new(MemoryFlowStore::with_queue(Arc::default(), queue.clone()));
             Some((store, queue))
         });
     }

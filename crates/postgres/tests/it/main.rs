@@ -193,6 +193,21 @@ mod flow {
             .map(|pool| Arc::new(PgFlowStore::new(pool)) as parlance_testkit::flow::Subject)
     });
 
+    mod audit {
+        use std::sync::Arc;
+
+        use parlance_ports::{AuditLog, FlowStore};
+        use parlance_postgres::{PgAuditLog, PgFlowStore, testing::test_pool};
+
+        parlance_testkit::flow_store_audit_suite!(async {
+            let pool = test_pool().await?;
+            Some((
+                Arc::new(PgFlowStore::new(pool.clone())) as Arc<dyn FlowStore>,
+                Arc::new(PgAuditLog::new(pool)) as Arc<dyn AuditLog>,
+            ))
+        });
+    }
+
     mod enqueue {
         use std::sync::Arc;
 
