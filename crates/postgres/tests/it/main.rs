@@ -82,7 +82,9 @@ mod conversation {
                         Box::new(move |i| {
                             seen.lock().unwrap().push(i.version);
                             if decisions.fetch_add(1, Ordering::SeqCst) < 2 {
-                                barrier.wait();
+                                // Hand this worker's queued tasks to another
+                                // thread while it waits.
+                                tokio::task::block_in_place(|| barrier.wait());
                             }
                             Ok(i.contact_reply(format!("w{w}"), now))
                         }),
