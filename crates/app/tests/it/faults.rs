@@ -30,9 +30,8 @@ use std::time::{Duration, Instant};
 use parlance_postgres::testing::test_pool;
 
 use crate::load::{
-    Ledger, Load, abandoned, arm_heartbeats, check_audit, check_dags, check_heartbeats,
-    check_sessions, check_transcripts, create_conversations, drained, free_port, open_sessions,
-    ready, session_versions, spawn_server, spawn_worker,
+    Checked, Ledger, Load, abandoned, arm_heartbeats, check_all, create_conversations, drained,
+    free_port, open_sessions, ready, session_versions, spawn_server, spawn_worker,
 };
 use crate::support::url_for;
 
@@ -104,22 +103,21 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
     }
 
     let ledger = std::mem::take(&mut *load.ledger.lock().unwrap());
-    let acked_events = check_sessions(&pool, &ledger, &base, &at_stop).await;
-    let messages = check_transcripts(&pool, &ledger).await;
-    let fired = check_heartbeats(&pool, &armed, follow_ups).await;
-    let dags = check_dags(&pool, &ledger, false).await;
-    let audited = check_audit(&pool, &ledger).await;
-    assert!(
-        acked_events > 0 && !ledger.acked_replies.is_empty() && dags.inputs > 0,
-        "the load ran"
-    );
-    let unknown: usize = ledger.unknown_events.values().sum::<usize>()
-        + ledger.unknown_replies.len()
-        + ledger
-            .flows
-            .values()
-            .map(|f| f.unknown_inputs.len())
-            .sum::<usize>();
+    let Checked {
+        acked_events,
+        messages,
+        fired,
+        dags,
+        audited,
+        unknown,
+    } = check_all(
+        &pool,
+        &ledger,
+        (&base, &at_stop),
+        (&armed, follow_ups),
+        false,
+    )
+    .await;
     let line = format!(
         "faults: {:.0} s; {acked_events} session events, {} replies and {} flow events acknowledged, \
          {unknown} unanswered (server killed), {messages} messages stored; {} flow inputs ran {} DAGs \

@@ -1135,3 +1135,55 @@ pub(crate) async fn check_audit(pool: &PgPool, ledger: &Ledger) -> usize {
     }
     rows.len()
 }
+
+/// What the checks of a finished load counted.
+pub(crate) struct Checked {
+    /// Session events acknowledged.
+    pub(crate) acked_events: usize,
+    /// Transcript messages stored.
+    pub(crate) messages: usize,
+    /// Heartbeats fired, each once.
+    pub(crate) fired: usize,
+    /// The DAG runs.
+    pub(crate) dags: DagFigures,
+    /// Audit entries, the trail without a gap.
+    pub(crate) audited: usize,
+    /// Requests whose effect may or may not be stored (no answer, or a 503
+    /// counted as unknown).
+    pub(crate) unknown: usize,
+}
+
+/// Runs every check on a finished load (`database_down`: the database went
+/// away during it, see [`check_dags`]) and asserts the load ran.
+pub(crate) async fn check_all(
+    pool: &PgPool,
+    ledger: &Ledger,
+    (base, at_stop): (&[i64], &[i64]),
+    (armed, follow_ups): (&[String], u32),
+    database_down: bool,
+) -> Checked {
+    let acked_events = check_sessions(pool, ledger, base, at_stop).await;
+    let messages = check_transcripts(pool, ledger).await;
+    let fired = check_heartbeats(pool, armed, follow_ups).await;
+    let dags = check_dags(pool, ledger, database_down).await;
+    let audited = check_audit(pool, ledger).await;
+    assert!(
+        acked_events > 0 && !ledger.acked_replies.is_empty() && dags.inputs > 0,
+        "the load ran"
+    );
+    let unknown = ledger.unknown_events.values().sum::<usize>()
+        + ledger.unknown_replies.len()
+        + ledger
+            .flows
+            .values()
+            .map(|f| f.unknown_inputs.len())
+            .sum::<usize>();
+    Checked {
+        acked_events,
+        messages,
+        fired,
+        dags,
+        audited,
+        unknown,
+    }
+}

@@ -34,9 +34,8 @@ use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::load::{
-    Ledger, Load, abandoned, arm_heartbeats, check_audit, check_dags, check_heartbeats,
-    check_sessions, check_transcripts, create_conversations, drained, free_port, open_sessions,
-    ready, session_versions, spawn_server, spawn_worker,
+    Checked, Ledger, Load, abandoned, arm_heartbeats, check_all, create_conversations, drained,
+    free_port, open_sessions, ready, session_versions, spawn_server, spawn_worker,
 };
 use crate::support::wait_until;
 
@@ -363,22 +362,21 @@ async fn the_services_ride_out_a_postgres_restart_and_lose_nothing_acknowledged(
     worker.kill();
 
     let ledger = std::mem::take(&mut *load.ledger.lock().unwrap());
-    let acked_events = check_sessions(&pool, &ledger, &base, &at_stop).await;
-    let messages = check_transcripts(&pool, &ledger).await;
-    let fired = check_heartbeats(&pool, &armed, follow_ups).await;
-    let dags = check_dags(&pool, &ledger, true).await;
-    let audited = check_audit(&pool, &ledger).await;
-    assert!(
-        acked_events > 0 && !ledger.acked_replies.is_empty() && dags.inputs > 0,
-        "the load ran"
-    );
-    let unknown: usize = ledger.unknown_events.values().sum::<usize>()
-        + ledger.unknown_replies.len()
-        + ledger
-            .flows
-            .values()
-            .map(|f| f.unknown_inputs.len())
-            .sum::<usize>();
+    let Checked {
+        acked_events,
+        messages,
+        fired,
+        dags,
+        audited,
+        unknown,
+    } = check_all(
+        &pool,
+        &ledger,
+        (&base, &at_stop),
+        (&armed, follow_ups),
+        true,
+    )
+    .await;
     let line = format!(
         "pg_restart: {:.0} s; {acked_events} session events, {} replies and {} flow events \
          acknowledged, {unknown} unknown (503 or no answer while the database was away), \
