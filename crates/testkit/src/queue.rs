@@ -1165,10 +1165,10 @@ pub async fn dag_shapes_are_validated(s: Subject) {
     assert_eq!(err.kind, parlance_ports::ErrorKind::Invalid);
 }
 
-/// A map node completing with something other than a list is refused and
-/// stays leased, so the worker can fail it.
-pub async fn map_node_must_return_an_array(s: Subject) {
-    let dag = DagSpec::new(product()).node(
+/// One map node, `list`, with a single attempt, mapping `square` over its
+/// result.
+fn one_map_node() -> DagSpec {
+    DagSpec::new(product()).node(
         NodeSpec::new("list", "split", json!({}))
             .max_attempts(1)
             .map(MapSpec {
@@ -1176,7 +1176,13 @@ pub async fn map_node_must_return_an_array(s: Subject) {
                 payload: json!({}),
                 label: None,
             }),
-    );
+    )
+}
+
+/// A map node completing with something other than a list is refused and
+/// stays leased, so the worker can fail it.
+pub async fn map_node_must_return_an_array(s: Subject) {
+    let dag = one_map_node();
     let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
     let l = claim_one(&s, 1).await.expect("list");
     let err = s
@@ -1208,15 +1214,7 @@ pub async fn dag_size_is_limited(s: Subject) {
     assert_eq!(err.kind, parlance_ports::ErrorKind::Invalid, "{err}");
     assert!(claim(&s, 1, 10).await.is_empty(), "nothing was enqueued");
 
-    let dag = DagSpec::new(product()).node(
-        NodeSpec::new("list", "split", json!({}))
-            .max_attempts(1)
-            .map(MapSpec {
-                kind: "square".to_owned(),
-                payload: json!({}),
-                label: None,
-            }),
-    );
+    let dag = one_map_node();
     let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
     let l = claim_one(&s, 1).await.expect("list");
     let items: Vec<Value> = (0..=max).map(|i| json!(i)).collect();
