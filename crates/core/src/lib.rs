@@ -14,6 +14,7 @@ pub mod agent;
 pub mod conversation;
 pub mod flow;
 pub mod id;
+pub mod machine;
 pub mod outcome;
 pub mod queue;
 pub mod session;
@@ -23,7 +24,11 @@ pub mod time;
 pub mod turn;
 
 pub use id::{IdError, ProductId};
-pub use outcome::{Outcome, Transition};
+pub use machine::Transition;
+pub use machine::{
+    Command, Decision, EntityKey, EntityKind, ErrorClass, Machine, MachineError, NotAllowed, Task,
+};
+pub use outcome::{Outcome, StateChange};
 pub use structured::{
     StructuredError, Violation, extract_json, extract_valid, find_json_values, parse_structured,
     validate,

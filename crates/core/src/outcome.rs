@@ -7,9 +7,10 @@
 
 use serde::Serialize;
 
-/// One state change, recorded in the audit log with its cause.
+/// One typed state change with its cause, as an operation reports it
+/// (the audit log records it as a [`crate::machine::Transition`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Transition<S> {
+pub struct StateChange<S> {
     /// The state before.
     pub from: S,
     /// The state after.
@@ -22,7 +23,7 @@ pub struct Transition<S> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Outcome<S, E> {
     /// State changes, oldest first. Empty when the state did not change.
-    pub transitions: Vec<Transition<S>>,
+    pub transitions: Vec<StateChange<S>>,
     /// Effects for the shell to execute, in order.
     pub effects: Vec<E>,
 }
@@ -45,7 +46,7 @@ impl<S: PartialEq, E> Outcome<S, E> {
     /// Records a transition (a no-op when `from == to`).
     pub fn transition(&mut self, from: S, to: S, cause: &'static str) -> &mut Self {
         if from != to {
-            self.transitions.push(Transition { from, to, cause });
+            self.transitions.push(StateChange { from, to, cause });
         }
         self
     }
@@ -81,7 +82,7 @@ mod tests {
             .effect("send");
         assert_eq!(
             o.transitions,
-            vec![Transition {
+            vec![StateChange {
                 from: 1,
                 to: 2,
                 cause: "go"

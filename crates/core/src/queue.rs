@@ -1,4 +1,5 @@
-//! Pure planning for the task queue: DAG validation and retry back-off.
+//! Pure planning for the task queue: what a task and a DAG of tasks are,
+//! DAG validation and retry back-off.
 //!
 //! The queue adapters store and claim tasks; what can be decided without I/O
 //! lives here. [`plan_dag`] checks a DAG's shape (unique keys, known
@@ -10,6 +11,267 @@
 
 use std::collections::HashMap;
 use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{ProductId, Timestamp};
+
+/// Why a task or DAG cannot be enqueued as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidTask(pub String);
+
+/// The queue every task lands on unless told otherwise.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// A task to enqueue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    /// The tenant the task works for.
+    pub product_id: ProductId,
+    /// Which handler runs it.
+    pub kind: String,
+    /// Which queue it waits on; workers claim from one queue.
+    pub queue: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// Lower runs first. Default 0.
+    pub priority: i16,
+    /// Not before this time; `None` means now.
+    pub run_at: Option<Timestamp>,
+    /// Attempts before the task is discarded (at least 1). Default 5.
+    pub max_attempts: u32,
+    /// The hard deadline of one attempt; `None` takes the claim's lease.
+    pub timeout: Option<Duration>,
+    /// While a task with this key is available or running, enqueueing
+    /// another with the same key does nothing.
+    pub dedup_key: Option<String>,
+}
+
+impl TaskSpec {
+    /// A task of `kind` with defaults: queue `default`, priority 0, now, 5
+    /// attempts, the claim's lease as timeout, no dedup key.
+    pub fn new(product_id: ProductId, kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            product_id,
+            kind: kind.into(),
+            queue: DEFAULT_QUEUE.to_owned(),
+            payload,
+            priority: 0,
+            run_at: None,
+            max_attempts: 5,
+            timeout: None,
+            dedup_key: None,
+        }
+    }
+
+    /// On `queue`.
+    #[must_use]
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+
+    /// With `priority` (lower first).
+    #[must_use]
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Not before `at`.
+    #[must_use]
+    pub fn run_at(mut self, at: Timestamp) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// At most `n` attempts.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Each attempt must finish within `timeout`.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Deduplicated on `key` while live.
+    #[must_use]
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// Checks what the adapters cannot store.
+    ///
+    /// # Errors
+    ///
+    /// An empty kind or queue, or zero attempts.
+    pub fn validate(&self) -> Result<(), InvalidTask> {
+        if self.kind.is_empty() || self.queue.is_empty() {
+            return Err(InvalidTask("task kind and queue must not be empty".into()));
+        }
+        if self.max_attempts == 0 {
+            return Err(InvalidTask("max_attempts must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A node of a DAG to enqueue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSpec {
+    /// Unique within the DAG; `[`, `]` and `#` are reserved.
+    pub key: String,
+    /// Which handler runs it.
+    pub kind: String,
+    /// The handler's input (parent results arrive in the claimed task's inputs).
+    pub payload: Value,
+    /// Shown in the run's status labels while the node is queued or running.
+    pub label: Option<String>,
+    /// Lower runs first.
+    pub priority: i16,
+    /// Attempts before the node, and so the DAG, fails.
+    pub max_attempts: u32,
+    /// The hard deadline of one attempt; `None` takes the claim's lease.
+    pub timeout: Option<Duration>,
+    /// Makes this node a dynamic fan-out: see [`MapSpec`].
+    pub map: Option<MapSpec>,
+}
+
+impl NodeSpec {
+    /// A node with defaults: no label, priority 0, 5 attempts, no map.
+    pub fn new(key: impl Into<String>, kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            key: key.into(),
+            kind: kind.into(),
+            payload,
+            label: None,
+            priority: 0,
+            max_attempts: 5,
+            timeout: None,
+            map: None,
+        }
+    }
+
+    /// With a progress label.
+    #[must_use]
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// At most `n` attempts.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Each attempt must finish within `timeout`.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// A dynamic fan-out over the list this node returns.
+    #[must_use]
+    pub fn map(mut self, map: MapSpec) -> Self {
+        self.map = Some(map);
+        self
+    }
+}
+
+/// Dynamic fan-out: the node's own task must return a JSON array; when it
+/// completes, the queue adds one node per element (`key[i]`, running
+/// `kind` with `payload` and the element as its only input) and one combine
+/// node (`key#combine`) whose result is the list of the element results in
+/// order. The map node's children wait for the combine node instead, and
+/// `total` grows by the number of elements plus one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapSpec {
+    /// The handler for each element.
+    pub kind: String,
+    /// The payload of each element's task.
+    pub payload: Value,
+    /// The label of the element nodes.
+    pub label: Option<String>,
+}
+
+/// A DAG of tasks to enqueue in one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DagSpec {
+    /// The tenant.
+    pub product_id: ProductId,
+    /// The queue every node's task waits on.
+    pub queue: String,
+    /// The nodes, in a stable order (results are listed in it).
+    pub nodes: Vec<NodeSpec>,
+    /// `(parent key, child key)`: the child runs once every parent has
+    /// completed and receives their results in this declared order.
+    pub edges: Vec<(String, String)>,
+}
+
+impl DagSpec {
+    /// An empty DAG on the default queue.
+    pub fn new(product_id: ProductId) -> Self {
+        Self {
+            product_id,
+            queue: DEFAULT_QUEUE.to_owned(),
+            nodes: Vec::new(),
+            edges: Vec::new(),
+        }
+    }
+
+    /// Adds a node.
+    #[must_use]
+    pub fn node(mut self, node: NodeSpec) -> Self {
+        self.nodes.push(node);
+        self
+    }
+
+    /// Adds an edge: `child` waits for `parent`.
+    #[must_use]
+    pub fn edge(mut self, parent: impl Into<String>, child: impl Into<String>) -> Self {
+        self.edges.push((parent.into(), child.into()));
+        self
+    }
+
+    /// Checks the shape against `limits` and the nodes' own fields.
+    ///
+    /// # Errors
+    ///
+    /// The problem, named.
+    pub fn plan(&self, limits: &DagLimits) -> Result<DagPlan, InvalidTask> {
+        if self.queue.is_empty() {
+            return Err(InvalidTask("dag queue must not be empty".into()));
+        }
+        for n in &self.nodes {
+            if n.kind.is_empty() || n.map.as_ref().is_some_and(|m| m.kind.is_empty()) {
+                return Err(InvalidTask(format!("node {:?} has an empty kind", n.key)));
+            }
+            if n.max_attempts == 0 {
+                return Err(InvalidTask(format!(
+                    "node {:?} needs max_attempts of at least 1",
+                    n.key
+                )));
+            }
+        }
+        let keys: Vec<&str> = self.nodes.iter().map(|n| n.key.as_str()).collect();
+        let edges: Vec<(&str, &str)> = self
+            .edges
+            .iter()
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        plan_dag(&keys, &edges, limits).map_err(|e| InvalidTask(format!("dag rejected: {e}")))
+    }
+}
 
 /// Limits on the size of one DAG.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

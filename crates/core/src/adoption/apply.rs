@@ -1,13 +1,19 @@
-//! Applying parsed LLM answers to the adoption state (pure).
+//! Applying an activity batch and parsed LLM answers to the adoption state
+//! (pure).
 
 use serde::Serialize;
 
 use crate::{Outcome, Timestamp};
 
+use super::detector::{Activity, detect_completed_steps, detect_completed_workflows};
 use super::gate::GateDecision;
-use super::model::{JourneyState, StepInAssessment, UserAdoptionState};
-use super::plan::{OnboardingPlan, is_plan_complete};
+use super::model::{JourneyState, StepInAssessment, UserAdoptionState, WorkflowStatus};
+use super::plan::{OnboardingPlan, is_plan_complete, split_workflows};
 use super::prompts::{JudgeOutput, ParseStatus, SuggestedFlow, WelcomeOutput};
+use super::session_snapshot::round_places;
+
+/// Source recorded on progress detected from the activity stream.
+pub(crate) const ACTIVITY_SOURCE: &str = "activity";
 
 /// What the shell must do after an adoption operation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -27,15 +33,39 @@ pub enum AdoptionEffect {
         /// Tours offered next.
         suggested_flows: Vec<SuggestedFlow>,
     },
+    /// Report what an activity batch completed (the answer shows it).
+    Detected(Detected),
 }
 
-/// The outcome type of the adoption operations: journey transitions and
-/// effects.
-pub type AdoptionOutcome = Outcome<JourneyState, AdoptionEffect>;
+/// What the activity detector found in one batch.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Detected {
+    /// Workflows completed by this batch.
+    pub workflows: Vec<DetectedItem>,
+    /// Steps completed by this batch.
+    pub steps: Vec<DetectedItem>,
+    /// Onboarding was stamped complete by this batch.
+    pub onboarding_completed: bool,
+}
+
+/// One completion the detector found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DetectedItem {
+    /// The workflow.
+    pub workflow_id: String,
+    /// The step, for a step completion.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    /// What matched.
+    pub evidence: String,
+}
+
+/// What applying an answer did: journey transitions and effects.
+pub(crate) type AdoptionOutcome = Outcome<JourneyState, AdoptionEffect>;
 
 /// Applies the judge's answer: journey and mastery when stated clearly, and
 /// `last_judged_at`. A malformed answer changes nothing.
-pub fn apply_judge_output(
+pub(crate) fn apply_judge_output(
     state: &mut UserAdoptionState,
     out: &JudgeOutput,
     now: Timestamp,
@@ -60,7 +90,7 @@ pub fn apply_judge_output(
 
 /// Records a gate evaluation: the exploration figures, and that the gate was
 /// passed once.
-pub fn record_gate(
+pub(crate) fn record_gate(
     state: &mut UserAdoptionState,
     decision: &GateDecision,
     distinct_features_seen: u64,
@@ -75,7 +105,7 @@ pub fn record_gate(
 /// step-in assessment (kept whether or not a message is sent), the welcome
 /// itself (`mark_welcomed` and a [`AdoptionEffect::SendWelcome`]) and
 /// onboarding completion when the model says so and the plan agrees.
-pub fn apply_welcome_output(
+pub(crate) fn apply_welcome_output(
     state: &mut UserAdoptionState,
     out: &WelcomeOutput,
     plan: &OnboardingPlan,
@@ -119,4 +149,102 @@ pub fn apply_welcome_output(
         state.onboarding.mark_onboarding_complete(now);
     }
     outcome
+}
+
+/// Applies one batch of activity: discovered features (and
+/// `distinct_features_seen`, never lowered), then workflow and step
+/// completions detected by the plan's rules (source `activity`), the plan's
+/// completion rate, and onboarding completion when the plan is complete.
+pub(crate) fn apply_activity(
+    state: &mut UserAdoptionState,
+    plan: &OnboardingPlan,
+    actions: &[Activity],
+    features: &[String],
+    now: Timestamp,
+) -> Detected {
+    let mut detected = Detected::default();
+    state.record_discovered_features(features.iter().map(String::as_str), now);
+    let done: Vec<String> = state
+        .onboarding
+        .completed_workflow_ids()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let done_refs: Vec<&str> = done.iter().map(String::as_str).collect();
+    for (id, m) in detect_completed_workflows(&plan.workflows, actions, &done_refs).iter() {
+        // Confidence 1 is finite, so this cannot fail.
+        let _ = state.onboarding.upsert_workflow_progress(
+            id,
+            WorkflowStatus::Completed,
+            1.0,
+            &m.evidence,
+            Some(ACTIVITY_SOURCE),
+            now,
+        );
+        detected.workflows.push(DetectedItem {
+            workflow_id: id.to_owned(),
+            step_id: None,
+            evidence: m.evidence.clone(),
+        });
+    }
+    for w in &plan.workflows {
+        let steps_done: Vec<String> = state
+            .onboarding
+            .workflow_progress
+            .get(&w.workflow_id)
+            .map(|p| {
+                p.completed_step_ids()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let refs: Vec<&str> = steps_done.iter().map(String::as_str).collect();
+        let found = detect_completed_steps(w, actions, &refs);
+        if found.is_empty() {
+            continue;
+        }
+        let previous = state.onboarding.workflow_progress.get(&w.workflow_id);
+        if previous.map(|p| p.status) != Some(WorkflowStatus::Completed) {
+            let confidence = previous.map_or(0.5, |p| p.confidence.max(0.5));
+            // The confidence is at least 0.5 and finite, so this cannot fail.
+            let _ = state.onboarding.upsert_workflow_progress(
+                &w.workflow_id,
+                WorkflowStatus::InProgress,
+                confidence,
+                "",
+                Some(ACTIVITY_SOURCE),
+                now,
+            );
+        }
+        if let Some(wp) = state.onboarding.workflow_progress.get_mut(&w.workflow_id) {
+            for (step_id, m) in found.iter() {
+                let _ = wp.upsert_step_progress(
+                    step_id,
+                    WorkflowStatus::Completed,
+                    1.0,
+                    &m.evidence,
+                    now,
+                );
+                detected.steps.push(DetectedItem {
+                    workflow_id: w.workflow_id.clone(),
+                    step_id: Some(step_id.to_owned()),
+                    evidence: m.evidence.clone(),
+                });
+            }
+        }
+    }
+    let seen = state.discovered_features.len() as u64;
+    state.onboarding.distinct_features_seen = state.onboarding.distinct_features_seen.max(seen);
+    if !plan.workflows.is_empty() {
+        let split = split_workflows(plan, &state.onboarding.workflow_progress);
+        state.onboarding.completion_rate = round_places(
+            split.completed.len() as f64 / plan.workflows.len() as f64,
+            4,
+        );
+    }
+    if is_plan_complete(plan, &state.onboarding.workflow_progress) {
+        detected.onboarding_completed = state.onboarding.mark_onboarding_complete(now);
+    }
+    detected
 }

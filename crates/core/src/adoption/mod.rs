@@ -3,12 +3,16 @@
 //! matching and the versioned prompts of the LLM runners.
 //!
 //! Everything here is pure: time arrives as `now`, LLM answers arrive as
-//! text and are parsed by functions that never fail. A runner in the app is
-//! build input -> call the LLM -> parse -> apply.
+//! text and are parsed by functions that never fail. A record is changed by
+//! deciding an [`AdoptionCommand`] (see the [`crate::Machine`] impl of
+//! [`UserAdoptionState`]); a runner in the app is build input -> call the
+//! LLM -> parse -> decide the answer's command.
 
 mod apply;
 pub mod detector;
+mod error;
 pub mod gate;
+mod machine;
 mod model;
 pub mod ordered;
 pub mod plan;
@@ -18,14 +22,14 @@ pub mod session_snapshot;
 pub mod snapshot;
 pub mod tour;
 
-pub use apply::{
-    AdoptionEffect, AdoptionOutcome, apply_judge_output, apply_welcome_output, record_gate,
-};
+pub use apply::{AdoptionEffect, Detected, DetectedItem};
 pub use detector::{
     Activity, ActivitySignalRule, ActivitySignals, SignalMatch, detect_completed_steps,
     detect_completed_workflows, fnmatch,
 };
+pub use error::AdoptionError;
 pub use gate::{ExplorationGateConfig, GateDecision, GateReason, evaluate_hard_gate};
+pub use machine::{AdoptionCommand, AdoptionEvent, AdoptionKey};
 pub use model::{
     JOURNEY_TABLE, JourneyState, Mastery, MasteryLevel, OnboardingState, OrderedMap,
     SESSION_INDEX_CAP, SessionIndexEntry, StepInAssessment, StepProgress, UNKNOWN_SOURCE,
@@ -38,9 +42,9 @@ pub use plan::{
 };
 pub use prompts::ParseStatus;
 pub use runner::{
-    PromptScope, RenderedPrompt, SummaryOutput, TourEvent, apply_followup_output,
-    apply_summary_output, build_followup_prompt, build_judge_prompt, build_summary_prompt,
-    build_tour_match_prompt, build_welcome_prompt, parse_summary_output, record_tour_outcome,
+    PromptScope, RenderedPrompt, SummaryOutput, TourEvent, build_followup_prompt,
+    build_judge_prompt, build_summary_prompt, build_tour_match_prompt, build_welcome_prompt,
+    parse_summary_output, with_tour_outcome,
 };
 pub use session_snapshot::{CompletionRateDenominator, SessionSnapshot, SessionSummaryInput};
 pub use snapshot::{DecodeError, SNAPSHOT_VERSION};
@@ -49,20 +53,8 @@ pub use tour::{
     parse_tour_match_output,
 };
 
-/// A mutator refused its input (the state is unchanged).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AdoptionError {
-    /// NaN or an infinity where a number is clamped into a range.
-    #[error("{field} is not a finite number")]
-    NotFinite {
-        /// Which argument.
-        field: &'static str,
-    },
-    /// A user id must not be empty.
-    #[error("user id must not be empty")]
-    EmptyUserId,
-}
-
+#[cfg(test)]
+mod machine_tests;
 #[cfg(test)]
 mod tests;
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Timestamp;
 
-use super::AdoptionError;
+use super::{AdoptionError, UserId};
 
 /// At most this many entries are kept in the session index (oldest dropped).
 pub const SESSION_INDEX_CAP: usize = 50;
@@ -293,6 +293,9 @@ impl WorkflowProgress {
     /// `[0, 1]`; NaN and infinities are rejected; empty evidence keeps the
     /// previous text; `completed_at` is stamped the first time the step is
     /// completed.
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn upsert_step_progress(
         &mut self,
         step_id: &str,
@@ -433,6 +436,9 @@ impl OnboardingState {
     /// `[0, 1]` (NaN and infinities rejected); empty evidence and an empty
     /// source keep the previous values; `completed_at` is stamped the first
     /// time the workflow is completed and never cleared.
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn upsert_workflow_progress(
         &mut self,
         workflow_id: &str,
@@ -469,13 +475,16 @@ impl OnboardingState {
     }
 
     /// Records the latest step-in decision.
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn record_step_in(&mut self, assessment: StepInAssessment) {
         self.last_reasoned_at = Some(assessment.decided_at);
         self.last_step_in = Some(assessment);
     }
 
     /// Stamps onboarding complete at `now`; false when already stamped.
-    pub fn mark_onboarding_complete(&mut self, now: Timestamp) -> bool {
+    pub(crate) fn mark_onboarding_complete(&mut self, now: Timestamp) -> bool {
         if self.onboarding_completed_at.is_some() {
             return false;
         }
@@ -485,7 +494,8 @@ impl OnboardingState {
 }
 
 /// One session in the user's bounded session index.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionIndexEntry {
     /// The session.
     pub session_id: String,
@@ -501,8 +511,8 @@ pub struct SessionIndexEntry {
 /// onboarding is going. Keyed by `(product_id, user_id)` in storage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UserAdoptionState {
-    /// The user (never empty).
-    pub user_id: String,
+    /// The user.
+    pub user_id: UserId,
     /// Schema-less identity bag; `role` is one conventional key.
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// Lifecycle stage.
@@ -530,15 +540,11 @@ pub struct UserAdoptionState {
 impl UserAdoptionState {
     /// A fresh state first seen at `now`.
     pub fn new(
-        user_id: impl Into<String>,
+        user_id: UserId,
         metadata: serde_json::Map<String, serde_json::Value>,
         now: Timestamp,
-    ) -> Result<Self, AdoptionError> {
-        let user_id = user_id.into();
-        if user_id.is_empty() {
-            return Err(AdoptionError::EmptyUserId);
-        }
-        Ok(Self {
+    ) -> Self {
+        Self {
             user_id,
             metadata,
             journey_state: JourneyState::Onboarding,
@@ -551,7 +557,7 @@ impl UserAdoptionState {
             sessions_count: 0,
             current_session_id: None,
             sessions_index: Vec::new(),
-        })
+        }
     }
 
     /// `metadata.role` when it is a string; any other value is not a role.
@@ -565,12 +571,23 @@ impl UserAdoptionState {
             || self.onboarding.onboarding_completed_at.is_some()
     }
 
+    /// The distinct features the gate counts: `reported` when the caller
+    /// measured it, else the larger of the recorded figure and the number of
+    /// discovered features.
+    pub fn distinct_features_seen(&self, reported: Option<u64>) -> u64 {
+        reported.unwrap_or_else(|| {
+            self.onboarding
+                .distinct_features_seen
+                .max(self.discovered_features.len() as u64)
+        })
+    }
+
     fn touch(&mut self, now: Timestamp) {
         self.last_updated_at = now;
     }
 
     /// Sets the journey; false (and no touch) when unchanged.
-    pub fn set_journey_state(&mut self, new: JourneyState, now: Timestamp) -> bool {
+    pub(crate) fn set_journey_state(&mut self, new: JourneyState, now: Timestamp) -> bool {
         if self.journey_state == new {
             return false;
         }
@@ -581,6 +598,9 @@ impl UserAdoptionState {
 
     /// Replaces the mastery. The rating is clamped to 0..=10 and truncated;
     /// NaN and infinities are rejected (state unchanged).
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn set_mastery(
         &mut self,
         rating: f64,
@@ -600,6 +620,9 @@ impl UserAdoptionState {
 
     /// Appends features not seen yet (trimmed, blanks ignored, order kept);
     /// returns how many were added and touches only when some were.
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn record_discovered_features<'a>(
         &mut self,
         features: impl IntoIterator<Item = &'a str>,
@@ -620,11 +643,14 @@ impl UserAdoptionState {
     }
 
     /// A welcome was sent at `now`.
-    pub fn mark_welcomed(&mut self, now: Timestamp) {
+    pub(crate) fn mark_welcomed(&mut self, now: Timestamp) {
         self.mark_welcomed_at(now, now);
     }
 
     /// A welcome was sent at `at` (recorded at `now`).
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn mark_welcomed_at(&mut self, at: Timestamp, now: Timestamp) {
         self.onboarding.welcomed = true;
         self.onboarding.last_welcome_at = Some(at);
@@ -634,24 +660,30 @@ impl UserAdoptionState {
     }
 
     /// The judge ran at `now`.
-    pub fn mark_judged(&mut self, now: Timestamp) {
+    pub(crate) fn mark_judged(&mut self, now: Timestamp) {
         self.mark_judged_at(now, now);
     }
 
     /// The judge ran at `at` (recorded at `now`).
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn mark_judged_at(&mut self, at: Timestamp, now: Timestamp) {
         self.last_judged_at = Some(at);
         self.touch(now);
     }
 
     /// Sets the handover summary (trimmed; blank clears it) and touches.
-    pub fn set_summary(&mut self, summary: &str, now: Timestamp) {
+    pub(crate) fn set_summary(&mut self, summary: &str, now: Timestamp) {
         let s = summary.trim();
         self.onboarding.summary = (!s.is_empty()).then(|| s.to_owned());
         self.touch(now);
     }
 
     /// Sets the live session (trimmed; blank clears it).
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn set_current_session(&mut self, session_id: &str, now: Timestamp) {
         let id = session_id.trim();
         self.current_session_id = (!id.is_empty()).then(|| id.to_owned());
@@ -659,6 +691,9 @@ impl UserAdoptionState {
     }
 
     /// Appends a session to the index (dropping the oldest beyond the cap).
+    /// Test support for the reference replay: a record changes only
+    /// through [`Machine::decide`](crate::Machine::decide).
+    #[doc(hidden)]
     pub fn record_session(&mut self, entry: SessionIndexEntry, now: Timestamp) {
         self.sessions_count = self.sessions_count.saturating_add(1);
         self.sessions_index.push(entry);
@@ -693,9 +728,9 @@ pub fn one_line(s: &str) -> String {
         .collect()
 }
 
-/// The journey axis as data: the judge (or a caller) may move a user either
-/// way; onboarding completion is stamped separately and counts as
-/// onboarded for the gate.
+/// The journey axis as data: the judge, an event or a replacement snapshot
+/// may move a user either way; onboarding completion is stamped separately
+/// and counts as onboarded for the gate.
 pub const JOURNEY_TABLE: crate::TransitionTable = crate::TransitionTable {
     machine: "adoption journey",
     states: &["onboarding", "onboarded"],
@@ -720,6 +755,16 @@ pub const JOURNEY_TABLE: crate::TransitionTable = crate::TransitionTable {
             from: "onboarded",
             to: "onboarding",
             cause: "set_journey_state",
+        },
+        crate::Edge {
+            from: "onboarding",
+            to: "onboarded",
+            cause: "put_state",
+        },
+        crate::Edge {
+            from: "onboarded",
+            to: "onboarding",
+            cause: "put_state",
         },
     ],
 };

@@ -8,14 +8,14 @@
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::model::{JourneyState, MasteryLevel, WorkflowStatus, clamp_rating};
 
 /// How a raw LLM answer parsed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ParseStatus {
     /// A JSON object was found and read.
@@ -483,7 +483,8 @@ fn get_bool(m: &serde_json::Map<String, Value>, k: &str) -> bool {
 }
 
 /// The adoption judge's answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JudgeOutput {
     /// How the raw answer parsed.
     pub status: ParseStatus,
@@ -491,7 +492,10 @@ pub struct JudgeOutput {
     pub journey_state: Option<JourneyState>,
     /// Rating (clamped, truncated) with its level, when both are usable
     /// (serialized as `{rating, level}`).
-    #[serde(serialize_with = "mastery_pair")]
+    #[serde(
+        serialize_with = "mastery_pair",
+        deserialize_with = "read_mastery_pair"
+    )]
     pub mastery: Option<(u8, MasteryLevel)>,
     /// One sentence.
     pub mastery_description: String,
@@ -513,6 +517,18 @@ fn mastery_pair<S: serde::Serializer>(
         }
         None => s.serialize_none(),
     }
+}
+
+fn read_mastery_pair<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<(u8, MasteryLevel)>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Pair {
+        rating: u8,
+        level: MasteryLevel,
+    }
+    Ok(Option::<Pair>::deserialize(d)?.map(|p| (p.rating, p.level)))
 }
 
 /// Parses the judge's answer; never fails. Unknown journey or level values
@@ -554,7 +570,8 @@ pub fn parse_judge_output(raw: Option<&str>) -> JudgeOutput {
 }
 
 /// One suggested flow.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SuggestedFlow {
     /// The tour (workflow) id.
     pub tour_id: String,
@@ -565,7 +582,8 @@ pub struct SuggestedFlow {
 }
 
 /// One workflow's judged progress.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WorkflowCompletion {
     /// The workflow.
     pub workflow_id: String,
@@ -600,7 +618,8 @@ fn parse_flows(m: &serde_json::Map<String, Value>, allowed: &[&str]) -> Vec<Sugg
 }
 
 /// The welcome's answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WelcomeOutput {
     /// How the raw answer parsed.
     pub status: ParseStatus,
@@ -682,7 +701,8 @@ pub fn parse_welcome_output(
 }
 
 /// The follow-up's answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FollowupOutput {
     /// How the raw answer parsed.
     pub status: ParseStatus,

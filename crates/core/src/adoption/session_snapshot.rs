@@ -124,7 +124,7 @@ impl SessionSnapshot {
         SessionSnapshot {
             session_id: session_id.to_owned(),
             session_number,
-            user_id: state.user_id.clone(),
+            user_id: state.user_id.as_str().to_owned(),
             started_at,
             captured_at: now,
             duration_s: round_places(now.seconds_since(started_at).max(0.0), 2),

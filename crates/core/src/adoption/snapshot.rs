@@ -10,11 +10,13 @@
 //! text where a number belongs), a non-integral or overflowing count, a
 //! timestamp outside years 1 to 9999, a `mastery`, `onboarding` or
 //! `last_step_in` that is not an object (a "falsy" one — `0`, `""`, `[]`,
-//! `false` — reads as absent, as in the reference), an empty `user_id`. (Strict JSON
-//! cannot carry NaN or infinities at all.) Decoding never panics.
+//! `false` — reads as absent, as in the reference), an empty `user_id` or
+//! one that is not a valid [`UserId`]. (Strict JSON cannot carry NaN or
+//! infinities at all.) Decoding never panics.
 
 use crate::Timestamp;
 
+use super::UserId;
 use super::model::{
     JourneyState, Mastery, MasteryLevel, OnboardingState, OrderedMap, SESSION_INDEX_CAP,
     SessionIndexEntry, StepInAssessment, StepProgress, UNKNOWN_SOURCE, UserAdoptionState,
@@ -187,7 +189,7 @@ impl UserAdoptionState {
         let metadata = serde_json::Value::Object(self.metadata.clone());
         obj(vec![
             ("_v", V::Number(SNAPSHOT_VERSION.into())),
-            ("user_id", s(&self.user_id)),
+            ("user_id", s(self.user_id.as_str())),
             ("metadata", V::from(&metadata)),
             ("journey_state", s(self.journey_state.as_str())),
             ("mastery", mastery_value(&self.mastery)),
@@ -267,7 +269,9 @@ impl UserAdoptionState {
             None => return Err(err("$._v", "missing snapshot version")),
         }
         let user_id = match v.get("user_id") {
-            Some(V::String(u)) if !u.is_empty() => u.clone(),
+            Some(V::String(u)) if !u.is_empty() => {
+                UserId::parse(u.as_str()).map_err(|e| err("$.user_id", e.to_string()))?
+            }
             Some(V::String(_)) | None | Some(V::Null) => {
                 return Err(err("$.user_id", "must not be empty"));
             }

@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::apply::{apply_judge_output, apply_welcome_output};
 use super::*;
 use crate::Timestamp;
 
@@ -12,11 +13,10 @@ fn at(secs: f64) -> Timestamp {
 
 fn user(meta: Value) -> UserAdoptionState {
     UserAdoptionState::new(
-        "u1",
+        UserId::parse("u1").unwrap(),
         meta.as_object().cloned().unwrap_or_default(),
         at(1000.0),
     )
-    .unwrap()
 }
 
 #[test]
@@ -91,9 +91,19 @@ fn welcome_answer_is_applied() {
 #[test]
 fn empty_user_id_is_refused() {
     assert_eq!(
-        UserAdoptionState::new("", Default::default(), at(1.0)),
-        Err(AdoptionError::EmptyUserId)
+        UserId::parse(""),
+        Err(crate::IdError::Empty { kind: "user id" })
     );
+    let mut v = user(json!({})).to_snapshot();
+    v["user_id"] = json!("");
+    let e = UserAdoptionState::from_snapshot(&v, at(1.0)).unwrap_err();
+    assert_eq!(
+        (e.path.as_str(), e.problem.as_str()),
+        ("$.user_id", "must not be empty")
+    );
+    v["user_id"] = json!("a/b");
+    let e = UserAdoptionState::from_snapshot(&v, at(1.0)).unwrap_err();
+    assert_eq!(e.path, "$.user_id");
 }
 
 #[test]
@@ -447,7 +457,7 @@ prop_compose! {
 }
 
 prop_compose! {
-    fn arb_state()(uid in "[a-z0-9-]{1,10}", role in prop::option::of(arb_text()),
+    pub(super) fn arb_state()(uid in "[a-z0-9-]{1,10}", role in prop::option::of(arb_text()),
                    journey in prop::sample::select(JourneyState::ALL.to_vec()),
                    rating in 0u8..=10, level in prop::sample::select(MasteryLevel::ALL.to_vec()),
                    desc in arb_text(), features in prop::collection::vec("[a-z/]{1,6}", 0..4),
@@ -462,7 +472,7 @@ prop_compose! {
         let mut metadata = serde_json::Map::new();
         if let Some(r) = role { metadata.insert("role".into(), Value::String(r)); }
         UserAdoptionState {
-            user_id: uid, metadata, journey_state: journey,
+            user_id: UserId::parse(uid).unwrap(), metadata, journey_state: journey,
             mastery: Mastery { rating, level, description: desc },
             discovered_features: features,
             onboarding: OnboardingState {

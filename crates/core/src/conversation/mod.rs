@@ -1,27 +1,33 @@
 //! The conversation instance lifecycle: one conversation between an agent and
 //! one contact, from creation to a terminal state.
 //!
-//! An [`Instance`] is a plain value. Each command takes `now` and returns
-//! either a [`ConversationError`] (instance unchanged) or an [`Outcome`] with
-//! the transitions made and the [`Effect`]s the shell must carry out:
-//! messages to append to the transcript and deliver, agent tasks to enqueue,
-//! queued instances to promote, operators to notify. The heartbeat timer is a
-//! field ([`Instance::next_deadline`]) armed and cleared by the same command
-//! that changes the state, so a store writes both in one statement.
+//! An [`Instance`] is a plain value and a [`Machine`](crate::Machine): every
+//! change goes through [`Machine::decide`](crate::Machine::decide) with a
+//! [`ConversationCommand`] and `now`, and returns either a
+//! [`ConversationError`] (instance unchanged) or a
+//! [`Decision`](crate::Decision): the transitions made (one audit entry
+//! each, a late reply and the creation included), the tasks to commit with
+//! the state (agent turns and follow-ups, one pending per instance; one
+//! delivery per outbound message) and the [`ConversationEffect`]s:
+//! transcript lines the store writes with the state, the promotion of the
+//! contact's next queued instance, operators to notify. The heartbeat timer
+//! is a field ([`Instance::next_deadline`]) armed and cleared by the same
+//! command that changes the state, so a store writes both in one statement.
 
+mod command;
 mod instance;
 mod state;
 #[cfg(test)]
 mod tests;
 
+pub use command::{
+    ConversationCommand, ConversationContext, ConversationEffect, ConversationError,
+    ConversationKey, DELIVER_KIND, FOLLOW_UP_KIND, TURN_KIND,
+};
 pub use instance::{
-    ConversationError, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_FOLLOW_UPS, Effect, Instance, Message,
-    NewInstance, Role, Todo,
+    DEFAULT_HEARTBEAT_S, DEFAULT_MAX_FOLLOW_UPS, Instance, Message, NewInstance, Role, Todo,
 };
 pub use state::{CREATION, ConversationState, TABLE};
-
-/// What a command returns on success.
-pub type Outcome = crate::Outcome<ConversationState, Effect>;
 
 crate::string_id!(
     /// A contact: the person a conversation is with (a phone number, a chat

@@ -14,7 +14,9 @@ use super::def::{
     Condition, FlowDef, FlowProblem, ModelField, StateDef, StateKind, TemplateRef, TransitionDef,
 };
 use super::dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
+use super::machine::{FlowSessionId, cause};
 use crate::Timestamp;
+use crate::machine::{ErrorClass, MachineError, Name, NotAllowed, Transition};
 
 /// Events the API handles itself; a flow may not declare them.
 pub const RESERVED_EVENTS: [&str; 3] = ["poll", "cancel", "retry"];
@@ -123,7 +125,7 @@ pub struct Running {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlowSession {
     /// The session id.
-    pub session_id: String,
+    pub session_id: FlowSessionId,
     /// The flow's name.
     pub flow: String,
     /// The current state.
@@ -146,20 +148,36 @@ pub struct FlowSession {
     pub last_user_state: String,
 }
 
+/// The reason codes of [`FlowError::NotAllowed`]: why a command is not
+/// allowed in the session's state, beyond "no transition for this event"
+/// (which has no reason code).
+pub mod reason {
+    /// A task graph is running: only `poll` and `cancel` are accepted.
+    pub const DAG_RUNNING: &str = "dag_running";
+    /// The event is the invoker state's completion event (or `on_error`):
+    /// only the engine fires it.
+    pub const RESERVED_FOR_ENGINE: &str = "reserved_for_engine";
+    /// `retry` is offered only in an invoker state with nothing running.
+    pub const RETRY_NOT_OFFERED: &str = "retry_not_offered";
+    /// `cancel` with no task graph running.
+    pub const NOTHING_RUNNING: &str = "nothing_running";
+    /// A completion or failure of a task graph that is not the one the
+    /// session waits for (cancelled or superseded): its result is dropped.
+    pub const STALE_INVOCATION: &str = "stale_invocation";
+    /// `start` on a session that exists.
+    pub const SESSION_EXISTS: &str = "session_exists";
+}
+
 /// Why an operation was refused; the session is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FlowError {
     /// The flow definition is wrong.
     #[error("invalid flow: {}", join_problems(.0))]
     Invalid(Vec<FlowProblem>),
-    /// No transition for this event accepts it in this state.
-    #[error("event `{event}` is not allowed in state `{state}`")]
-    TransitionNotAllowed {
-        /// The event.
-        event: String,
-        /// The current state.
-        state: String,
-    },
+    /// The command is not allowed in the session's state: no transition for
+    /// the event accepts it (no reason code), or a [`reason`] code.
+    #[error("{}", not_allowed_message(.0))]
+    NotAllowed(NotAllowed),
     /// A validator refused the input.
     #[error("validator `{validator}` refused the input: {message}")]
     Validator {
@@ -167,30 +185,6 @@ pub enum FlowError {
         validator: String,
         /// Its message.
         message: String,
-    },
-    /// Only the engine may fire this event.
-    #[error("event `{event}` is fired by the engine when the task graph finishes")]
-    EventReservedForEngine {
-        /// The event.
-        event: String,
-    },
-    /// A task graph is running; only poll and cancel are accepted.
-    #[error("a task graph is running in state `{state}`; poll or cancel")]
-    DagRunning {
-        /// The invoker state.
-        state: String,
-    },
-    /// Nothing is running to complete, fail or cancel.
-    #[error("invocation `{invocation_id}` is not the one running")]
-    StaleInvocation {
-        /// The invocation named.
-        invocation_id: String,
-    },
-    /// `retry` is offered only in an invoker state with nothing running.
-    #[error("nothing to retry in state `{state}`")]
-    RetryNotOffered {
-        /// The current state.
-        state: String,
     },
     /// A hook returned an error.
     #[error("{point:?} hook failed: {message}")]
@@ -216,14 +210,108 @@ pub enum FlowError {
         /// How many elements it holds.
         len: usize,
     },
-    /// A template or expression failed.
+    /// An expression (`cond`, `unless`, `assign`, a map's `over`) failed on
+    /// the data it was given: the expressions compile when the flow is
+    /// loaded, so this is the data's doing.
+    #[error("evaluating `{expr}` failed: {message}")]
+    Expression {
+        /// The expression.
+        expr: String,
+        /// The evaluator's message.
+        message: String,
+    },
+    /// A template failed to render.
     #[error("rendering `{what}` failed: {message}")]
     Render {
-        /// The template name or expression.
+        /// The template name.
         what: String,
         /// The renderer's message.
         message: String,
     },
+    /// The session belongs to another flow than the one it was decided with.
+    #[error("the session runs flow `{session}`, not `{flow}`")]
+    OtherFlow {
+        /// The session's flow.
+        session: String,
+        /// The flow it was decided with.
+        flow: String,
+    },
+}
+
+impl FlowError {
+    /// `command` is not allowed in `state`, for `reason` (a [`reason`] code,
+    /// or `None` when no transition accepts the event).
+    pub fn not_allowed(
+        command: impl Into<Name>,
+        state: impl Into<Name>,
+        reason: Option<&'static str>,
+    ) -> Self {
+        let mut n = NotAllowed::new(command, state);
+        n.reason = reason;
+        FlowError::NotAllowed(n)
+    }
+
+    /// The not-allowed refusal's reason code, if this is one.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            FlowError::NotAllowed(n) => n.reason,
+            _ => None,
+        }
+    }
+}
+
+impl MachineError for FlowError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            FlowError::NotAllowed(_) => ErrorClass::NotAllowed,
+            FlowError::Validator { .. } | FlowError::Hook { .. } | FlowError::Expression { .. } => {
+                ErrorClass::Invalid
+            }
+            FlowError::RenderLimit { .. } | FlowError::DialogueFull { .. } => {
+                ErrorClass::LimitExceeded
+            }
+            FlowError::Invalid(_) | FlowError::Render { .. } | FlowError::OtherFlow { .. } => {
+                ErrorClass::Internal
+            }
+        }
+    }
+
+    fn not_allowed(&self) -> Option<&NotAllowed> {
+        match self {
+            FlowError::NotAllowed(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        match self {
+            FlowError::Validator { .. } => Some("event_input"),
+            _ => None,
+        }
+    }
+}
+
+/// The message of a not-allowed refusal, by reason.
+fn not_allowed_message(n: &NotAllowed) -> String {
+    let (command, state) = (&n.command, &n.state);
+    match n.reason {
+        None => format!("event `{command}` is not allowed in state `{state}`"),
+        Some(reason::DAG_RUNNING) => {
+            format!("a task graph is running in state `{state}`; poll or cancel")
+        }
+        Some(reason::RESERVED_FOR_ENGINE) => {
+            format!("event `{command}` is fired by the engine when the task graph finishes")
+        }
+        Some(reason::RETRY_NOT_OFFERED) => format!("nothing to retry in state `{state}`"),
+        Some(reason::NOTHING_RUNNING) => {
+            format!("no task graph is running in state `{state}`")
+        }
+        Some(reason::STALE_INVOCATION) => {
+            format!("`{command}` names a task graph that is not running in state `{state}`")
+        }
+        Some(reason::SESSION_EXISTS) => "the session exists already".to_owned(),
+        Some(_) => n.to_string(),
+    }
 }
 
 /// Instructions one render or expression may run (minijinja fuel): a
@@ -258,18 +346,32 @@ impl std::io::Write for Capped {
     }
 }
 
-/// The typed error for a failed render or evaluation of `what`.
+/// The typed error for a failed render of the template `what`.
 fn render_error(what: &str, e: &minijinja::Error) -> FlowError {
     if e.kind() == minijinja::ErrorKind::OutOfFuel {
-        FlowError::RenderLimit {
-            what: what.to_owned(),
-            limit: format!("{TEMPLATE_FUEL} instructions"),
-        }
-    } else {
-        FlowError::Render {
-            what: what.to_owned(),
-            message: e.to_string(),
-        }
+        return out_of_fuel(what);
+    }
+    FlowError::Render {
+        what: what.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// The typed error for a failed evaluation of the expression `expr`.
+fn expr_error(expr: &str, e: &minijinja::Error) -> FlowError {
+    if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        return out_of_fuel(expr);
+    }
+    FlowError::Expression {
+        expr: expr.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+fn out_of_fuel(what: &str) -> FlowError {
+    FlowError::RenderLimit {
+        what: what.to_owned(),
+        limit: format!("{TEMPLATE_FUEL} instructions"),
     }
 }
 
@@ -282,17 +384,30 @@ fn join_problems(p: &[FlowProblem]) -> String {
 
 /// Where a client event ends up.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Fired {
+pub(crate) struct Fired {
     /// The session after the transition.
-    pub session: FlowSession,
+    pub(crate) session: FlowSession,
     /// Dialogue elements to append, in order.
-    pub appended: Vec<DialogueElement>,
+    pub(crate) appended: Vec<DialogueElement>,
     /// What the API answers: the target template rendered, for user targets.
-    pub response: Option<String>,
+    pub(crate) response: Option<String>,
     /// The DAG to enqueue in the same commit, for invoker targets.
-    pub dag: Option<DagPlan>,
-    /// `(from, to, event)` of the transition taken, if one was.
-    pub transition: Option<(String, String, String)>,
+    pub(crate) dag: Option<DagPlan>,
+    /// The flow transition taken (its cause is the event), if one was.
+    pub(crate) transition: Option<Transition>,
+}
+
+impl Fired {
+    /// The session stays in its state (its run ended, no transition taken).
+    pub(super) fn stays(session: FlowSession) -> Self {
+        Self {
+            session,
+            appended: Vec::new(),
+            response: None,
+            dag: None,
+            transition: None,
+        }
+    }
 }
 
 /// A validated flow, ready to run.
@@ -674,6 +789,39 @@ impl Flow {
             && (event == ON_ERROR || self.completion_event(state) == Some(event))
     }
 
+    /// Whether a transition `from -> to` caused by `cause` (as a
+    /// [`Decision`](crate::Decision) reports it) is in this flow's table: a
+    /// declared transition whose event is `cause`, or one of the engine's
+    /// own edges (start in the initial state; `retry` in an invoker state;
+    /// `cancel` from an invoker state to a user state; `dag_completed` along
+    /// the completion event or staying; `dag_failed` along `on_error` or
+    /// staying).
+    pub fn allows(&self, from: Option<&str>, to: &str, cause: &str) -> bool {
+        let Some(from) = from else {
+            return cause == cause::START && self.def.initial.as_deref() == Some(to);
+        };
+        let declared = |event: &str| {
+            self.def
+                .transitions
+                .iter()
+                .any(|t| t.from == from && t.to == to && t.event == event)
+        };
+        if declared(cause) {
+            return true;
+        }
+        let invoker = |id: &str| self.state(id).is_some_and(|s| s.kind == StateKind::Invoker);
+        let user = |id: &str| self.state(id).is_some_and(|s| s.kind == StateKind::User);
+        match cause {
+            cause::RETRY => invoker(from) && from == to,
+            cause::CANCEL => invoker(from) && user(to),
+            cause::DAG_COMPLETED => {
+                invoker(from) && (from == to || self.completion_event(from).is_some_and(declared))
+            }
+            cause::DAG_FAILED => invoker(from) && (from == to || declared(ON_ERROR)),
+            _ => false,
+        }
+    }
+
     /// The events out of `state`, unique, in declaration order.
     pub fn events_from(&self, state: &str) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -717,7 +865,7 @@ impl Flow {
         data.insert("state_id".into(), Value::String(session.state.clone()));
         data.insert(
             "session_id".into(),
-            Value::String(session.session_id.clone()),
+            Value::String(session.session_id.to_string()),
         );
         data.insert(
             "actor".into(),
@@ -767,45 +915,54 @@ impl Flow {
     }
 
     /// Evaluates an expression over `data`.
+    ///
+    /// # Errors
+    ///
+    /// [`FlowError::Expression`] when it does not compile or fails on
+    /// `data`, [`FlowError::RenderLimit`] when it runs out of fuel.
     pub fn eval(&self, expr: &str, data: &Value) -> Result<Value, FlowError> {
-        let err = |e: minijinja::Error| render_error(expr, &e);
-        let v = self
-            .env
-            .compile_expression(expr)
-            .map_err(err)?
-            .eval(json_to_mj(data))
-            .map_err(err)?;
+        let v = self.eval_mj(expr, data)?;
         if v.is_undefined() {
             return Ok(Value::Null);
         }
-        serde_json::to_value(&v).map_err(|e| FlowError::Render {
-            what: expr.to_owned(),
+        serde_json::to_value(&v).map_err(|e| FlowError::Expression {
+            expr: expr.to_owned(),
             message: e.to_string(),
         })
+    }
+
+    fn eval_mj(&self, expr: &str, data: &Value) -> Result<minijinja::Value, FlowError> {
+        let err = |e: minijinja::Error| expr_error(expr, &e);
+        self.env
+            .compile_expression(expr)
+            .map_err(err)?
+            .eval(json_to_mj(data))
+            .map_err(err)
     }
 
     fn holds(&self, c: &Condition, data: &Value) -> Result<bool, FlowError> {
         match c {
             Condition::Fn(f) => Ok(f(data)),
-            Condition::Expr(e) => {
-                let err = |er: minijinja::Error| render_error(e, &er);
-                Ok(self
-                    .env
-                    .compile_expression(e)
-                    .map_err(err)?
-                    .eval(json_to_mj(data))
-                    .map_err(err)?
-                    .is_true())
-            }
+            Condition::Expr(e) => Ok(self.eval_mj(e, data)?.is_true()),
         }
     }
 
     /// A new session in the initial state with the greeting rendered and
     /// recorded as `assistant`/`init`. Enter hooks of the initial state run.
-    pub fn start(&self, session_id: &str, now: Timestamp) -> Result<Fired, FlowError> {
+    ///
+    /// What [`FlowCommand::Start`](super::FlowCommand::Start) decides.
+    ///
+    /// # Errors
+    ///
+    /// A hook or the greeting's template failed.
+    pub(crate) fn start(
+        &self,
+        session_id: &FlowSessionId,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
         let initial = self.def.initial.clone().unwrap_or_default();
         let mut session = FlowSession {
-            session_id: session_id.to_owned(),
+            session_id: session_id.clone(),
             flow: self.def.name.clone(),
             state: initial.clone(),
             model: self
@@ -858,7 +1015,17 @@ impl Flow {
 
     /// A client event. `invocation_id` names the DAG if the target is an
     /// invoker state (the caller supplies ids; the engine draws none).
-    pub fn fire(
+    ///
+    /// What [`FlowCommand::Fire`](super::FlowCommand::Fire) decides.
+    ///
+    /// # Errors
+    ///
+    /// [`FlowError::NotAllowed`] when the event is the engine's
+    /// ([`reason::RESERVED_FOR_ENGINE`]), a DAG runs
+    /// ([`reason::DAG_RUNNING`]) or no transition accepts it (no reason);
+    /// [`FlowError::DialogueFull`]; or what a validator, condition, hook or
+    /// template refused. The session is unchanged.
+    pub(crate) fn fire(
         &self,
         session: &FlowSession,
         dialogue: &[DialogueElement],
@@ -868,14 +1035,18 @@ impl Flow {
         now: Timestamp,
     ) -> Result<Fired, FlowError> {
         if self.reserved_for_engine(&session.state, event) {
-            return Err(FlowError::EventReservedForEngine {
-                event: event.to_owned(),
-            });
+            return Err(FlowError::not_allowed(
+                event.to_owned(),
+                session.state.clone(),
+                Some(reason::RESERVED_FOR_ENGINE),
+            ));
         }
-        if let Some(r) = &session.running {
-            return Err(FlowError::DagRunning {
-                state: r.state.clone(),
-            });
+        if session.running.is_some() {
+            return Err(FlowError::not_allowed(
+                event.to_owned(),
+                session.state.clone(),
+                Some(reason::DAG_RUNNING),
+            ));
         }
         if dialogue.len() >= MAX_DIALOGUE {
             return Err(FlowError::DialogueFull {
@@ -889,7 +1060,14 @@ impl Flow {
     /// result. When no transition accepts it (or a hook fails) the session
     /// stays in the invoker state with a typed error and `retry` offered; it
     /// never re-runs the DAG on its own.
-    pub fn complete(
+    ///
+    /// What [`FlowCommand::Complete`](super::FlowCommand::Complete) decides.
+    ///
+    /// # Errors
+    ///
+    /// [`FlowError::NotAllowed`] with [`reason::STALE_INVOCATION`] when
+    /// `invocation_id` is not the DAG the session waits for.
+    pub(crate) fn complete(
         &self,
         session: &FlowSession,
         dialogue: &[DialogueElement],
@@ -898,7 +1076,7 @@ impl Flow {
         next_invocation_id: &str,
         now: Timestamp,
     ) -> Result<Fired, FlowError> {
-        let running = self.check_running(session, invocation_id)?;
+        let running = Self::check_running(session, invocation_id, "complete")?;
         let mut idle = session.clone();
         idle.running = None;
         let event = self
@@ -921,13 +1099,7 @@ impl Flow {
                     task: "complete".into(),
                     message: e.to_string(),
                 });
-                Ok(Fired {
-                    session: idle,
-                    appended: Vec::new(),
-                    response: None,
-                    dag: None,
-                    transition: None,
-                })
+                Ok(Fired::stays(idle))
             }
         }
     }
@@ -935,7 +1107,14 @@ impl Flow {
     /// Applies a failed DAG: records the error and follows the state's
     /// `on_error` transition if declared (with the message as input), else
     /// stays in the invoker state with `retry` offered.
-    pub fn fail(
+    ///
+    /// What [`FlowCommand::Fail`](super::FlowCommand::Fail) decides.
+    ///
+    /// # Errors
+    ///
+    /// [`FlowError::NotAllowed`] with [`reason::STALE_INVOCATION`] when the
+    /// error's invocation is not the DAG the session waits for.
+    pub(crate) fn fail(
         &self,
         session: &FlowSession,
         dialogue: &[DialogueElement],
@@ -943,56 +1122,50 @@ impl Flow {
         next_invocation_id: &str,
         now: Timestamp,
     ) -> Result<Fired, FlowError> {
-        let running = self.check_running(session, &error.invocation_id)?;
+        let running = Self::check_running(session, &error.invocation_id, "fail")?;
         let mut idle = session.clone();
         idle.running = None;
-        let message = error.message.as_str();
         let has_on_error = self
             .def
             .transitions
             .iter()
             .any(|t| t.from == running.state && t.event == ON_ERROR);
-        let mut fired = if has_on_error {
-            match self.take(
+        let taken = if has_on_error {
+            self.take(
                 &idle,
                 dialogue,
                 ON_ERROR,
-                message,
+                &error.message,
                 next_invocation_id,
                 None,
                 now,
-            ) {
-                Ok(f) => f,
-                Err(_) => Fired {
-                    session: idle,
-                    appended: Vec::new(),
-                    response: None,
-                    dag: None,
-                    transition: None,
-                },
-            }
+            )
+            .ok()
         } else {
-            Fired {
-                session: idle,
-                appended: Vec::new(),
-                response: None,
-                dag: None,
-                transition: None,
-            }
+            None
         };
+        let mut fired = taken.unwrap_or_else(|| Fired::stays(idle));
         fired.session.errors.push(error);
         Ok(fired)
     }
 
     /// Stops the running DAG and returns to the last user state (no hooks
     /// run; nothing is recorded in the dialogue).
-    pub fn cancel(&self, session: &FlowSession) -> Result<FlowSession, FlowError> {
-        let Some(r) = &session.running else {
-            return Err(FlowError::StaleInvocation {
-                invocation_id: String::new(),
-            });
-        };
-        let _ = r;
+    ///
+    /// What [`FlowCommand::Cancel`](super::FlowCommand::Cancel) decides.
+    ///
+    /// # Errors
+    ///
+    /// [`FlowError::NotAllowed`] with [`reason::NOTHING_RUNNING`] when no
+    /// DAG runs.
+    pub(crate) fn cancel(&self, session: &FlowSession) -> Result<FlowSession, FlowError> {
+        if session.running.is_none() {
+            return Err(FlowError::not_allowed(
+                cause::CANCEL,
+                session.state.clone(),
+                Some(reason::NOTHING_RUNNING),
+            ));
+        }
         let mut s = session.clone();
         s.running = None;
         s.state = s.last_user_state.clone();
@@ -1001,25 +1174,33 @@ impl Flow {
 
     /// Runs the current invoker state's DAG again (after a failure or a
     /// rejected result), as a new chain.
-    pub fn retry(
+    ///
+    /// What [`FlowCommand::Retry`](super::FlowCommand::Retry) decides.
+    ///
+    /// # Errors
+    ///
+    /// [`FlowError::NotAllowed`] with [`reason::DAG_RUNNING`] while a DAG
+    /// runs, [`reason::RETRY_NOT_OFFERED`] outside an invoker state.
+    pub(crate) fn retry(
         &self,
         session: &FlowSession,
         dialogue: &[DialogueElement],
         invocation_id: &str,
         now: Timestamp,
     ) -> Result<Fired, FlowError> {
-        if let Some(r) = &session.running {
-            return Err(FlowError::DagRunning {
-                state: r.state.clone(),
-            });
+        let refuse =
+            |reason| FlowError::not_allowed(cause::RETRY, session.state.clone(), Some(reason));
+        if session.running.is_some() {
+            return Err(refuse(reason::DAG_RUNNING));
         }
-        if self.kind(&session.state) != StateKind::Invoker {
-            return Err(FlowError::RetryNotOffered {
-                state: session.state.clone(),
-            });
-        }
+        let Some(state) = self
+            .state(&session.state)
+            .filter(|s| s.kind == StateKind::Invoker)
+        else {
+            return Err(refuse(reason::RETRY_NOT_OFFERED));
+        };
         let mut s = session.clone();
-        let plan = self.plan(&s, dialogue, invocation_id, None, now)?;
+        let plan = self.plan(state, &s, dialogue, invocation_id, None, now);
         s.running = Some(Running {
             invocation_id: plan.invocation_id.clone(),
             chain_id: plan.chain_id.clone(),
@@ -1035,39 +1216,37 @@ impl Flow {
         })
     }
 
-    fn check_running(
-        &self,
-        session: &FlowSession,
+    /// The DAG `session` waits for, if it is `invocation_id`.
+    fn check_running<'s>(
+        session: &'s FlowSession,
         invocation_id: &str,
-    ) -> Result<Running, FlowError> {
+        command: &'static str,
+    ) -> Result<&'s Running, FlowError> {
         match &session.running {
-            Some(r) if r.invocation_id == invocation_id => Ok(r.clone()),
-            _ => Err(FlowError::StaleInvocation {
-                invocation_id: invocation_id.to_owned(),
-            }),
+            Some(r) if r.invocation_id == invocation_id => Ok(r),
+            _ => Err(FlowError::not_allowed(
+                command,
+                session.state.clone(),
+                Some(reason::STALE_INVOCATION),
+            )),
         }
     }
 
     fn plan(
         &self,
+        state: &StateDef,
         s: &FlowSession,
         dialogue: &[DialogueElement],
         invocation_id: &str,
         chain: Option<&str>,
         now: Timestamp,
-    ) -> Result<DagPlan, FlowError> {
-        let state = self
-            .state(&s.state)
-            .ok_or_else(|| FlowError::TransitionNotAllowed {
-                event: String::new(),
-                state: s.state.clone(),
-            })?;
+    ) -> DagPlan {
         let template = state
             .template
             .clone()
             .unwrap_or(TemplateRef::Chain(Vec::new()));
         let invocation = format!("{}-{invocation_id}", state.id);
-        Ok(dag::compile(
+        dag::compile(
             &template,
             &state.invoker,
             invocation.clone(),
@@ -1075,7 +1254,7 @@ impl Flow {
             state.id.clone(),
             state.label.clone().unwrap_or_else(|| state.id.clone()),
             self.render_data(s, dialogue, now),
-        ))
+        )
     }
 
     /// The default dialogue persistence of a transition (the seed's table by
@@ -1105,10 +1284,6 @@ impl Flow {
         chain: Option<&str>,
         now: Timestamp,
     ) -> Result<Fired, FlowError> {
-        let not_allowed = || FlowError::TransitionNotAllowed {
-            event: event.to_owned(),
-            state: session.state.clone(),
-        };
         let mut probe = session.clone();
         probe.actor_input = input.to_owned();
         let mut data = None;
@@ -1151,7 +1326,11 @@ impl Flow {
                 return self.apply(t, session, dialogue, input, invocation_id, chain, now);
             }
         }
-        Err(not_allowed())
+        Err(FlowError::not_allowed(
+            event.to_owned(),
+            session.state.clone(),
+            None,
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1316,8 +1495,12 @@ impl Flow {
         s.running = None;
         let mut all = dialogue.to_vec();
         all.extend(appended.iter().cloned());
-        match tk {
-            StateKind::User => {
+        // `tk` is `Invoker` exactly when the target is a declared invoker state.
+        match self
+            .state(target)
+            .filter(|st| st.kind == StateKind::Invoker)
+        {
+            None => {
                 let rendered = self.render(
                     &self.user_template(target),
                     &self.render_data(&s, &all, now),
@@ -1339,8 +1522,8 @@ impl Flow {
                 }
                 response = Some(rendered);
             }
-            StateKind::Invoker => {
-                let plan = self.plan(&s, &all, invocation_id, chain, now)?;
+            Some(state) => {
+                let plan = self.plan(state, &s, &all, invocation_id, chain, now);
                 s.running = Some(Running {
                     invocation_id: plan.invocation_id.clone(),
                     chain_id: plan.chain_id.clone(),
@@ -1355,7 +1538,11 @@ impl Flow {
             appended,
             response,
             dag,
-            transition: Some((source.to_owned(), target.to_owned(), t.event.clone())),
+            transition: Some(Transition::new(
+                source.to_owned(),
+                target.to_owned(),
+                t.event.clone(),
+            )),
         })
     }
 

@@ -1,17 +1,20 @@
 //! Flows: state machines of user and invoker states with a data model,
 //! declared in Rust or in YAML/JSON files.
 //!
-//! [`Flow`] is a validated flow. Its operations ([`Flow::start`],
-//! [`Flow::fire`], [`Flow::complete`], [`Flow::fail`], [`Flow::retry`],
-//! [`Flow::cancel`]) are pure: they take the session, its dialogue and `now`,
-//! and return the new session, the dialogue elements to append and the task
-//! DAG plan to enqueue, or a typed [`FlowError`] with nothing changed.
+//! [`Flow`] is a validated flow. A session with its dialogue is a
+//! [`FlowRecord`], the flow [`Machine`](crate::Machine): every change is a
+//! [`FlowCommand`] decided with a [`FlowContext`] (the flow and the DAG
+//! runner's options), which either refuses with a typed [`FlowError`] and
+//! changes nothing, or moves the session and reports the transition, the
+//! task-queue DAG to enqueue and the dialogue and progress to write with it.
 //! Templates and expressions are minijinja, rendered from in-memory sources.
 
 pub mod dag;
 pub mod def;
 pub mod dialogue;
 pub mod engine;
+pub mod machine;
+pub mod queue;
 
 pub use dag::{DagPlan, PlanTask, TaskKind};
 pub use def::{
@@ -19,10 +22,15 @@ pub use def::{
 };
 pub use dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
 pub use engine::{
-    Fired, Flow, FlowBuilder, FlowError, FlowSession, HookContext, HookFn, HookPoint, HookScope,
+    Flow, FlowBuilder, FlowError, FlowSession, HookContext, HookFn, HookPoint, HookScope,
     MAX_DIALOGUE, MAX_RENDER_BYTES, ON_COMPLETE, ON_ERROR, RESERVED_EVENTS, Running, TEMPLATE_FUEL,
-    TaskError, ValidatorContext, ValidatorFn,
+    TaskError, ValidatorContext, ValidatorFn, reason,
 };
+pub use machine::{
+    ClientEvent, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord, FlowSessionId,
+    ProgressUpdate, cause,
+};
+pub use queue::{DagJob, RunnerOptions};
 
 #[cfg(test)]
 mod tests;

@@ -6,8 +6,13 @@ use std::sync::{Arc, Mutex};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::engine::Fired;
 use super::*;
-use crate::Timestamp;
+use crate::{MachineError as _, Timestamp};
+
+fn sid(id: &str) -> FlowSessionId {
+    FlowSessionId::parse(id).unwrap()
+}
 
 fn now() -> Timestamp {
     Timestamp::from_micros(1_767_225_600_000_000).unwrap()
@@ -93,7 +98,7 @@ fn recording_flow(log: &Log, internal: bool) -> Flow {
 fn hook_order_is_validators_conditions_before_exit_on_update_enter_after() {
     let log: Log = Arc::default();
     let flow = recording_flow(&log, false);
-    let s = flow.start("s1", now()).unwrap().session;
+    let s = flow.start(&sid("s1"), now()).unwrap().session;
     taken(&log);
     let fired = flow.fire(&s, &[], "go", "hi", "i1", now()).unwrap();
     assert_eq!(fired.session.state, "b");
@@ -139,7 +144,7 @@ fn hooks_see_transition_type_and_actor_already_set() {
         })
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "go", "x", "i1", now()).unwrap();
     flow.complete(&f.session, &[], "i-i1", "done", "i2", now())
         .unwrap();
@@ -164,7 +169,7 @@ fn hooks_see_transition_type_and_actor_already_set() {
 fn internal_self_transition_skips_exit_and_enter() {
     let log: Log = Arc::default();
     let flow = recording_flow(&log, true);
-    let s = flow.start("s1", now()).unwrap().session;
+    let s = flow.start(&sid("s1"), now()).unwrap().session;
     taken(&log);
     let fired = flow.fire(&s, &[], "go", "hi", "i1", now()).unwrap();
     assert_eq!(fired.session.state, "a");
@@ -207,7 +212,7 @@ fn external_self_transition_runs_exit_and_enter() {
         })
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     taken(&log);
     flow.fire(&s, &[], "again", "", "i", now()).unwrap();
     assert_eq!(taken(&log), ["exit", "enter"]);
@@ -234,7 +239,7 @@ fn two_candidates(first_cond: &str) -> Flow {
 #[test]
 fn candidates_are_tried_in_declaration_order() {
     let flow = two_candidates("actor_input == 'b'");
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     assert_eq!(
         flow.fire(&s, &[], "go", "b", "i", now())
             .unwrap()
@@ -263,13 +268,10 @@ fn failed_condition_moves_on_and_unless_blocks() {
         .transition(t)
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     assert_eq!(
         flow.fire(&s, &[], "go", "stop", "i", now()).unwrap_err(),
-        FlowError::TransitionNotAllowed {
-            event: "go".into(),
-            state: "a".into()
-        }
+        FlowError::not_allowed("go", "a", None)
     );
 }
 
@@ -288,7 +290,7 @@ fn validator_error_aborts_without_trying_later_candidates() {
         .on("go", "a", "c")
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     assert_eq!(
         flow.fire(&s, &[], "go", "  ", "i", now()).unwrap_err(),
         FlowError::Validator {
@@ -301,7 +303,7 @@ fn validator_error_aborts_without_trying_later_candidates() {
 #[test]
 fn transition_not_allowed_for_unknown_event() {
     let flow = two_candidates("true");
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let e = flow.fire(&s, &[], "nope", "", "i", now()).unwrap_err();
     assert_eq!(e.to_string(), "event `nope` is not allowed in state `a`");
 }
@@ -319,7 +321,7 @@ fn a_hook_error_aborts_with_nothing_changed() {
         })
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     assert_eq!(
         flow.fire(&s, &[], "go", "x", "i", now()).unwrap_err(),
         FlowError::Hook {
@@ -359,7 +361,7 @@ fn texts(f: &Fired) -> Vec<(Actor, Option<String>)> {
 #[test]
 fn persistence_default_user_to_user_records_raw_input_and_rendered_target() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow
         .fire(&s, &[], "user_input", "hello", "x", now())
         .unwrap();
@@ -376,7 +378,7 @@ fn persistence_default_user_to_user_records_raw_input_and_rendered_target() {
 #[test]
 fn persistence_default_user_to_invoker_records_raw_input_and_plans_the_dag() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "question", "x", now()).unwrap();
     assert_eq!(texts(&f), [(Actor::User, Some("question".into()))]);
     assert!(f.dag.is_some());
@@ -387,7 +389,7 @@ fn persistence_default_user_to_invoker_records_raw_input_and_plans_the_dag() {
 #[test]
 fn persistence_default_invoker_to_invoker_records_nothing_and_invoker_to_user_renders() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
     let hop = flow
         .complete(&f.session, &[], "i-x", "r1", "y", now())
@@ -408,7 +410,7 @@ fn persistence_default_invoker_to_invoker_records_nothing_and_invoker_to_user_re
 #[test]
 fn persistence_default_file_upload_records_the_event_only() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let v = flow
         .fire(&s, &[], "user_input", "x", "x", now())
         .unwrap()
@@ -432,7 +434,7 @@ fn persistence_override_on_a_transition_applies_to_that_transition_only() {
         .on("user_input", "v", "u")
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow
         .fire(&s, &[], "user_input", "secret", "x", now())
         .unwrap();
@@ -469,7 +471,7 @@ fn persistence_override_set_by_a_hook_is_not_sticky() {
         })
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "user_input", "in", "x", now()).unwrap();
     assert_eq!(
         texts(&f),
@@ -493,26 +495,24 @@ fn persistence_override_set_by_a_hook_is_not_sticky() {
 #[test]
 fn completion_event_is_reserved_for_the_engine() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
     assert_eq!(
         flow.fire(&f.session, &[], "advance", "fake", "y", now())
             .unwrap_err(),
-        FlowError::EventReservedForEngine {
-            event: "advance".into()
-        }
+        FlowError::not_allowed("advance", "i", Some(reason::RESERVED_FOR_ENGINE))
     );
 }
 
 #[test]
 fn events_while_a_dag_runs_are_refused() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
     assert_eq!(
         flow.fire(&f.session, &[], "user_input", "q", "y", now())
             .unwrap_err(),
-        FlowError::DagRunning { state: "i".into() }
+        FlowError::not_allowed("user_input", "i", Some(reason::DAG_RUNNING))
     );
 }
 
@@ -529,7 +529,7 @@ fn a_result_no_transition_accepts_records_an_error_and_offers_retry() {
         .transition(only_yes)
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
     let done = flow
         .complete(&f.session, &[], "i-x", "no", "y", now())
@@ -566,7 +566,7 @@ fn a_failed_dag_follows_on_error_when_declared() {
         .on("again", "oops", "u")
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
     let failed = flow
         .fail(&f.session, &[], err("i-x", "timed out"), "y", now())
@@ -584,7 +584,7 @@ fn a_failed_dag_follows_on_error_when_declared() {
 #[test]
 fn cancel_returns_to_the_last_user_state() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
     let c = flow.cancel(&f.session).unwrap();
     assert_eq!(c.state, "u");
@@ -723,7 +723,7 @@ fn extraction_templates_produce_the_parsed_result_the_condition_routes_on() {
         json!(["engines", "poetry"])
     );
     let result = dag::combine(&["contact".into(), "topics".into()], &[contact, topics]);
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow
         .fire(
             &s,
@@ -795,7 +795,7 @@ proptest! {
         steps in prop::collection::vec((0usize..6, prop::sample::select(vec!["x", "y", ""])), 0..25),
     ) {
         let flow = small_flow(&kinds, &edges);
-        let mut s = flow.start("s", now()).unwrap().session;
+        let mut s = flow.start(&sid("s"), now()).unwrap().session;
         let mut dialogue = Vec::new();
         for (n, (choice, input)) in steps.into_iter().enumerate() {
             let before = dialogue.len();
@@ -832,14 +832,14 @@ fn invoker_completion_fires_the_first_declared_event() {
         .build()
         .unwrap();
     assert_eq!(flow.completion_event("i"), Some("first"));
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap();
     let done = flow
         .complete(&f.session, &[], "i-x", "r", "y", now())
         .unwrap();
     assert_eq!(
         done.transition,
-        Some(("i".into(), "u".into(), "first".into()))
+        Some(crate::Transition::new("i", "u", "first"))
     );
 }
 
@@ -872,7 +872,7 @@ fn next_actions_follow_declaration_order_and_are_not_filtered_by_conditions() {
         .on("zeta", "a", "a")
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     assert_eq!(flow.next_actions(&s), ["zeta", "alpha"]);
     let b = flow.fire(&s, &[], "alpha", "", "x", now()).unwrap().session;
     assert!(
@@ -889,7 +889,7 @@ fn render_data_holds_model_fields_input_state_time_and_chat_history() {
         .field("topic", json!("rust"))
         .build()
         .unwrap();
-    let mut s = flow.start("s1", now()).unwrap().session;
+    let mut s = flow.start(&sid("s1"), now()).unwrap().session;
     s.actor_input = "{\"k\": [1]}".into();
     let dialogue = [DialogueElement {
         actor: Actor::User,
@@ -929,7 +929,7 @@ fn map_over_list_plans_one_task_before_expansion() {
         .on("advance", "i", "u")
         .build()
         .unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let plan = flow
         .fire(&s, &[], "go", "", "x", now())
         .unwrap()
@@ -942,29 +942,27 @@ fn map_over_list_plans_one_task_before_expansion() {
 #[test]
 fn retry_is_refused_outside_an_idle_invoker_state() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     assert_eq!(
         flow.retry(&s, &[], "x", now()).unwrap_err(),
-        FlowError::RetryNotOffered { state: "u".into() }
+        FlowError::not_allowed("retry", "u", Some(reason::RETRY_NOT_OFFERED))
     );
     let running = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap().session;
     assert_eq!(
         flow.retry(&running, &[], "y", now()).unwrap_err(),
-        FlowError::DagRunning { state: "i".into() }
+        FlowError::not_allowed("retry", "i", Some(reason::DAG_RUNNING))
     );
 }
 
 #[test]
 fn a_stale_invocation_is_refused() {
     let flow = uiu();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let running = flow.fire(&s, &[], "ask", "q", "x", now()).unwrap().session;
     assert_eq!(
         flow.complete(&running, &[], "i-other", "r", "y", now())
             .unwrap_err(),
-        FlowError::StaleInvocation {
-            invocation_id: "i-other".into()
-        }
+        FlowError::not_allowed("complete", "i", Some(reason::STALE_INVOCATION))
     );
 }
 
@@ -980,7 +978,7 @@ fn a_template_that_fails_to_render_is_a_render_error() {
         .unwrap();
     // Filters are looked up when rendering, so this fails on the transition,
     // which then changes nothing.
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     assert!(matches!(
         flow.fire(&s, &[], "go", "", "x", now()),
         Err(FlowError::Render { what, .. }) if what == "b.j2"
@@ -1004,7 +1002,7 @@ fn a_json_flow_file_loads_like_yaml() {
     }"#;
     let templates = BTreeMap::from([("a.j2".to_owned(), "a".to_owned())]);
     let flow = Flow::from_file_text(text, templates).unwrap();
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let f = flow.fire(&s, &[], "go", "x", "1", now()).unwrap();
     assert_eq!(f.appended[0].actor_text, None);
     // map of (1) and (chain of 2 + 1 glue), + combine + completion
@@ -1031,7 +1029,7 @@ fn a_template_that_never_ends_runs_out_of_fuel() {
     let flow = two_states(
         "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}{% endfor %}{% endfor %}",
     );
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let e = flow.fire(&s, &[], "go", "", "x", now()).unwrap_err();
     assert!(
         matches!(&e, FlowError::RenderLimit { what, limit } if what == "b.j2" && limit.contains("instructions")),
@@ -1042,7 +1040,7 @@ fn a_template_that_never_ends_runs_out_of_fuel() {
 #[test]
 fn a_template_writing_too_much_is_stopped_at_the_output_limit() {
     let flow = two_states("{% for a in range(3000) %}{{ '0123456789' * 50 }}{% endfor %}");
-    let s = flow.start("s", now()).unwrap().session;
+    let s = flow.start(&sid("s"), now()).unwrap().session;
     let e = flow.fire(&s, &[], "go", "", "x", now()).unwrap_err();
     assert!(
         matches!(&e, FlowError::RenderLimit { what, limit } if what == "b.j2" && limit == &format!("{MAX_RENDER_BYTES} bytes of output")),
@@ -1050,7 +1048,7 @@ fn a_template_writing_too_much_is_stopped_at_the_output_limit() {
     );
     // Just under the limit renders.
     let ok = two_states("{% for a in range(2000) %}{{ '0123456789' * 50 }}{% endfor %}");
-    let s = ok.start("s", now()).unwrap().session;
+    let s = ok.start(&sid("s"), now()).unwrap().session;
     let f = ok.fire(&s, &[], "go", "", "x", now()).unwrap();
     assert_eq!(f.response.unwrap().len(), 1_000_000);
 }
@@ -1058,7 +1056,7 @@ fn a_template_writing_too_much_is_stopped_at_the_output_limit() {
 #[test]
 fn a_full_dialogue_takes_no_more_user_events() {
     let flow = two_states("b");
-    let started = flow.start("s", now()).unwrap();
+    let started = flow.start(&sid("s"), now()).unwrap();
     let element = started.appended[0].clone();
     let full = vec![element; MAX_DIALOGUE];
     let e = flow
@@ -1069,4 +1067,25 @@ fn a_full_dialogue_takes_no_more_user_events() {
         flow.fire(&started.session, &full[1..], "go", "", "x", now())
             .is_ok()
     );
+}
+
+#[test]
+fn a_condition_failing_on_its_data_is_an_invalid_expression_not_an_internal_error() {
+    let mut go = TransitionDef::new("go", "a", "b");
+    go.cond = vec![Condition::Expr("actor_input + 1 > 0".into())];
+    let flow = FlowBuilder::new("t")
+        .template("a.j2", "a")
+        .template("b.j2", "b")
+        .user_state("a", "a.j2")
+        .user_state("b", "b.j2")
+        .transition(go)
+        .build()
+        .unwrap();
+    let s = flow.start(&sid("s"), now()).unwrap().session;
+    let e = flow.fire(&s, &[], "go", "text", "x", now()).unwrap_err();
+    assert!(
+        matches!(&e, FlowError::Expression { expr, .. } if expr == "actor_input + 1 > 0"),
+        "{e:?}"
+    );
+    assert_eq!(e.class(), crate::ErrorClass::Invalid);
 }

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::session::state::{
     AssistState, DEFAULT_COOLDOWN_PERIOD_S, DEFAULT_INTERACTION_TIMEOUT_S, ProactiveState,
-    ReactiveState, SessionId, SessionState, ThinkingState,
+    ReactiveState, SessionId, SessionState, TextSlot, ThinkingState,
 };
 use crate::{ProductId, Timestamp};
 
@@ -458,7 +458,7 @@ impl SessionState {
             interaction_timeout_s,
             cooldown_period_s,
             visual_guidance_active,
-            active_tour_id,
+            active_tour_id: TextSlot::from_option(active_tour_id),
             conversation_linked,
             conversation_id,
             thinking,

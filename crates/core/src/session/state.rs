@@ -3,14 +3,21 @@
 //! A [`SessionState`] is one live session's mode (`thinking`,
 //! `proactive_assistance`, `reactive_assistance`) with its interaction clock,
 //! cooldown and conversation link. Every operation takes `now`; none reads a
-//! clock, and none allocates unless it stores a new id.
+//! clock, and none allocates unless it stores an id longer than any it held
+//! before.
+//!
+//! The operations here are the seed's, one by one (the conformance replays
+//! call them so). A service changes a session through
+//! [`Machine::decide`](crate::Machine::decide) alone, which ticks before every
+//! event (see `machine.rs`).
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::outcome::Transition;
+use crate::machine::{ErrorClass, MachineError, NotAllowed};
+use crate::outcome::StateChange;
 use crate::session::tours::TourCatalog;
 use crate::{ProductId, Timestamp};
 
@@ -226,7 +233,7 @@ pub enum CooldownChange {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct SessionOutcome {
     /// The state change, if any.
-    pub transition: Option<Transition<AssistState>>,
+    pub transition: Option<StateChange<AssistState>>,
     /// What happened to the cooldown.
     pub cooldown: CooldownChange,
     /// Set when the operation deliberately changed nothing, with why
@@ -244,7 +251,7 @@ impl SessionOutcome {
 
     fn transition(from: AssistState, to: AssistState, cause: &'static str) -> Self {
         Self {
-            transition: Some(Transition { from, to, cause }),
+            transition: Some(StateChange { from, to, cause }),
             ..Self::default()
         }
     }
@@ -258,14 +265,10 @@ impl SessionOutcome {
 /// Why an operation was refused (the session is unchanged).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SessionError {
-    /// The command is not allowed in the current state.
-    #[error("cannot {command} from state {from}")]
-    InvalidTransition {
-        /// The state the session is in.
-        from: AssistState,
-        /// The refused command.
-        command: &'static str,
-    },
+    /// The command is not allowed in the current state: a proactive offer
+    /// or opening the chat outside `thinking`.
+    #[error(transparent)]
+    NotAllowed(#[from] NotAllowed),
     /// A timeout or period that is negative, NaN or infinite.
     #[error("{field} must be a finite number of seconds, at least 0 (got {value})")]
     InvalidSeconds {
@@ -279,12 +282,88 @@ pub enum SessionError {
     EmptyConversationId,
 }
 
+impl SessionError {
+    /// `command` is not allowed in `state`.
+    pub(crate) fn refused(command: &'static str, state: AssistState) -> Self {
+        SessionError::NotAllowed(NotAllowed::new(command, state.as_str()))
+    }
+}
+
+impl MachineError for SessionError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            SessionError::NotAllowed(_) => ErrorClass::NotAllowed,
+            SessionError::InvalidSeconds { .. } | SessionError::EmptyConversationId => {
+                ErrorClass::Invalid
+            }
+        }
+    }
+
+    fn not_allowed(&self) -> Option<&NotAllowed> {
+        match self {
+            SessionError::NotAllowed(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        match self {
+            SessionError::NotAllowed(_) => None,
+            SessionError::InvalidSeconds { field, .. } => Some(field),
+            SessionError::EmptyConversationId => Some("conversation_id"),
+        }
+    }
+}
+
 /// Checks a timeout or period: finite and not negative.
 pub(crate) fn check_seconds(field: &'static str, value: f64) -> Result<f64, SessionError> {
     if value.is_finite() && value >= 0.0 {
         Ok(value)
     } else {
         Err(SessionError::InvalidSeconds { field, value })
+    }
+}
+
+/// An optional string that keeps its buffer while unset, so setting it again
+/// does not allocate (a tour id, set and cleared as tours start and end).
+#[derive(Clone, Default)]
+pub(crate) struct TextSlot {
+    text: String,
+    set: bool,
+}
+
+impl TextSlot {
+    pub(crate) fn from_option(value: Option<String>) -> Self {
+        match value {
+            Some(text) => Self { text, set: true },
+            None => Self::default(),
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<&str> {
+        self.set.then_some(self.text.as_str())
+    }
+
+    fn set(&mut self, value: &str) {
+        self.text.clear();
+        self.text.push_str(value);
+        self.set = true;
+    }
+
+    fn clear(&mut self) {
+        self.set = false;
+    }
+}
+
+impl PartialEq for TextSlot {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl fmt::Debug for TextSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.get().fmt(f)
     }
 }
 
@@ -299,7 +378,7 @@ pub struct SessionState {
     pub(crate) interaction_timeout_s: f64,
     pub(crate) cooldown_period_s: f64,
     pub(crate) visual_guidance_active: bool,
-    pub(crate) active_tour_id: Option<String>,
+    pub(crate) active_tour_id: TextSlot,
     pub(crate) conversation_linked: bool,
     pub(crate) conversation_id: Option<String>,
     pub(crate) thinking: ThinkingState,
@@ -331,7 +410,7 @@ impl SessionState {
             interaction_timeout_s: DEFAULT_INTERACTION_TIMEOUT_S,
             cooldown_period_s: DEFAULT_COOLDOWN_PERIOD_S,
             visual_guidance_active: false,
-            active_tour_id: None,
+            active_tour_id: TextSlot::default(),
             conversation_linked: false,
             conversation_id: None,
             thinking: ThinkingState::default(),
@@ -397,7 +476,7 @@ impl SessionState {
     }
     /// The running tour's provider flow id.
     pub fn active_tour_id(&self) -> Option<&str> {
-        self.active_tour_id.as_deref()
+        self.active_tour_id.get()
     }
     /// True once a conversation is linked.
     pub fn conversation_linked(&self) -> bool {
@@ -425,7 +504,7 @@ impl SessionState {
     pub fn resolved_settings(&self, tours: &TourCatalog) -> (f64, f64) {
         let tour = self
             .active_tour_id
-            .as_deref()
+            .get()
             .and_then(|id| tours.get_by_user_tour_id(id));
         match tour {
             Some(t) => (
@@ -489,6 +568,23 @@ impl SessionState {
 
     // ---- operations ----------------------------------------------------
 
+    /// The state a tick at `now` would leave: `thinking` once the timeout in
+    /// force has passed in an active state, else the current one. A pure
+    /// read, so a command can be refused before anything changes.
+    pub(crate) fn state_after_tick(&self, now: Timestamp, tours: &TourCatalog) -> AssistState {
+        match self.current_state {
+            AssistState::Thinking => AssistState::Thinking,
+            _ if self.timed_out(now, self.resolved_settings(tours).0) => AssistState::Thinking,
+            active => active,
+        }
+    }
+
+    /// True when `now - last_interaction_at` is strictly greater than
+    /// `timeout`.
+    fn timed_out(&self, now: Timestamp, timeout: f64) -> bool {
+        now.seconds_since(self.last_interaction_at) > timeout
+    }
+
     /// Evaluates the timers: the only exit from the active states.
     ///
     /// In `proactive_assistance` or `reactive_assistance`, when
@@ -511,10 +607,10 @@ impl SessionState {
             }
             from @ (AssistState::Proactive | AssistState::Reactive) => {
                 let (timeout, cooldown) = self.resolved_settings(tours);
-                if now.seconds_since(self.last_interaction_at) > timeout {
+                if self.timed_out(now, timeout) {
                     self.current_state = AssistState::Thinking;
                     self.visual_guidance_active = false;
-                    self.active_tour_id = None;
+                    self.active_tour_id.clear();
                     self.thinking.start_cooldown(now, Some(cooldown));
                     let mut out = SessionOutcome::transition(from, AssistState::Thinking, "tick");
                     out.cooldown = CooldownChange::Started;
@@ -538,7 +634,7 @@ impl SessionState {
     ///
     /// # Errors
     ///
-    /// [`SessionError::InvalidTransition`] outside `thinking`.
+    /// [`SessionError::NotAllowed`] outside `thinking`.
     pub fn transition_to_proactive(
         &mut self,
         trigger_id: &str,
@@ -546,14 +642,21 @@ impl SessionState {
     ) -> Result<SessionOutcome, SessionError> {
         let _ = trigger_id; // recorded by the caller, not by the state
         if self.current_state != AssistState::Thinking {
-            return Err(SessionError::InvalidTransition {
-                from: self.current_state,
-                command: "transition_to_proactive",
-            });
+            return Err(SessionError::refused(
+                "transition_to_proactive",
+                self.current_state,
+            ));
         }
+        Ok(self.enter_proactive(now))
+    }
+
+    /// [`Self::transition_to_proactive`] once the state is known to be
+    /// `thinking`.
+    pub(crate) fn enter_proactive(&mut self, now: Timestamp) -> SessionOutcome {
+        debug_assert_eq!(self.current_state, AssistState::Thinking);
         let flushed = self.thinking.tick(now, self.cooldown_period_s);
         if self.thinking.cooldown_active {
-            return Ok(SessionOutcome::ignored("v2_cooldown_active"));
+            return SessionOutcome::ignored("v2_cooldown_active");
         }
         self.last_interaction_at = now;
         self.current_state = AssistState::Proactive;
@@ -566,7 +669,7 @@ impl SessionState {
         if flushed {
             out.cooldown = CooldownChange::Cleared;
         }
-        Ok(out)
+        out
     }
 
     /// The user opened the chat: from `thinking` only, always allowed there;
@@ -574,17 +677,24 @@ impl SessionState {
     ///
     /// # Errors
     ///
-    /// [`SessionError::InvalidTransition`] outside `thinking`.
+    /// [`SessionError::NotAllowed`] outside `thinking`.
     pub fn transition_to_reactive(
         &mut self,
         now: Timestamp,
     ) -> Result<SessionOutcome, SessionError> {
         if self.current_state != AssistState::Thinking {
-            return Err(SessionError::InvalidTransition {
-                from: self.current_state,
-                command: "transition_to_reactive",
-            });
+            return Err(SessionError::refused(
+                "transition_to_reactive",
+                self.current_state,
+            ));
         }
+        Ok(self.enter_reactive(now))
+    }
+
+    /// [`Self::transition_to_reactive`] once the state is known to be
+    /// `thinking`.
+    pub(crate) fn enter_reactive(&mut self, now: Timestamp) -> SessionOutcome {
+        debug_assert_eq!(self.current_state, AssistState::Thinking);
         let had_cooldown = self.thinking.cooldown_active;
         self.last_interaction_at = now;
         self.current_state = AssistState::Reactive;
@@ -598,7 +708,7 @@ impl SessionState {
         if had_cooldown {
             out.cooldown = CooldownChange::Cleared;
         }
-        Ok(out)
+        out
     }
 
     /// Any chatbot or visual-guidance activity: resets the session clock only.
@@ -661,13 +771,13 @@ impl SessionState {
         if active {
             self.visual_guidance_active = true;
             match tour_id {
-                Some(id) => set_string(&mut self.active_tour_id, id),
-                None => self.active_tour_id = None,
+                Some(id) => self.active_tour_id.set(id),
+                None => self.active_tour_id.clear(),
             }
             self.last_interaction_at = now;
         } else {
             self.visual_guidance_active = false;
-            self.active_tour_id = None;
+            self.active_tour_id.clear();
         }
         SessionOutcome::default()
     }
@@ -686,6 +796,15 @@ impl SessionState {
         if conversation_id.is_empty() {
             return Err(SessionError::EmptyConversationId);
         }
+        Ok(self.link_conversation(event, conversation_id))
+    }
+
+    /// [`Self::on_conversation_linked`] once the id is known not to be empty.
+    pub(crate) fn link_conversation(
+        &mut self,
+        event: ConversationEvent,
+        conversation_id: &str,
+    ) -> SessionOutcome {
         let link = match event {
             ConversationEvent::New => true,
             ConversationEvent::ReplyExisting => !self.conversation_linked,
@@ -694,6 +813,6 @@ impl SessionState {
             self.conversation_linked = true;
             set_string(&mut self.conversation_id, conversation_id);
         }
-        Ok(SessionOutcome::default())
+        SessionOutcome::default()
     }
 }

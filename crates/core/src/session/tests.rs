@@ -4,7 +4,10 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::{ProductId, Timestamp};
+use crate::{
+    Command, Decision, EntityKey, EntityKind, ErrorClass, Machine, MachineError, NotAllowed,
+    ProductId, Timestamp,
+};
 
 fn t0() -> Timestamp {
     Timestamp::from_secs(1_767_225_600).unwrap()
@@ -154,14 +157,14 @@ fn active_states_never_connect_directly() {
     let before = s.clone();
     assert_eq!(
         s.transition_to_reactive(at(1.0)),
-        Err(SessionError::InvalidTransition {
-            from: AssistState::Proactive,
-            command: "transition_to_reactive"
-        })
+        Err(SessionError::NotAllowed(NotAllowed::new(
+            "transition_to_reactive",
+            "proactive_assistance"
+        )))
     );
     assert!(matches!(
         s.transition_to_proactive("x", at(1.0)),
-        Err(SessionError::InvalidTransition { .. })
+        Err(SessionError::NotAllowed(_))
     ));
     assert_eq!(s, before, "a refused command changes nothing");
     let mut r = session();
@@ -504,6 +507,446 @@ fn catalog_rejects_wrong_types_with_paths() {
     );
 }
 
+// ---- the machine protocol ---------------------------------------------------
+
+/// Decides `command` on `s` at `secs`, with the empty catalog.
+fn decide(
+    s: &mut SessionState,
+    command: impl Into<SessionCommand>,
+    secs: f64,
+) -> Result<Decision<SessionState>, SessionError> {
+    s.decide(&none(), &command.into(), at(secs))
+}
+
+/// A decision's audit lines as `(from, to, cause, detail)`.
+fn audit(d: &Decision<SessionState>) -> Vec<(&str, &str, &str, serde_json::Value)> {
+    d.transitions
+        .iter()
+        .map(|t| {
+            (
+                t.from.as_deref().unwrap_or("[*]"),
+                t.to.as_ref(),
+                t.cause.as_ref(),
+                t.detail.clone(),
+            )
+        })
+        .collect()
+}
+
+fn trigger(id: &str) -> SessionEvent {
+    SessionEvent::ProactiveTrigger {
+        trigger_id: id.to_owned(),
+    }
+}
+
+fn link(event: ConversationEvent, id: &str) -> SessionEvent {
+    SessionEvent::ConversationLinked {
+        event,
+        conversation_id: id.to_owned(),
+    }
+}
+
+fn guidance(active: bool, tour_id: Option<&str>) -> SessionEvent {
+    SessionEvent::VisualGuidance {
+        active,
+        tour_id: tour_id.map(str::to_owned),
+    }
+}
+
+/// Checks that `command` at `secs` is refused with `expected` and leaves the
+/// session exactly as it was.
+fn check_refused(
+    mut s: SessionState,
+    command: impl Into<SessionCommand>,
+    secs: f64,
+    expected: SessionError,
+) {
+    let before = s.clone();
+    assert_eq!(decide(&mut s, command, secs), Err(expected));
+    assert_eq!(s, before, "a refused command changes nothing");
+}
+
+#[test]
+fn a_tick_that_times_out_is_audited_as_tick() {
+    let mut s = proactive();
+    let d = decide(&mut s, SessionCommand::Tick, 21.0).unwrap();
+    assert_eq!(
+        audit(&d),
+        [(
+            "proactive_assistance",
+            "thinking",
+            "tick",
+            json!({"event": "tick"})
+        )]
+    );
+    assert!(d.changed);
+    assert_eq!(d.next_deadline, Some(at(81.0)));
+    assert!(d.tasks.is_empty());
+    let report = SessionReport::of(&d);
+    assert_eq!(report.tick.cooldown, CooldownChange::Started);
+    assert_eq!(report.result, SessionOutcome::default());
+}
+
+#[test]
+fn a_tick_that_only_refreshes_elapsed_times_stores_nothing() {
+    let mut s = proactive();
+    let d = decide(&mut s, SessionCommand::Tick, 5.0).unwrap();
+    assert!(!d.changed && d.transitions.is_empty() && d.effects.is_empty());
+    assert_eq!(d.next_deadline, Some(at(20.0)));
+    assert_eq!(s.proactive().time_since_last_interaction_s, 5.0);
+    assert_eq!(SessionReport::of(&d), SessionReport::default());
+}
+
+#[test]
+fn a_tick_that_ends_a_cooldown_is_stored_without_a_transition() {
+    let mut s = proactive();
+    decide(&mut s, SessionCommand::Tick, 21.0).unwrap();
+    let d = decide(&mut s, SessionCommand::Tick, 81.0).unwrap();
+    assert!(d.changed);
+    assert!(d.transitions.is_empty());
+    assert_eq!(d.next_deadline, None);
+    assert_eq!(SessionReport::of(&d).tick.cooldown, CooldownChange::Cleared);
+}
+
+#[test]
+fn a_sweep_is_audited_as_sweep_and_always_stored() {
+    let mut s = proactive();
+    let d = decide(&mut s, SessionCommand::Sweep, 21.0).unwrap();
+    assert_eq!(
+        audit(&d),
+        [(
+            "proactive_assistance",
+            "thinking",
+            "tick",
+            json!({"event": "sweep"})
+        )]
+    );
+    assert!(d.changed);
+    // At the deadline itself the timeout does not fire yet; the claimed
+    // session is still written back, with its deadline.
+    let mut s = proactive();
+    let d = decide(&mut s, SessionCommand::Sweep, 20.0).unwrap();
+    assert!(d.changed && d.transitions.is_empty());
+    assert_eq!(d.next_deadline, Some(at(20.0)));
+}
+
+#[test]
+fn a_proactive_trigger_from_thinking_is_audited_with_its_trigger() {
+    let mut s = session();
+    let d = decide(&mut s, trigger("t-1"), 1.0).unwrap();
+    assert_eq!(
+        audit(&d),
+        [(
+            "thinking",
+            "proactive_assistance",
+            "transition_to_proactive",
+            json!({"event": "proactive_trigger", "trigger_id": "t-1"})
+        )]
+    );
+    assert!(d.changed);
+    assert_eq!(s.current_state(), AssistState::Proactive);
+    assert_eq!(d.next_deadline, Some(at(21.0)));
+    assert!(SessionReport::of(&d).result.changed_state());
+}
+
+#[test]
+fn a_proactive_trigger_during_a_cooldown_is_ignored_and_stores_nothing() {
+    let mut s = proactive();
+    decide(&mut s, SessionCommand::Tick, 21.0).unwrap();
+    let before = s.clone();
+    let d = decide(&mut s, trigger("t-2"), 30.0).unwrap();
+    assert!(!d.changed);
+    assert!(d.transitions.is_empty());
+    assert_eq!(
+        SessionReport::of(&d).result.ignored,
+        Some("v2_cooldown_active")
+    );
+    assert_eq!(s, before);
+}
+
+#[test]
+fn an_event_after_a_timeout_follows_the_tick_in_one_decision() {
+    // The tick times out and starts a cooldown; the trigger is then ignored,
+    // but the tick is stored.
+    let mut s = proactive();
+    let d = decide(&mut s, trigger("t-3"), 21.0).unwrap();
+    assert!(d.changed);
+    assert_eq!(audit(&d).len(), 1);
+    let report = SessionReport::of(&d);
+    assert_eq!(report.tick.cooldown, CooldownChange::Started);
+    assert_eq!(report.result.ignored, Some("v2_cooldown_active"));
+
+    // Opening the chat after a timeout: two transitions, oldest first.
+    let mut s = proactive();
+    let d = decide(&mut s, SessionEvent::OpenChat, 21.0).unwrap();
+    assert_eq!(
+        audit(&d),
+        [
+            (
+                "proactive_assistance",
+                "thinking",
+                "tick",
+                json!({"event": "tick"})
+            ),
+            (
+                "thinking",
+                "reactive_assistance",
+                "transition_to_reactive",
+                json!({"event": "open_chat"})
+            ),
+        ]
+    );
+    assert_eq!(s.current_state(), AssistState::Reactive);
+    assert_eq!(
+        SessionReport::of(&d).result.cooldown,
+        CooldownChange::Cleared
+    );
+}
+
+#[test]
+fn open_chat_from_thinking_is_audited() {
+    let mut s = session();
+    let d = decide(&mut s, SessionEvent::OpenChat, 2.0).unwrap();
+    assert_eq!(
+        audit(&d),
+        [(
+            "thinking",
+            "reactive_assistance",
+            "transition_to_reactive",
+            json!({"event": "open_chat"})
+        )]
+    );
+    assert_eq!(d.next_deadline, Some(at(22.0)));
+}
+
+#[test]
+fn refused_commands_leave_the_session_exactly_as_it_was() {
+    // 5 s in: the tick before the event would refresh the elapsed time, yet
+    // a refusal must not.
+    let not_allowed = |command, state| SessionError::NotAllowed(NotAllowed::new(command, state));
+    check_refused(
+        proactive(),
+        trigger("again"),
+        5.0,
+        not_allowed("proactive_trigger", "proactive_assistance"),
+    );
+    check_refused(
+        proactive(),
+        SessionEvent::OpenChat,
+        5.0,
+        not_allowed("open_chat", "proactive_assistance"),
+    );
+    let mut reactive = session();
+    reactive.transition_to_reactive(t0()).unwrap();
+    check_refused(
+        reactive.clone(),
+        trigger("again"),
+        5.0,
+        not_allowed("proactive_trigger", "reactive_assistance"),
+    );
+    check_refused(
+        reactive,
+        SessionEvent::OpenChat,
+        5.0,
+        not_allowed("open_chat", "reactive_assistance"),
+    );
+    // An empty conversation id is refused before the tick, even when the
+    // tick would time the session out.
+    check_refused(
+        proactive(),
+        link(ConversationEvent::New, ""),
+        30.0,
+        SessionError::EmptyConversationId,
+    );
+}
+
+#[test]
+fn interactions_reset_the_clocks_and_are_stored_without_a_transition() {
+    for event in [
+        SessionEvent::UserMessage,
+        SessionEvent::Reaction,
+        SessionEvent::TourStep,
+        SessionEvent::OptionClick,
+    ] {
+        let mut s = proactive();
+        let d = decide(&mut s, event.clone(), 5.0).unwrap();
+        assert!(d.changed, "{event:?}");
+        assert!(
+            d.transitions.is_empty() && d.effects.is_empty(),
+            "{event:?}"
+        );
+        assert_eq!(s.last_interaction_at(), at(5.0));
+        assert_eq!(s.proactive().last_message_at, at(5.0));
+        assert_eq!(d.next_deadline, Some(at(25.0)));
+    }
+    let mut s = proactive();
+    decide(&mut s, SessionEvent::OptionClick, 5.0).unwrap();
+    assert!(s.proactive().user_clicked_option);
+}
+
+#[test]
+fn visual_guidance_is_ignored_in_thinking_and_stored_elsewhere() {
+    let mut s = session();
+    let before = s.clone();
+    let d = decide(&mut s, guidance(true, Some("flow_0")), 1.0).unwrap();
+    assert!(!d.changed);
+    assert_eq!(
+        SessionReport::of(&d).result.ignored,
+        Some("v2_state_thinking")
+    );
+    assert_eq!(s, before);
+
+    let mut s = proactive();
+    let d = s
+        .decide(&catalog(), &guidance(true, Some("flow_0")).into(), at(1.0))
+        .unwrap();
+    assert!(d.changed && d.transitions.is_empty());
+    assert_eq!(s.active_tour_id(), Some("flow_0"));
+    assert_eq!(d.next_deadline, Some(at(41.0)), "the tour's timeout");
+    let d = decide(&mut s, guidance(false, None), 2.0).unwrap();
+    assert!(d.changed);
+    assert_eq!(s.active_tour_id(), None);
+}
+
+#[test]
+fn conversation_links_are_stored_without_a_transition() {
+    let mut s = session();
+    let d = decide(&mut s, link(ConversationEvent::ReplyExisting, "c-1"), 1.0).unwrap();
+    assert!(d.changed && d.transitions.is_empty() && d.effects.is_empty());
+    assert_eq!(s.conversation_id(), Some("c-1"));
+    decide(&mut s, link(ConversationEvent::ReplyExisting, "c-2"), 2.0).unwrap();
+    assert_eq!(s.conversation_id(), Some("c-1"));
+    decide(&mut s, link(ConversationEvent::New, "c-3"), 3.0).unwrap();
+    assert_eq!(s.conversation_id(), Some("c-3"));
+}
+
+#[test]
+fn only_create_creates_a_session() {
+    let key = SessionKey::new(
+        ProductId::parse("acme").unwrap(),
+        SessionId::parse("s-1").unwrap(),
+    );
+    let events: [SessionCommand; 4] = [
+        trigger("t").into(),
+        SessionEvent::OpenChat.into(),
+        guidance(true, None).into(),
+        link(ConversationEvent::New, "").into(),
+    ];
+    for command in [SessionCommand::Tick, SessionCommand::Sweep]
+        .into_iter()
+        .chain(events)
+    {
+        assert_eq!(
+            SessionState::create(&key, &none(), &command, t0()),
+            Ok(None),
+            "{command:?}"
+        );
+    }
+    let (s, d) = SessionState::create(&key, &none(), &SessionCommand::Create, t0())
+        .unwrap()
+        .unwrap();
+    assert!(d.changed);
+    assert!(d.transitions.is_empty(), "creation is not audited");
+    assert!(d.effects.is_empty() && d.tasks.is_empty());
+    assert_eq!(d.next_deadline, None);
+    assert_eq!(s, session());
+    assert_eq!(s.key(), key);
+
+    // On a session that exists, `create` is a tick.
+    let mut s = proactive();
+    let d = decide(&mut s, SessionCommand::Create, 21.0).unwrap();
+    assert_eq!(audit(&d)[0].2, "tick");
+    assert_eq!(d.transitions[0].detail, json!({"event": "tick"}));
+    assert_eq!(s.current_state(), AssistState::Thinking);
+    let d = decide(&mut s, SessionCommand::Create, 22.0).unwrap();
+    assert!(!d.changed, "a tick that changed nothing is not stored");
+}
+
+#[test]
+fn errors_are_classified() {
+    let e = SessionError::refused("open_chat", AssistState::Reactive);
+    assert_eq!(e.class(), ErrorClass::NotAllowed);
+    assert_eq!(
+        e.not_allowed(),
+        Some(&NotAllowed::new("open_chat", "reactive_assistance"))
+    );
+    assert_eq!(
+        e.to_string(),
+        "open_chat is not allowed in state reactive_assistance"
+    );
+    let e = SessionError::EmptyConversationId;
+    assert_eq!(
+        (e.class(), e.field(), e.not_allowed()),
+        (ErrorClass::Invalid, Some("conversation_id"), None)
+    );
+    let e = SessionError::InvalidSeconds {
+        field: "cooldown_period_s",
+        value: -1.0,
+    };
+    assert_eq!(
+        (e.class(), e.field()),
+        (ErrorClass::Invalid, Some("cooldown_period_s"))
+    );
+}
+
+#[test]
+fn commands_are_tagged_by_type_and_named_by_it() {
+    let commands: Vec<SessionCommand> = vec![
+        SessionCommand::Create,
+        SessionCommand::Tick,
+        SessionCommand::Sweep,
+        trigger("t-1").into(),
+        SessionEvent::OpenChat.into(),
+        SessionEvent::UserMessage.into(),
+        SessionEvent::OptionClick.into(),
+        SessionEvent::Reaction.into(),
+        SessionEvent::TourStep.into(),
+        guidance(true, Some("flow_0")).into(),
+        link(ConversationEvent::ReplyExisting, "c-1").into(),
+    ];
+    for c in &commands {
+        let v = serde_json::to_value(c).unwrap();
+        assert_eq!(v["type"], json!(c.name()));
+        let back: SessionCommand = serde_json::from_value(v).unwrap();
+        assert_eq!(&back, c);
+    }
+    assert_eq!(
+        serde_json::to_value(SessionCommand::from(trigger("t-1"))).unwrap(),
+        json!({"type": "proactive_trigger", "trigger_id": "t-1"})
+    );
+    assert!(serde_json::from_value::<SessionCommand>(json!({"type": "teleport"})).is_err());
+}
+
+#[test]
+fn the_key_and_names_are_the_audit_log_s() {
+    let s = proactive();
+    assert_eq!(SessionState::KIND, EntityKind::Session);
+    assert_eq!(s.key().entity_id(), "s-1");
+    assert_eq!(s.key().product_id().as_str(), "acme");
+    assert_eq!(s.state_name(), "proactive_assistance");
+    assert_eq!(
+        Machine::next_deadline(&s, &none()),
+        s.next_deadline(&none())
+    );
+}
+
+#[test]
+fn an_ended_tour_leaves_no_trace_of_its_id() {
+    let mut s = proactive();
+    s.set_visual_guidance(true, Some("flow_long_name"), at(1.0));
+    s.set_visual_guidance(false, None, at(2.0));
+    assert_eq!(s.active_tour_id(), None);
+    s.set_visual_guidance(true, None, at(3.0));
+    assert_eq!(s.active_tour_id(), None);
+    let mut fresh = proactive();
+    fresh.set_visual_guidance(true, None, at(3.0));
+    assert_eq!(s, fresh);
+    assert_eq!(s.to_snapshot(), fresh.to_snapshot());
+    s.set_visual_guidance(true, Some("f"), at(4.0));
+    assert_eq!(s.active_tour_id(), Some("f"));
+    assert_eq!(SessionState::from_snapshot(&s.to_snapshot()), Ok(s));
+}
+
 // ---- properties -------------------------------------------------------------
 
 #[derive(Debug, Clone)]
@@ -649,6 +1092,153 @@ proptest! {
         let mut v = proactive().to_snapshot();
         v[key] = value;
         let _ = SessionState::from_snapshot(&v);
+    }
+}
+
+fn command() -> impl Strategy<Value = SessionCommand> {
+    let flows = ["flow_0", "flow_1", "chip_0", "flow_x"];
+    prop_oneof![
+        3 => Just(SessionCommand::Tick),
+        1 => Just(SessionCommand::Sweep),
+        1 => Just(SessionCommand::Create),
+        2 => Just(trigger("t").into()),
+        2 => Just(SessionEvent::OpenChat.into()),
+        1 => Just(SessionEvent::UserMessage.into()),
+        1 => Just(SessionEvent::OptionClick.into()),
+        1 => Just(SessionEvent::Reaction.into()),
+        1 => Just(SessionEvent::TourStep.into()),
+        2 => (any::<bool>(), proptest::option::of(0usize..4))
+            .prop_map(move |(a, t)| guidance(a, t.map(|i| flows[i])).into()),
+        1 => (any::<bool>(), 0usize..4).prop_map(|(new, c)| {
+            let event = if new { ConversationEvent::New } else { ConversationEvent::ReplyExisting };
+            link(event, ["", "c-0", "c-1", "c-2"][c]).into()
+        }),
+    ]
+}
+
+/// What the service did before `decide`: tick, then the seed's operation.
+fn tick_then_operation(
+    s: &mut SessionState,
+    command: &SessionCommand,
+    now: Timestamp,
+    tours: &TourCatalog,
+) -> (SessionOutcome, Result<SessionOutcome, SessionError>) {
+    let tick = s.tick(now, tours);
+    let result = match command.event() {
+        None => Ok(SessionOutcome::default()),
+        Some(SessionEvent::ProactiveTrigger { trigger_id }) => {
+            s.transition_to_proactive(trigger_id, now)
+        }
+        Some(SessionEvent::OpenChat) => s.transition_to_reactive(now),
+        Some(SessionEvent::UserMessage) => Ok(s.record_user_interaction(now)),
+        Some(SessionEvent::OptionClick) => Ok(s.record_option_click(now)),
+        Some(SessionEvent::Reaction) => Ok(s.record_reaction(now)),
+        Some(SessionEvent::TourStep) => Ok(s.record_tour_step(now)),
+        Some(SessionEvent::VisualGuidance { active, tour_id }) => {
+            Ok(s.set_visual_guidance(*active, tour_id.as_deref(), now))
+        }
+        Some(SessionEvent::ConversationLinked {
+            event,
+            conversation_id,
+        }) => s.on_conversation_linked(*event, conversation_id),
+    };
+    (tick, result)
+}
+
+/// The session without the elapsed times a tick refreshes (derived data
+/// that is not worth a write).
+fn without_elapsed(s: &SessionState) -> SessionState {
+    let mut s = s.clone();
+    s.proactive.time_since_last_interaction_s = 0.0;
+    s.reactive.time_since_last_interaction_s = 0.0;
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn decide_stays_in_the_table_and_refusals_change_nothing(
+        timeout in 0u32..200, cooldown in 0u32..600,
+        steps in proptest::collection::vec((0u32..400, command(), any::<bool>()), 0..60),
+    ) {
+        let catalog = catalog();
+        let mut s = session()
+            .with_settings(f64::from(timeout) / 8.0, f64::from(cooldown) / 8.0)
+            .unwrap();
+        let mut now = t0();
+        for (eighths, command, with_tours) in &steps {
+            now = now.plus_seconds(f64::from(*eighths) / 8.0);
+            let tours = if *with_tours { &catalog } else { TourCatalog::none() };
+            let before = s.clone();
+            let mut expected = s.clone();
+            let (tick, result) = tick_then_operation(&mut expected, command, now, tours);
+            match s.decide(tours, command, now) {
+                Err(e) => {
+                    prop_assert_eq!(&s, &before, "a refusal changed the session");
+                    prop_assert!(result.is_err() || e == SessionError::EmptyConversationId);
+                    prop_assert!(e.class() != ErrorClass::Internal);
+                    prop_assert_eq!(e.class() == ErrorClass::NotAllowed, e.not_allowed().is_some());
+                }
+                Ok(d) => {
+                    // Exactly the tick, then the seed's operation.
+                    prop_assert_eq!(&s, &expected);
+                    let result = result.expect("decide accepted what the operation refused");
+                    let report = SessionReport { tick: tick.clone(), result: result.clone() };
+                    prop_assert_eq!(SessionReport::of(&d), report.clone());
+                    prop_assert_eq!(d.effects.is_empty(), report == SessionReport::default());
+                    // Every transition is in the table, and they chain from
+                    // the state before to the state after.
+                    let mut state = before.state_name();
+                    for t in &d.transitions {
+                        prop_assert_eq!(t.from.as_ref(), Some(&state));
+                        prop_assert!(TRANSITIONS.allows(&state, &t.to, &t.cause), "{:?} is not in the table", t);
+                        prop_assert!(t.detail.get("event").is_some());
+                        state = t.to.clone();
+                    }
+                    prop_assert_eq!(state, s.state_name());
+                    let ticked = tick.changed_state() || tick.cooldown != CooldownChange::Unchanged;
+                    let changed = match command {
+                        SessionCommand::Create | SessionCommand::Tick => ticked,
+                        SessionCommand::Sweep => true,
+                        SessionCommand::Event(_) => ticked || result.ignored.is_none(),
+                    };
+                    prop_assert_eq!(d.changed, changed);
+                    if !d.changed {
+                        prop_assert_eq!(without_elapsed(&s), without_elapsed(&before), "a change left unstored");
+                    }
+                    prop_assert_eq!(d.next_deadline, s.next_deadline(tours));
+                    prop_assert!(d.tasks.is_empty());
+                }
+            }
+            let back = SessionState::from_snapshot(&s.to_snapshot());
+            prop_assert_eq!(back.as_ref(), Ok(&s));
+        }
+    }
+
+    #[test]
+    fn only_create_creates_and_it_is_a_new_session_then_decide(
+        secs in 0u32..400, command in command(), with_tours in any::<bool>(),
+    ) {
+        let catalog = catalog();
+        let tours = if with_tours { &catalog } else { TourCatalog::none() };
+        let now = at(f64::from(secs) / 8.0);
+        let key = session().key();
+        let created = SessionState::create(&key, tours, &command, now);
+        let mut fresh = SessionState::new(key.product_id.clone(), key.session_id.clone(), now);
+        let decided = fresh.decide(tours, &command, now);
+        match (created, &command) {
+            (Ok(Some((s, d))), SessionCommand::Create) => {
+                let decided = decided.expect("create accepted what decide refused");
+                prop_assert_eq!(&s, &fresh);
+                prop_assert!(d.changed);
+                prop_assert!(d.transitions.is_empty());
+                prop_assert_eq!(d.transitions, decided.transitions);
+                prop_assert_eq!(s.key(), key);
+            }
+            (Ok(None), c) => prop_assert!(!matches!(c, SessionCommand::Create)),
+            (other, _) => prop_assert!(false, "unexpected {:?}", other),
+        }
     }
 }
 

@@ -40,10 +40,12 @@ pub struct ThreadKey {
     pub thread: ThreadId,
 }
 
-/// A thread's persisted reducer fields at one version.
+/// A thread's persisted reducer fields at one version: the state of the
+/// thread machine (see [`TurnCommand`](super::TurnCommand)).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Checkpoint {
-    /// How many turns have been committed; 0 for a new thread.
+    /// How many turns have been committed; 0 for a new thread. A stored
+    /// thread's version is its store version.
     pub version: u64,
     /// `append` fields: their entries, oldest first (only the last ones when
     /// the load asked for a window).
@@ -54,9 +56,13 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// The checkpoint after `delta` is committed: lists extended, objects
-    /// replaced, version bumped.
+    /// replaced, version bumped. A list with no entries is absent, as a
+    /// store loads it: appending nothing creates no list.
     pub fn apply(&mut self, delta: &CheckpointDelta) {
         for (field, entries) in &delta.appends {
+            if entries.is_empty() {
+                continue;
+            }
             self.lists
                 .entry(field.clone())
                 .or_default()
@@ -68,13 +74,18 @@ impl Checkpoint {
         self.version += 1;
     }
 
-    /// This checkpoint with each windowed list cut to its last entries.
+    /// This checkpoint with each windowed list cut to its last entries (a
+    /// list cut to none is absent, as a store loads it).
     pub fn windowed(mut self, window: &LoadWindow) -> Self {
         for (field, last) in &window.tails {
             if let Some(list) = self.lists.get_mut(field)
                 && list.len() > *last
             {
-                list.drain(..list.len() - *last);
+                if *last == 0 {
+                    self.lists.remove(field);
+                } else {
+                    list.drain(..list.len() - *last);
+                }
             }
         }
         self

@@ -20,6 +20,11 @@
 //! boundaries; the [`CheckpointDelta`] a turn produces holds only what its
 //! reducer fields gained, so persisting it costs the same however long the
 //! thread is.
+//!
+//! A thread's [`Checkpoint`] is a [`Machine`](crate::Machine) keyed by
+//! [`TurnKey`] (the thread and its load window): its one command,
+//! [`TurnCommand::CommitTurn`], commits a turn's delta on the version the
+//! turn began on, and its decision asks the store to write that delta only.
 
 mod checkpoint;
 mod graph;
@@ -27,6 +32,7 @@ mod macros;
 mod memory;
 mod schema;
 pub mod seed;
+mod thread;
 
 #[cfg(test)]
 mod tests;
@@ -35,6 +41,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+
+use crate::NotAllowed;
 
 pub use checkpoint::{Checkpoint, CheckpointDelta, LoadWindow, OwnerId, ThreadId, ThreadKey};
 pub use graph::{END, Graph, GraphBuilder, GraphError, GraphRun, Next, RouteFn, Step};
@@ -46,6 +54,7 @@ pub use memory::{
     retrieve_from, tokenize,
 };
 pub use schema::{FieldSpec, Lifecycle, Reducer, Schema};
+pub use thread::{OPEN, STALE_TURN, TABLE, TurnCommand, TurnEffect, TurnKey};
 
 /// The stage name under which [`begin_turn`] applies the opening delta.
 pub const OPENING_STAGE: &str = "begin_turn";
@@ -78,6 +87,16 @@ pub enum TurnError {
         field: &'static str,
         /// The encoder's complaint.
         message: String,
+    },
+    /// The thread does not take this command as it is (a turn that began on
+    /// another version of it: reason [`STALE_TURN`]).
+    #[error(transparent)]
+    NotAllowed(#[from] NotAllowed),
+    /// The thread has committed as many turns as its version can count.
+    #[error("thread has reached its limit of {limit} turns")]
+    TurnLimit {
+        /// The most turns a thread holds.
+        limit: u64,
     },
 }
 

@@ -11,14 +11,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use parlance_core::Timestamp;
 use parlance_core::adoption::{
-    Activity, CompletionRateDenominator, ExplorationGateConfig, JourneyState, MasteryLevel,
-    OnboardingPlan, OrderedMap, OrderedValue as O, SessionIndexEntry, SessionSnapshot,
-    StepInAssessment, UserAdoptionState, WorkflowProgress, WorkflowStatus, build_tour_match_input,
-    detect_completed_steps, detect_completed_workflows, evaluate_hard_gate, is_plan_complete,
-    parse_tour_match_output, split_workflows, step_completion_ratio, tour,
+    Activity, AdoptionCommand, AdoptionEvent, CompletionRateDenominator, ExplorationGateConfig,
+    JourneyState, MasteryLevel, OnboardingPlan, OrderedMap, OrderedValue as O, SessionIndexEntry,
+    SessionSnapshot, StepInAssessment, UserAdoptionState, UserId, WorkflowProgress, WorkflowStatus,
+    build_tour_match_input, detect_completed_steps, detect_completed_workflows, evaluate_hard_gate,
+    is_plan_complete, parse_tour_match_output, split_workflows, step_completion_ratio, tour,
 };
+use parlance_core::{Machine, Timestamp};
 use serde_json::{Value, json};
 
 /// One recorded case.
@@ -295,14 +295,34 @@ fn opt_str(v: &Value) -> Option<&str> {
     v.as_str()
 }
 
+fn user_id(u: &str) -> Result<UserId, String> {
+    UserId::parse(u).map_err(|e| e.to_string())
+}
+
+/// Applies one event through the machine's decision, as the service does.
+fn apply_event(
+    state: &mut UserAdoptionState,
+    event: AdoptionEvent,
+    now: Timestamp,
+) -> Result<(), String> {
+    let command = AdoptionCommand::Events {
+        events: vec![event],
+        metadata: None,
+    };
+    state
+        .decide(&OnboardingPlan::default(), &command, now)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 // ---------------------------------------------------------------------------
 // Suites
 
 fn run_hard_gate(c: &Case) -> Result<(), String> {
     let i = c.input_json();
     let now = t(f(&i["now"]));
-    let mut state = UserAdoptionState::new("u-gate", metadata(&i["state"]["metadata"]), now)
-        .map_err(|e| e.to_string())?;
+    let mut state =
+        UserAdoptionState::new(user_id("u-gate")?, metadata(&i["state"]["metadata"]), now);
     state.journey_state = JourneyState::coerce(i["state"]["journey_state"].as_str().unwrap_or(""));
     let o = &i["state"]["onboarding"];
     state.onboarding.proactive_support_count =
@@ -436,8 +456,7 @@ fn run_tour_match(c: &Case) -> Result<(), String> {
 fn run_prompt_block(c: &Case) -> Result<(), String> {
     let i = c.input_json();
     let now = t(1_700_000_000.0);
-    let mut state = UserAdoptionState::new("u-prompt", metadata(&i["metadata"]), now)
-        .map_err(|e| e.to_string())?;
+    let mut state = UserAdoptionState::new(user_id("u-prompt")?, metadata(&i["metadata"]), now);
     state.journey_state = JourneyState::coerce(i["journey_state"].as_str().unwrap_or(""));
     state
         .set_mastery(
@@ -491,11 +510,10 @@ fn run_adoption_ops(c: &Case) -> Result<(), String> {
     let mut wall = t(f(&i["wall_start"]));
     let plan_ids = strs(&i["plan_workflow_ids"]);
     let mut state = UserAdoptionState::new(
-        i["user_id"].as_str().expect("user id"),
+        user_id(i["user_id"].as_str().expect("user id"))?,
         metadata(&i["metadata"]),
         wall,
-    )
-    .map_err(|e| e.to_string())?;
+    );
     for (n, step) in c.steps.iter().enumerate() {
         let op = step["op"].as_str().expect("op");
         let a = &step["args"];
@@ -551,10 +569,12 @@ fn run_adoption_ops(c: &Case) -> Result<(), String> {
                 Value::Null
             }
             "set_journey_state" => {
-                state.set_journey_state(
-                    JourneyState::coerce(a["state"].as_str().unwrap_or("")),
+                let journey = JourneyState::coerce(a["state"].as_str().unwrap_or(""));
+                apply_event(
+                    &mut state,
+                    AdoptionEvent::SetJourneyState { state: journey },
                     wall,
-                );
+                )?;
                 Value::Null
             }
             "record_discovered_features" => {
@@ -586,7 +606,13 @@ fn run_adoption_ops(c: &Case) -> Result<(), String> {
                 Value::Null
             }
             "mark_onboarding_complete" => {
-                json!(state.onboarding.mark_onboarding_complete(at_or(a, wall)))
+                let before = state.onboarding.onboarding_completed_at;
+                apply_event(
+                    &mut state,
+                    AdoptionEvent::MarkOnboardingComplete,
+                    at_or(a, wall),
+                )?;
+                json!(state.onboarding.onboarding_completed_at != before)
             }
             "record_step_in" => {
                 state.onboarding.record_step_in(StepInAssessment {

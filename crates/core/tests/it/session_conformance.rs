@@ -265,7 +265,7 @@ fn step(
                 Ok(out) if out.changed_state() => json!({"ok": true}),
                 Ok(out) if out.ignored == Some("v2_cooldown_active") => json!({"ok": false}),
                 Ok(out) => return Err(format!("unexpected outcome {out:?}")),
-                Err(SessionError::InvalidTransition { .. }) => {
+                Err(SessionError::NotAllowed(_)) => {
                     json!({"error": "InvalidTransitionError"})
                 }
                 Err(e) => return Err(format!("unexpected error {e}")),
@@ -273,7 +273,7 @@ fn step(
         }
         "transition_to_reactive" => match s.transition_to_reactive(*now) {
             Ok(_) => ok_null,
-            Err(SessionError::InvalidTransition { .. }) => {
+            Err(SessionError::NotAllowed(_)) => {
                 json!({"error": "InvalidTransitionError"})
             }
             Err(e) => return Err(format!("unexpected error {e}")),
