@@ -1,88 +1,75 @@
-//! Adoption records, plans and catalogs in maps.
+//! Adoption records on [`Records`], plans and catalogs in maps.
+//!
+//! A commit writes the record, the audit entries of its journey changes and
+//! its tasks under the records' one gate, so all happen or none does.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use parlance_core::ProductId;
-use parlance_core::adoption::{OnboardingPlan, TourCatalogEntry, UserAdoptionState, UserId};
+use parlance_core::adoption::{AdoptionKey, OnboardingPlan, TourCatalogEntry, UserAdoptionState};
+use parlance_core::queue::DagLimits;
 use parlance_ports::adoption::role_key;
-use parlance_ports::{AdoptionStore, PortError, PortResult, StoredAdoption};
+use parlance_ports::{
+    AdoptionStore, Commit, Committed, MachineStore, PortResult, Stored, TaskQueue,
+};
 
+use crate::MemoryAuditLog;
+use crate::records::Records;
+
+/// Onboarding plans and tour catalogs, keyed by product and role key.
 #[derive(Debug, Default)]
-struct Inner {
-    states: HashMap<(ProductId, String), StoredAdoption>,
+struct Documents {
     plans: HashMap<(ProductId, String), OnboardingPlan>,
     catalogs: HashMap<(ProductId, String), Vec<TourCatalogEntry>>,
 }
 
-/// An adoption store held in memory.
-#[derive(Debug, Default)]
+/// An adoption store held in memory. A commit appends its audit entries to
+/// the given audit log and enqueues its tasks on the given queue under the
+/// same gate as the record.
+#[derive(Debug)]
 pub struct MemoryAdoptionStore {
-    inner: Mutex<Inner>,
+    records: Records<UserAdoptionState>,
+    documents: Mutex<Documents>,
 }
 
 impl MemoryAdoptionStore {
-    /// An empty store.
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty store writing audit entries to `audit` and tasks to `queue`.
+    pub fn new(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
+        Self {
+            records: Records::new(audit, Some(queue), DagLimits::default()),
+            documents: Mutex::new(Documents::default()),
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn documents(&self) -> MutexGuard<'_, Documents> {
+        self.documents.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl MachineStore<UserAdoptionState> for MemoryAdoptionStore {
+    async fn load(&self, key: &AdoptionKey) -> PortResult<Option<Stored<UserAdoptionState>>> {
+        Ok(self.records.load(key).await)
+    }
+
+    async fn commit(
+        &self,
+        c: Commit<'_, UserAdoptionState>,
+    ) -> PortResult<Committed<UserAdoptionState>> {
+        let version = self
+            .records
+            .commit(&c, c.state.clone(), |_| Ok(()), |_, _, ()| {})
+            .await?;
+        Ok(Committed::at(version))
     }
 }
 
 #[async_trait]
 impl AdoptionStore for MemoryAdoptionStore {
-    async fn load(
-        &self,
-        product_id: &ProductId,
-        user_id: &UserId,
-    ) -> PortResult<Option<StoredAdoption>> {
-        Ok(self
-            .lock()
-            .states
-            .get(&(product_id.clone(), user_id.as_str().to_owned()))
-            .cloned())
-    }
-
-    async fn save(
-        &self,
-        product_id: &ProductId,
-        state: &UserAdoptionState,
-        expected_version: Option<i64>,
-    ) -> PortResult<i64> {
-        let key = (product_id.clone(), state.user_id.clone());
-        let mut inner = self.lock();
-        let current = inner.states.get(&key).map(|s| s.version);
-        let version = match (current, expected_version) {
-            (None, None) => 1,
-            (Some(_), None) => {
-                return Err(PortError::conflict("adoption record already exists"));
-            }
-            (None, Some(_)) => return Err(PortError::not_found("no adoption record")),
-            (Some(c), Some(e)) if c == e => c + 1,
-            (Some(_), Some(_)) => {
-                return Err(PortError::conflict("adoption record version is stale"));
-            }
-        };
-        inner.states.insert(
-            key,
-            StoredAdoption {
-                state: state.clone(),
-                version,
-            },
-        );
-        Ok(version)
-    }
-
-    async fn delete(&self, product_id: &ProductId, user_id: &UserId) -> PortResult<bool> {
-        Ok(self
-            .lock()
-            .states
-            .remove(&(product_id.clone(), user_id.as_str().to_owned()))
-            .is_some())
+    async fn delete(&self, key: &AdoptionKey) -> PortResult<bool> {
+        Ok(self.records.delete(key).await)
     }
 
     async fn put_plan(
@@ -91,7 +78,7 @@ impl AdoptionStore for MemoryAdoptionStore {
         role: Option<&str>,
         plan: &OnboardingPlan,
     ) -> PortResult<()> {
-        self.lock()
+        self.documents()
             .plans
             .insert((product_id.clone(), role_key(role)), plan.clone());
         Ok(())
@@ -103,7 +90,7 @@ impl AdoptionStore for MemoryAdoptionStore {
         role: Option<&str>,
     ) -> PortResult<Option<OnboardingPlan>> {
         Ok(self
-            .lock()
+            .documents()
             .plans
             .get(&(product_id.clone(), role_key(role)))
             .cloned())
@@ -115,7 +102,7 @@ impl AdoptionStore for MemoryAdoptionStore {
         role: Option<&str>,
         catalog: &[TourCatalogEntry],
     ) -> PortResult<()> {
-        self.lock()
+        self.documents()
             .catalogs
             .insert((product_id.clone(), role_key(role)), catalog.to_vec());
         Ok(())
@@ -127,7 +114,7 @@ impl AdoptionStore for MemoryAdoptionStore {
         role: Option<&str>,
     ) -> PortResult<Option<Vec<TourCatalogEntry>>> {
         Ok(self
-            .lock()
+            .documents()
             .catalogs
             .get(&(product_id.clone(), role_key(role)))
             .cloned())

@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use parlance_core::ProductId;
+use parlance_core::{EntityKind, ProductId};
 use parlance_ports::{AuditEntry, AuditLog, AuditRecord, PortResult};
 
 /// An append-only audit log held in memory.
@@ -42,7 +42,7 @@ impl AuditLog for MemoryAuditLog {
     async fn list(
         &self,
         product_id: &ProductId,
-        entity_kind: &str,
+        entity_kind: EntityKind,
         entity_id: &str,
         after_seq: Option<i64>,
         limit: usize,

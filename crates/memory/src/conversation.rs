@@ -1,49 +1,69 @@
-//! Conversation instances in memory, with the same guarantees as PostgreSQL:
-//! one gate makes every creation and command, its transcript, audit,
-//! promotion and tasks atomic. A command is decided on a copy, its tasks are
-//! enqueued, and only then is the decision saved, so a failed enqueue leaves
-//! the instance as it was.
+//! Conversation instances in memory, with the same guarantees as PostgreSQL.
+//!
+//! Instances are [`Records`]; a commit holds their gate while it checks the
+//! version, decides a creation again with whether the contact is held now,
+//! decides the promotion of the contact's oldest `QUEUED` instance when the
+//! decision frees the contact, checks and enqueues the tasks of both, and
+//! writes both instances, their transcript lines, the deadline index and
+//! their audit entries. A commit that fails writes nothing.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parlance_core::conversation::{
-    ConversationError, ConversationState, Effect, Instance, InstanceId, Message, NewInstance,
-    Outcome,
+    ContactId, ConversationCommand, ConversationContext, ConversationEffect, ConversationKey,
+    ConversationState, Instance, InstanceId, Message,
 };
-use parlance_core::{ProductId, Timestamp};
-use parlance_ports::conversation::{Command, audit_entries, creation_entry, effect_tasks};
-use parlance_ports::{Applied, ConversationStore, ListFilter, PortError, PortResult, TaskQueue};
+use parlance_core::queue::DagLimits;
+use parlance_core::{Decision, Machine, ProductId, Timestamp};
+use parlance_ports::{
+    Commit, Committed, ConversationStore, ListFilter, MachineStore, PortError, PortResult, Stored,
+    TaskQueue, Version,
+};
 
 use crate::MemoryAuditLog;
+use crate::records::{Gate, Records, Write, record_key};
 
-type Key = (ProductId, InstanceId);
-
-struct Stored {
-    instance: Instance,
-    transcript: Vec<Message>,
-    claimed_until: Option<Timestamp>,
-}
-
+/// What is kept beside the instances, changed only under the records' gate
+/// (claims and delivery keys aside).
 #[derive(Default)]
-struct Inner {
-    instances: HashMap<Key, Stored>,
-    /// Creation order, for listing and promotion (oldest first).
-    order: Vec<Key>,
+struct Side {
+    /// Each product's instances, oldest first.
+    by_product: HashMap<ProductId, Vec<InstanceId>>,
+    /// Each contact's instances, oldest first.
+    by_contact: HashMap<(ProductId, ContactId), Vec<InstanceId>>,
+    transcripts: HashMap<ConversationKey, Vec<Message>>,
     /// Armed heartbeats: the deadline index.
-    due: BTreeSet<(Timestamp, Key)>,
-    deliveries: BTreeSet<(ProductId, InstanceId, u32)>,
+    due: BTreeSet<(Timestamp, ConversationKey)>,
+    /// Each armed heartbeat's entry in `due`.
+    deadlines: HashMap<ConversationKey, Timestamp>,
+    /// Claimed heartbeats, hidden from other claimers until then.
+    claimed: HashMap<ConversationKey, Timestamp>,
+    deliveries: HashSet<(ConversationKey, u32)>,
 }
 
 /// Conversation instances held in memory.
 pub struct MemoryConversationStore {
-    inner: Mutex<Inner>,
-    /// Held across a decision, its enqueue and its save.
-    gate: tokio::sync::Mutex<()>,
-    audit: Arc<MemoryAuditLog>,
-    queue: Arc<dyn TaskQueue>,
+    records: Records<Instance>,
+    side: Mutex<Side>,
+}
+
+impl std::fmt::Debug for MemoryConversationStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryConversationStore")
+            .field("records", &self.records)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An instance written by a commit, with the decision that made it.
+struct Written {
+    key: ConversationKey,
+    state: Instance,
+    version: Version,
+    decision: Decision<Instance>,
 }
 
 impl MemoryConversationStore {
@@ -51,219 +71,253 @@ impl MemoryConversationStore {
     /// to `queue`.
     pub fn new(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
         Self {
-            inner: Mutex::new(Inner::default()),
-            gate: tokio::sync::Mutex::new(()),
-            audit,
-            queue,
+            records: Records::new(audit, Some(queue), DagLimits::default()),
+            side: Mutex::new(Side::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn side(&self) -> MutexGuard<'_, Side> {
+        self.side.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-impl Inner {
-    fn contact_is_held(&self, product: &ProductId, instance: &Instance) -> bool {
-        self.instances.values().any(|s| {
-            s.instance.product_id == *product
-                && s.instance.contact_id == instance.contact_id
-                && s.instance.instance_id != instance.instance_id
-                && s.instance.holds_contact()
+    /// Whether an instance of the contact other than `except` holds it.
+    fn contact_held(
+        &self,
+        gate: &Gate<'_, Instance>,
+        product: &ProductId,
+        contact: &ContactId,
+        except: Option<InstanceId>,
+    ) -> bool {
+        let side = self.side();
+        let Some(ids) = side.by_contact.get(&(product.clone(), contact.clone())) else {
+            return false;
+        };
+        let map = gate.lock();
+        ids.iter().filter(|id| Some(**id) != except).any(|id| {
+            map.get(&record_key(&key(product, *id)))
+                .is_some_and(|s| s.state.holds_contact())
         })
     }
 
-    /// Replaces the stored instance, keeping the deadline index in step.
-    fn save(&mut self, key: &Key, mut instance: Instance) -> Instance {
-        let stored = self
-            .instances
-            .get_mut(key)
-            .expect("caller checked it exists");
-        if let Some(old) = stored.instance.heartbeat_due_at {
-            self.due.remove(&(old, key.clone()));
-        }
-        if let Some(new) = instance.heartbeat_due_at {
-            self.due.insert((new, key.clone()));
-        }
-        instance.version = stored.instance.version + 1;
-        stored.instance = instance.clone();
-        stored.claimed_until = None;
-        instance
-    }
-
-    fn append(&mut self, key: &Key, outcome: &Outcome) {
-        let stored = self
-            .instances
-            .get_mut(key)
-            .expect("caller checked it exists");
-        for e in &outcome.effects {
-            if let Effect::Append(m) = e {
-                stored.transcript.push(m.clone());
-            }
-        }
-    }
-
-    /// The promotion of the oldest `QUEUED` instance of `holder`'s contact
-    /// when the contact is free once `holder` is saved, decided on a copy.
-    fn plan_promotion(
+    /// The promotion `main` asks for: the contact's oldest `QUEUED`
+    /// instance decided `promote` on, when nothing holds the contact once
+    /// `main` is written. `main` is seen as written, so an instance resumed
+    /// into `QUEUED` may promote itself.
+    fn promotion(
         &self,
-        holder: &Instance,
+        gate: &Gate<'_, Instance>,
+        main: &Written,
         now: Timestamp,
-    ) -> Option<(Key, Instance, Outcome)> {
-        if self.contact_is_held(&holder.product_id, holder) || holder.holds_contact() {
+    ) -> Option<Written> {
+        let asks = main
+            .decision
+            .effects
+            .contains(&ConversationEffect::PromoteNextQueued);
+        let (product, contact) = (&main.state.product_id, &main.state.contact_id);
+        if !asks
+            || main.state.holds_contact()
+            || self.contact_held(gate, product, contact, Some(main.key.instance_id))
+        {
             return None;
         }
-        // The holder as decided, the others as stored: a resumed queued
-        // instance may promote itself.
-        let current = |k: &Key| {
-            if k.1 == holder.instance_id && k.0 == holder.product_id {
-                holder
-            } else {
-                &self.instances[k].instance
-            }
+        let (mut next, version) = {
+            let side = self.side();
+            let map = gate.lock();
+            side.by_contact
+                .get(&(product.clone(), contact.clone()))?
+                .iter()
+                .find_map(|id| {
+                    if *id == main.key.instance_id {
+                        (main.state.state == ConversationState::Queued)
+                            .then(|| (main.state.clone(), main.version))
+                    } else {
+                        map.get(&record_key(&key(product, *id)))
+                            .filter(|s| s.state.state == ConversationState::Queued)
+                            .map(|s| (s.state.clone(), s.version))
+                    }
+                })?
         };
-        let key = self.order.iter().find(|k| {
-            let s = current(k);
-            s.product_id == holder.product_id
-                && s.contact_id == holder.contact_id
-                && s.state == ConversationState::Queued
-        })?;
-        let mut next = current(key).clone();
-        let outcome = next.promote(now).ok()?;
-        Some((key.clone(), next, outcome))
+        let free = ConversationContext {
+            contact_held: false,
+        };
+        let decision = next
+            .decide(&free, &ConversationCommand::Promote, now)
+            .ok()?;
+        Some(Written {
+            key: next.key(),
+            state: next,
+            version: version.next(),
+            decision,
+        })
+    }
+
+    /// Writes the listings, transcript lines and deadline index of
+    /// `written`, in order, and ends their claims.
+    fn write_side(&self, written: &[Written]) {
+        let mut side = self.side();
+        for w in written {
+            if !side.transcripts.contains_key(&w.key) {
+                let product = w.key.product_id.clone();
+                side.by_product
+                    .entry(product.clone())
+                    .or_default()
+                    .push(w.key.instance_id);
+                side.by_contact
+                    .entry((product, w.state.contact_id.clone()))
+                    .or_default()
+                    .push(w.key.instance_id);
+            }
+            if let Some(old) = side.deadlines.remove(&w.key) {
+                side.due.remove(&(old, w.key.clone()));
+            }
+            if let Some(at) = w.decision.next_deadline {
+                side.due.insert((at, w.key.clone()));
+                side.deadlines.insert(w.key.clone(), at);
+            }
+            side.claimed.remove(&w.key);
+            let lines = w.decision.effects.iter().filter_map(|e| match e {
+                ConversationEffect::Append(m) => Some(m.clone()),
+                _ => None,
+            });
+            side.transcripts
+                .entry(w.key.clone())
+                .or_default()
+                .extend(lines);
+        }
+    }
+}
+
+fn key(product: &ProductId, instance_id: InstanceId) -> ConversationKey {
+    ConversationKey {
+        product_id: product.clone(),
+        instance_id,
+    }
+}
+
+#[async_trait]
+impl MachineStore<Instance> for MemoryConversationStore {
+    async fn load(&self, key: &ConversationKey) -> PortResult<Option<Stored<Instance>>> {
+        Ok(self.records.load(key).await)
+    }
+
+    async fn commit(&self, c: Commit<'_, Instance>) -> PortResult<Committed<Instance>> {
+        let gate = self.records.gate().await;
+        let current = gate.check(&c)?;
+        let (state, decision) = match c.expected {
+            // One holder per contact: the creation is decided again with
+            // whether the contact is held now.
+            None => {
+                let held = self.contact_held(&gate, &c.key.product_id, &c.state.contact_id, None);
+                redecide_creation(&c, held)?
+            }
+            Some(_) => (c.state.clone(), c.decision.clone()),
+        };
+        let main = Written {
+            key: c.key.clone(),
+            version: current
+                .as_ref()
+                .map_or(Version::FIRST, |s| s.version.next()),
+            state,
+            decision,
+        };
+        let promoted = self.promotion(&gate, &main, c.now);
+        let tasks = || {
+            main.decision
+                .tasks
+                .iter()
+                .chain(promoted.iter().flat_map(|p| &p.decision.tasks))
+        };
+        gate.check_tasks(tasks())?;
+        // Checked above, so in memory this cannot fail.
+        gate.enqueue(tasks()).await?;
+        let written: Vec<Written> = std::iter::once(main).chain(promoted).collect();
+        self.write_side(&written);
+        gate.write(
+            written
+                .iter()
+                .map(|w| Write {
+                    key: &w.key,
+                    stored: Stored {
+                        state: w.state.clone(),
+                        version: w.version,
+                    },
+                    decision: &w.decision,
+                })
+                .collect(),
+            c.now,
+        );
+        drop(gate);
+        let mut written = written.into_iter();
+        let main = written.next().expect("the committed instance is written");
+        let mut done = Committed::at(main.version);
+        if main.state != *c.state {
+            done.written = Some((main.state, main.decision));
+        }
+        done.also = written
+            .map(|w| {
+                (
+                    Stored {
+                        state: w.state,
+                        version: w.version,
+                    },
+                    w.decision,
+                )
+            })
+            .collect();
+        Ok(done)
+    }
+}
+
+/// The creation in `c` decided again with `contact_held`.
+fn redecide_creation(
+    c: &Commit<'_, Instance>,
+    contact_held: bool,
+) -> PortResult<(Instance, Decision<Instance>)> {
+    let ctx = ConversationContext { contact_held };
+    match Instance::create(c.key, &ctx, c.command, c.now) {
+        Ok(Some(created)) => Ok(created),
+        Ok(None) => Err(PortError::invalid(format!(
+            "{} does not create a conversation",
+            parlance_core::Command::name(c.command)
+        ))),
+        Err(e) => Err(
+            PortError::invalid("the creation is refused under the contact's lock").with_source(e),
+        ),
     }
 }
 
 #[async_trait]
 impl ConversationStore for MemoryConversationStore {
-    async fn create(
+    async fn list(
         &self,
-        new: NewInstance,
-        now: Timestamp,
-    ) -> PortResult<Result<(Instance, Outcome), ConversationError>> {
-        let _gate = self.gate.lock().await;
-        let key = (new.product_id.clone(), new.instance_id);
-        let (mut instance, outcome) = {
-            let inner = self.lock();
-            if inner.instances.contains_key(&key) {
-                return Err(PortError::conflict(format!(
-                    "conversation {} already exists",
-                    new.instance_id
-                )));
-            }
-            let held = inner.instances.values().any(|s| {
-                s.instance.product_id == new.product_id
-                    && s.instance.contact_id == new.contact_id
-                    && s.instance.holds_contact()
-            });
-            match Instance::create(new, held, now) {
-                Ok(created) => created,
-                Err(e) => return Ok(Err(e)),
-            }
-        };
-        instance.version = 1;
-        let tasks = effect_tasks(&instance, &outcome);
-        if !tasks.is_empty() {
-            self.queue.enqueue(&tasks).await?;
-        }
-        let mut inner = self.lock();
-        inner.instances.insert(
-            key.clone(),
-            Stored {
-                instance: instance.clone(),
-                transcript: Vec::new(),
-                claimed_until: None,
-            },
-        );
-        inner.order.push(key);
-        self.audit.push(&[creation_entry(&instance)]);
-        Ok(Ok((instance, outcome)))
-    }
-
-    async fn get(&self, product: &ProductId, id: InstanceId) -> PortResult<Option<Instance>> {
-        Ok(self
-            .lock()
-            .instances
-            .get(&(product.clone(), id))
-            .map(|s| s.instance.clone()))
-    }
-
-    async fn list(&self, product: &ProductId, filter: &ListFilter) -> PortResult<Vec<Instance>> {
-        let inner = self.lock();
+        product: &ProductId,
+        filter: &ListFilter,
+    ) -> PortResult<Vec<Stored<Instance>>> {
         let limit = filter.limit.unwrap_or(1000).min(1000);
-        Ok(inner
-            .order
-            .iter()
-            .map(|k| &inner.instances[k].instance)
-            .filter(|i| i.product_id == *product)
-            .filter(|i| {
-                filter
-                    .contact_id
-                    .as_ref()
-                    .is_none_or(|c| i.contact_id == *c)
-            })
-            .filter(|i| filter.state.is_none_or(|s| i.state == s))
+        let _settled = self.records.settled().await;
+        let side = self.side();
+        let ids = match &filter.contact_id {
+            Some(contact) => side.by_contact.get(&(product.clone(), contact.clone())),
+            None => side.by_product.get(product),
+        };
+        let map = self.records.lock();
+        Ok(ids
+            .into_iter()
+            .flatten()
+            .filter_map(|id| map.get(&record_key(&key(product, *id))))
+            .filter(|s| filter.state.is_none_or(|st| s.state.state == st))
             .take(limit)
             .cloned()
             .collect())
     }
 
-    async fn transcript(&self, product: &ProductId, id: InstanceId) -> PortResult<Vec<Message>> {
-        self.lock()
-            .instances
-            .get(&(product.clone(), id))
-            .map(|s| s.transcript.clone())
-            .ok_or_else(|| PortError::not_found(format!("no conversation {id}")))
-    }
-
-    async fn apply(
-        &self,
-        product: &ProductId,
-        id: InstanceId,
-        now: Timestamp,
-        command: Command,
-    ) -> PortResult<Result<Applied, ConversationError>> {
-        let _gate = self.gate.lock().await;
-        let key = (product.clone(), id);
-        let (instance, outcome, promoted) = {
-            let inner = self.lock();
-            let Some(stored) = inner.instances.get(&key) else {
-                return Err(PortError::not_found(format!("no conversation {id}")));
-            };
-            let mut instance = stored.instance.clone();
-            let outcome = match command(&mut instance) {
-                Ok(o) => o,
-                Err(e) => return Ok(Err(e)),
-            };
-            let promoted = if outcome.effects.contains(&Effect::PromoteNextQueued) {
-                inner.plan_promotion(&instance, now)
-            } else {
-                None
-            };
-            (instance, outcome, promoted)
-        };
-        let mut tasks = effect_tasks(&instance, &outcome);
-        if let Some((_, p, o)) = &promoted {
-            tasks.extend(effect_tasks(p, o));
-        }
-        if !tasks.is_empty() {
-            self.queue.enqueue(&tasks).await?;
-        }
-        let mut inner = self.lock();
-        let instance = inner.save(&key, instance);
-        inner.append(&key, &outcome);
-        let mut audit = audit_entries(&instance, &outcome, now);
-        let promoted = promoted.map(|(k, p, o)| {
-            let saved = inner.save(&k, p);
-            audit.extend(audit_entries(&saved, &o, now));
-            (saved, o)
-        });
-        self.audit.push(&audit);
-        Ok(Ok(Applied {
-            instance,
-            outcome,
-            promoted,
-        }))
+    async fn transcript(&self, key: &ConversationKey) -> PortResult<Vec<Message>> {
+        let _settled = self.records.settled().await;
+        self.side()
+            .transcripts
+            .get(key)
+            .cloned()
+            .ok_or_else(|| PortError::not_found(format!("no conversation {}", key.instance_id)))
     }
 
     async fn claim_due(
@@ -271,42 +325,29 @@ impl ConversationStore for MemoryConversationStore {
         now: Timestamp,
         limit: usize,
         lease: Duration,
-    ) -> PortResult<Vec<Instance>> {
-        let mut inner = self.lock();
-        let due: Vec<Key> = inner
-            .due
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .map(|(_, k)| k.clone())
-            .collect();
-        let mut claimed = Vec::new();
-        for key in due {
-            if claimed.len() >= limit {
+    ) -> PortResult<Vec<ConversationKey>> {
+        let mut side = self.side();
+        let Side { due, claimed, .. } = &mut *side;
+        let mut taken = Vec::new();
+        for (_, key) in due.iter().take_while(|(at, _)| *at <= now) {
+            if taken.len() >= limit {
                 break;
             }
-            let stored = inner
-                .instances
-                .get_mut(&key)
-                .expect("indexed instances exist");
-            if stored.claimed_until.is_some_and(|until| until > now) {
+            if claimed.get(key).is_some_and(|until| *until > now) {
                 continue;
             }
-            stored.claimed_until = Some(now + lease);
-            claimed.push(stored.instance.clone());
+            claimed.insert(key.clone(), now + lease);
+            taken.push(key.clone());
         }
-        Ok(claimed)
+        Ok(taken)
     }
 
     async fn record_delivery(
         &self,
-        product: &ProductId,
-        id: InstanceId,
+        key: &ConversationKey,
         outbound_seq: u32,
         _now: Timestamp,
     ) -> PortResult<bool> {
-        Ok(self
-            .lock()
-            .deliveries
-            .insert((product.clone(), id, outbound_seq)))
+        Ok(self.side().deliveries.insert((key.clone(), outbound_seq)))
     }
 }

@@ -1,286 +1,183 @@
-//! Flow sessions in maps; each write's audit entries go to the in-memory
-//! audit log under the same lock.
+//! Flow sessions in memory, built on [`Records`]: the session with its
+//! dialogue is the stored record; chain progress is kept beside it and
+//! written under the same gate as the commit that names it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use parlance_core::flow::{DialogueElement, FlowSession};
-use parlance_core::{ProductId, Timestamp};
+use parlance_core::flow::{
+    DialogueElement, FlowEffect, FlowKey, FlowRecord, FlowSession, FlowSessionId, ProgressUpdate,
+};
+use parlance_core::queue::DagLimits;
+use parlance_core::{EntityKey, ProductId};
 use parlance_ports::{
-    ChainProgress, DagId, DagStart, FlowAppend, FlowStore, PortError, PortResult, ProgressUpdate,
-    StoredFlowSession, TaskQueue,
+    ChainProgress, Commit, Committed, FlowStore, MachineStore, PortError, PortResult, Stored,
+    TaskQueue,
 };
 
 use crate::MemoryAuditLog;
+use crate::records::{Records, record_key};
 
-type Key = (ProductId, String);
-
-#[derive(Debug, Default)]
-struct Inner {
-    sessions: HashMap<Key, StoredFlowSession>,
-    dialogue: HashMap<Key, Vec<DialogueElement>>,
-    progress: HashMap<(ProductId, String, String), ChainProgress>,
-}
+type ChainKey = (ProductId, FlowSessionId, String);
 
 /// Flow sessions held in memory.
 ///
-/// Saves are serialised by an async gate, so a save that enqueues a DAG can
-/// check the version, enqueue and apply without another save slipping in
-/// between: the run exists if and only if the save succeeded, as in one
-/// database transaction. Audit entries are appended under the store's lock,
-/// with the change they record.
-#[derive(Default)]
+/// A commit checks the version, enqueues the decision's DAG, stores the
+/// record with the run's id and appends the audit entry and the progress
+/// while one gate is held, so the run exists if and only if the commit
+/// happened. Reads of a session wait for a commit in progress: a worker
+/// that claims a task of a DAG the moment it is enqueued still sees the
+/// session that owns the run, as a PostgreSQL transaction would show it.
 pub struct MemoryFlowStore {
-    inner: Mutex<Inner>,
-    gate: tokio::sync::Mutex<()>,
-    queue: Option<Arc<dyn TaskQueue>>,
-    audit: Arc<MemoryAuditLog>,
+    records: Records<FlowRecord>,
+    progress: Mutex<HashMap<ChainKey, ChainProgress>>,
+    /// Held for the whole of a commit; reads of a session wait for it.
+    settled: tokio::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for MemoryFlowStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryFlowStore")
-            .field("inner", &self.inner)
-            .field("has_queue", &self.queue.is_some())
+            .field("records", &self.records)
             .finish_non_exhaustive()
     }
 }
 
 impl MemoryFlowStore {
     /// An empty store writing audit entries to `audit`, without a task
-    /// queue (`save_and_enqueue` is `Unavailable`).
+    /// queue (a commit that starts a DAG is `Unavailable`).
     pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
-        Self {
-            audit,
-            ..Self::default()
-        }
+        Self::build(audit, None, DagLimits::default())
     }
 
     /// An empty store writing audit entries to `audit` that enqueues DAGs
-    /// on `queue`.
-    pub fn with_queue(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
+    /// on `queue`, checking them against `limits` (the queue's) before
+    /// anything is written.
+    pub fn with_queue(
+        audit: Arc<MemoryAuditLog>,
+        queue: Arc<dyn TaskQueue>,
+        limits: DagLimits,
+    ) -> Self {
+        Self::build(audit, Some(queue), limits)
+    }
+
+    fn build(
+        audit: Arc<MemoryAuditLog>,
+        queue: Option<Arc<dyn TaskQueue>>,
+        limits: DagLimits,
+    ) -> Self {
         Self {
-            queue: Some(queue),
-            audit,
-            ..Self::default()
+            records: Records::new(audit, queue, limits),
+            progress: Mutex::new(HashMap::new()),
+            settled: tokio::sync::RwLock::new(()),
         }
     }
 
-    /// Checks that `expected_version` is still current.
-    fn check(&self, product_id: &ProductId, session_id: &str, expected: i64) -> PortResult<()> {
-        let inner = self.lock();
-        let stored = inner
-            .sessions
-            .get(&key(product_id, session_id))
-            .ok_or_else(|| PortError::not_found("no such flow session"))?;
-        if stored.version != expected {
-            return Err(PortError::conflict("flow session version moved"));
-        }
-        Ok(())
-    }
-
-    fn apply(
-        &self,
-        product_id: &ProductId,
-        session: &FlowSession,
-        expected_version: i64,
-        append: FlowAppend<'_>,
-        progress: Option<&ProgressUpdate>,
-    ) -> PortResult<i64> {
-        let mut inner = self.lock();
-        let k = key(product_id, &session.session_id);
-        let stored = inner
-            .sessions
-            .get_mut(&k)
-            .ok_or_else(|| PortError::not_found("no such flow session"))?;
-        if stored.version != expected_version {
-            return Err(PortError::conflict("flow session version moved"));
-        }
-        stored.version += 1;
-        stored.session = session.clone();
-        stored.dialogue_len += append.dialogue.len() as i64;
-        let version = stored.version;
-        inner
-            .dialogue
-            .entry(k)
-            .or_default()
-            .extend_from_slice(append.dialogue);
-        self.audit.push(append.audit);
-        if let Some(p) = progress {
-            let entry = inner
-                .progress
-                .entry((
-                    product_id.clone(),
-                    session.session_id.clone(),
-                    p.chain_id.clone(),
-                ))
-                .or_insert_with(|| ChainProgress {
-                    chain_id: p.chain_id.clone(),
-                    total: 0,
-                    done: 0,
-                    label: String::new(),
-                });
-            entry.total += p.add_total;
-            entry.done += p.add_done;
-            if let Some(label) = &p.label {
-                entry.label = label.clone();
-            }
-        }
-        Ok(version)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn progress_map(&self) -> MutexGuard<'_, HashMap<ChainKey, ChainProgress>> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-fn key(p: &ProductId, s: &str) -> Key {
-    (p.clone(), s.to_owned())
+fn chain_key(key: &FlowKey, chain_id: &str) -> ChainKey {
+    (
+        key.product_id.clone(),
+        key.session_id.clone(),
+        chain_id.to_owned(),
+    )
+}
+
+/// Creates or extends a chain's progress.
+fn add_progress(map: &mut HashMap<ChainKey, ChainProgress>, key: &FlowKey, p: &ProgressUpdate) {
+    let entry = map
+        .entry(chain_key(key, &p.chain_id))
+        .or_insert_with(|| ChainProgress {
+            chain_id: p.chain_id.clone(),
+            total: 0,
+            done: 0,
+            label: String::new(),
+        });
+    entry.total += p.add_total;
+    entry.done += p.add_done;
+    if let Some(label) = &p.label {
+        entry.label.clone_from(label);
+    }
+}
+
+#[async_trait]
+impl MachineStore<FlowRecord> for MemoryFlowStore {
+    async fn load(&self, key: &FlowKey) -> PortResult<Option<Stored<FlowRecord>>> {
+        let _settled = self.settled.read().await;
+        Ok(self.records.load(key).await)
+    }
+
+    async fn commit(&self, c: Commit<'_, FlowRecord>) -> PortResult<Committed<FlowRecord>> {
+        let _settled = self.settled.write().await;
+        let mut with_run = None;
+        let version = self
+            .records
+            .commit(
+                &c,
+                c.state.clone(),
+                |_| Ok(()),
+                |stored, enqueued, ()| {
+                    if let Some(dag) = enqueued.dags.first() {
+                        stored.state.set_dag_id(dag.0);
+                        with_run = Some(stored.state.clone());
+                    }
+                    let mut progress = self.progress_map();
+                    for effect in &c.decision.effects {
+                        if let FlowEffect::Progress(p) = effect {
+                            add_progress(&mut progress, c.key, p);
+                        }
+                    }
+                },
+            )
+            .await?;
+        Ok(Committed {
+            version,
+            written: with_run.map(|state| (state, c.decision.clone())),
+            also: Vec::new(),
+        })
+    }
 }
 
 #[async_trait]
 impl FlowStore for MemoryFlowStore {
-    async fn create(
-        &self,
-        product_id: &ProductId,
-        session: &FlowSession,
-        append: FlowAppend<'_>,
-        _now: Timestamp,
-    ) -> PortResult<i64> {
-        let mut inner = self.lock();
-        let k = key(product_id, &session.session_id);
-        if inner.sessions.contains_key(&k) {
-            return Err(PortError::conflict("flow session exists"));
-        }
-        inner.sessions.insert(
-            k.clone(),
-            StoredFlowSession {
-                session: session.clone(),
-                version: 1,
-                dialogue_len: append.dialogue.len() as i64,
-            },
-        );
-        inner.dialogue.insert(k, append.dialogue.to_vec());
-        self.audit.push(append.audit);
-        Ok(1)
+    async fn session(&self, key: &FlowKey) -> PortResult<Option<Stored<FlowSession>>> {
+        let _settled = self.settled.read().await;
+        Ok(self.records.lock().get(&record_key(key)).map(|s| Stored {
+            state: s.state.session().clone(),
+            version: s.version,
+        }))
     }
 
-    async fn load(
-        &self,
-        product_id: &ProductId,
-        session_id: &str,
-    ) -> PortResult<StoredFlowSession> {
-        // A save that enqueues a DAG holds the gate from the enqueue to the
-        // save; waiting for it here means a worker that claims one of the
-        // DAG's tasks at once still sees the session that owns the run, as a
-        // PostgreSQL transaction would show it.
-        let _gate = self.gate.lock().await;
-        self.lock()
-            .sessions
-            .get(&key(product_id, session_id))
-            .cloned()
-            .ok_or_else(|| PortError::not_found("no such flow session"))
-    }
-
-    async fn save(
-        &self,
-        product_id: &ProductId,
-        session: &FlowSession,
-        expected_version: i64,
-        append: FlowAppend<'_>,
-        progress: Option<&ProgressUpdate>,
-        _now: Timestamp,
-    ) -> PortResult<i64> {
-        let _gate = self.gate.lock().await;
-        self.apply(product_id, session, expected_version, append, progress)
-    }
-
-    async fn save_and_enqueue(
-        &self,
-        product_id: &ProductId,
-        session: &FlowSession,
-        expected_version: i64,
-        append: FlowAppend<'_>,
-        start: &DagStart,
-        _now: Timestamp,
-    ) -> PortResult<(i64, DagId)> {
-        let Some(queue) = &self.queue else {
-            return Err(PortError::unavailable("this flow store has no task queue"));
-        };
-        let _gate = self.gate.lock().await;
-        self.check(product_id, &session.session_id, expected_version)?;
-        let dag = queue.enqueue_dag(&start.dag).await?;
-        let mut session = session.clone();
-        if let Some(r) = &mut session.running {
-            r.dag_id = Some(dag.0);
-        }
-        match self.apply(
-            product_id,
-            &session,
-            expected_version,
-            append,
-            Some(&start.progress),
-        ) {
-            Ok(version) => Ok((version, dag)),
-            Err(e) => {
-                // Unreachable while the gate is held; never leave a run
-                // behind a save that did not happen.
-                let _ = queue.cancel_dag(dag).await;
-                Err(e)
-            }
-        }
-    }
-
-    async fn dialogue(
-        &self,
-        product_id: &ProductId,
-        session_id: &str,
-    ) -> PortResult<Vec<DialogueElement>> {
-        let inner = self.lock();
-        let k = key(product_id, session_id);
-        if !inner.sessions.contains_key(&k) {
-            return Err(PortError::not_found("no such flow session"));
-        }
-        Ok(inner.dialogue.get(&k).cloned().unwrap_or_default())
+    async fn dialogue(&self, key: &FlowKey) -> PortResult<Vec<DialogueElement>> {
+        let _settled = self.settled.read().await;
+        self.records
+            .lock()
+            .get(&record_key(key))
+            .map(|s| s.state.dialogue().to_vec())
+            .ok_or_else(|| PortError::not_found(format!("no flow session {}", key.entity_id())))
     }
 
     async fn task_done(
         &self,
-        product_id: &ProductId,
-        session_id: &str,
+        key: &FlowKey,
         chain_id: &str,
         done: i64,
         add_total: i64,
     ) -> PortResult<()> {
-        let mut inner = self.lock();
-        let p = inner
-            .progress
-            .get_mut(&(
-                product_id.clone(),
-                session_id.to_owned(),
-                chain_id.to_owned(),
-            ))
-            .ok_or_else(|| PortError::not_found("no such chain"))?;
+        let mut map = self.progress_map();
+        let p = map
+            .get_mut(&chain_key(key, chain_id))
+            .ok_or_else(|| PortError::not_found(format!("no chain {chain_id}")))?;
         p.done += done;
         p.total += add_total;
         Ok(())
     }
 
-    async fn progress(
-        &self,
-        product_id: &ProductId,
-        session_id: &str,
-        chain_id: &str,
-    ) -> PortResult<Option<ChainProgress>> {
-        Ok(self
-            .lock()
-            .progress
-            .get(&(
-                product_id.clone(),
-                session_id.to_owned(),
-                chain_id.to_owned(),
-            ))
-            .cloned())
+    async fn progress(&self, key: &FlowKey, chain_id: &str) -> PortResult<Option<ChainProgress>> {
+        Ok(self.progress_map().get(&chain_key(key, chain_id)).cloned())
     }
 }

@@ -18,6 +18,7 @@ pub mod embedding;
 mod flow;
 pub mod llm;
 mod queue;
+pub mod records;
 mod session;
 mod turn;
 
@@ -30,5 +31,6 @@ pub use embedding::HashingEmbedder;
 pub use flow::MemoryFlowStore;
 pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};
 pub use queue::MemoryTaskQueue;
+pub use records::Records;
 pub use session::{MemorySessionStore, MemoryTourCatalogs};
-pub use turn::{MemoryCheckpointer, MemoryMemoryStore};
+pub use turn::{MemoryCheckpointStore, MemoryMemoryStore};

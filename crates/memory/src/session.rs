@@ -1,156 +1,121 @@
-//! Session states and tour catalogs in maps, with a deadline index.
+//! Session states on [`Records`] with a deadline index, and tour catalogs
+//! in a map.
+//!
+//! A commit writes the state, its audit entries, its tasks and the
+//! session's next deadline under the records' one gate; a claim of due
+//! sessions holds the same gate, so it never sees a commit half done.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use parlance_core::session::{SessionId, SessionState, TourCatalog};
+use parlance_core::queue::DagLimits;
+use parlance_core::session::{SessionKey, SessionState, TourCatalog};
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    CLAIM_LEASE, PortError, PortResult, SessionSave, SessionStore, StoredSession, TourCatalogStore,
+    CLAIM_LEASE, Commit, Committed, MachineStore, PortResult, SessionStore, Stored, TaskQueue,
+    TourCatalogStore,
 };
 
 use crate::MemoryAuditLog;
+use crate::records::{RecordKey, Records, record_key};
 
-type Key = (ProductId, SessionId);
-
-#[derive(Debug)]
-struct Entry {
-    state: SessionState,
-    version: i64,
-    next_deadline: Option<Timestamp>,
-}
-
+/// The deadline index: every session with a deadline, earliest first.
 #[derive(Debug, Default)]
-struct Inner {
-    sessions: HashMap<Key, Entry>,
-    /// `(deadline, key)` for every session with a deadline.
-    due: BTreeSet<(Timestamp, Key)>,
+struct Due {
+    at: HashMap<RecordKey, Timestamp>,
+    order: BTreeSet<(Timestamp, RecordKey)>,
 }
 
-impl Inner {
-    fn set_deadline(&mut self, key: &Key, deadline: Option<Timestamp>) {
-        let Some(entry) = self.sessions.get_mut(key) else {
-            return;
-        };
-        if let Some(old) = entry.next_deadline.take() {
-            self.due.remove(&(old, key.clone()));
+impl Due {
+    fn set(&mut self, key: &RecordKey, deadline: Option<Timestamp>) {
+        if let Some(old) = self.at.remove(key) {
+            self.order.remove(&(old, key.clone()));
         }
-        entry.next_deadline = deadline;
         if let Some(new) = deadline {
-            self.due.insert((new, key.clone()));
+            self.at.insert(key.clone(), new);
+            self.order.insert((new, key.clone()));
         }
     }
 }
 
-/// Session states held in memory. Saves append their audit entries to the
-/// given audit log under the same lock, so both happen or neither does.
+/// Session states held in memory. A commit appends its audit entries to the
+/// given audit log and enqueues its tasks on the given queue under the same
+/// gate as the state, so all happen or none does.
 #[derive(Debug)]
 pub struct MemorySessionStore {
-    inner: Mutex<Inner>,
-    audit: Arc<MemoryAuditLog>,
+    records: Records<SessionState>,
+    due: Mutex<Due>,
 }
 
 impl MemorySessionStore {
-    /// An empty store writing audit entries to `audit`.
-    pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
+    /// An empty store writing audit entries to `audit` and tasks to `queue`.
+    pub fn new(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
         Self {
-            inner: Mutex::new(Inner::default()),
-            audit,
+            records: Records::new(audit, Some(queue), DagLimits::default()),
+            due: Mutex::new(Due::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn due(&self) -> MutexGuard<'_, Due> {
+        self.due.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl MachineStore<SessionState> for MemorySessionStore {
+    async fn load(&self, key: &SessionKey) -> PortResult<Option<Stored<SessionState>>> {
+        Ok(self.records.load(key).await)
+    }
+
+    async fn commit(&self, c: Commit<'_, SessionState>) -> PortResult<Committed<SessionState>> {
+        let deadline = c.decision.next_deadline;
+        let version = self
+            .records
+            .commit(
+                &c,
+                c.state.clone(),
+                |_| Ok(()),
+                |_, _, ()| self.due().set(&record_key(c.key), deadline),
+            )
+            .await?;
+        Ok(Committed::at(version))
     }
 }
 
 #[async_trait]
 impl SessionStore for MemorySessionStore {
-    async fn get(
-        &self,
-        product_id: &ProductId,
-        session_id: &SessionId,
-    ) -> PortResult<Option<StoredSession>> {
-        let inner = self.lock();
-        Ok(inner
-            .sessions
-            .get(&(product_id.clone(), session_id.clone()))
-            .map(|e| StoredSession {
-                state: e.state.clone(),
-                version: e.version,
-            }))
+    async fn delete(&self, key: &SessionKey) -> PortResult<bool> {
+        let _gate = self.records.gate().await;
+        let rk = record_key(key);
+        self.due().set(&rk, None);
+        Ok(self.records.lock().remove(&rk).is_some())
     }
 
-    async fn get_or_create(
+    async fn claim_due(
         &self,
-        product_id: &ProductId,
-        session_id: &SessionId,
         now: Timestamp,
-    ) -> PortResult<StoredSession> {
-        let mut inner = self.lock();
-        let entry = inner
-            .sessions
-            .entry((product_id.clone(), session_id.clone()))
-            .or_insert_with(|| Entry {
-                state: SessionState::new(product_id.clone(), session_id.clone(), now),
-                version: 1,
-                next_deadline: None,
-            });
-        Ok(StoredSession {
-            state: entry.state.clone(),
-            version: entry.version,
-        })
-    }
-
-    async fn save(&self, save: SessionSave<'_>) -> PortResult<i64> {
-        let key = (
-            save.state.product_id().clone(),
-            save.state.session_id().clone(),
-        );
-        let mut inner = self.lock();
-        let Some(entry) = inner.sessions.get_mut(&key) else {
-            return Err(PortError::conflict("session was deleted meanwhile"));
-        };
-        if entry.version != save.expected_version {
-            return Err(PortError::conflict(format!(
-                "session is at version {}, not {}",
-                entry.version, save.expected_version
-            )));
-        }
-        entry.state = save.state.clone();
-        entry.version += 1;
-        let version = entry.version;
-        inner.set_deadline(&key, save.next_deadline);
-        self.audit.push(save.audit);
-        Ok(version)
-    }
-
-    async fn delete(&self, product_id: &ProductId, session_id: &SessionId) -> PortResult<bool> {
-        let key = (product_id.clone(), session_id.clone());
-        let mut inner = self.lock();
-        inner.set_deadline(&key, None);
-        Ok(inner.sessions.remove(&key).is_some())
-    }
-
-    async fn claim_due(&self, now: Timestamp, limit: usize) -> PortResult<Vec<StoredSession>> {
-        let mut inner = self.lock();
-        let keys: Vec<Key> = inner
-            .due
+        limit: usize,
+    ) -> PortResult<Vec<Stored<SessionState>>> {
+        let _gate = self.records.gate().await;
+        let mut due = self.due();
+        let keys: Vec<RecordKey> = due
+            .order
             .iter()
             .take_while(|(deadline, _)| *deadline <= now)
             .take(limit)
             .map(|(_, key)| key.clone())
             .collect();
-        let lease = now + CLAIM_LEASE;
+        let lease = Some(now + CLAIM_LEASE);
+        let records = self.records.lock();
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
-            inner.set_deadline(&key, Some(lease));
-            if let Some(e) = inner.sessions.get(&key) {
-                out.push(StoredSession {
-                    state: e.state.clone(),
-                    version: e.version,
-                });
+            match records.get(&key) {
+                Some(stored) => {
+                    due.set(&key, lease);
+                    out.push(stored.clone());
+                }
+                None => due.set(&key, None),
             }
         }
         Ok(out)

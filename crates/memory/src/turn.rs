@@ -1,64 +1,83 @@
-//! Checkpoints and the memory store in maps.
+//! Turn threads and the memory store in maps.
+//!
+//! Threads are [`Records`] of [`Checkpoint`], committed under the records'
+//! gate like every in-memory machine; a record holds the whole thread, and a
+//! commit applies the decision's [`TurnEffect::Write`] delta to it (the
+//! decided state may hold only a window of its lists, so it is never stored
+//! as is).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use parlance_core::ProductId;
+use parlance_core::queue::DagLimits;
 use parlance_core::turn::{
-    Checkpoint, CheckpointDelta, LoadWindow, MemoryFilter, MemoryId, MemoryKind, MemoryRecord,
-    OwnerId, ProceduralProfile, QueryEmbedding, Retrieved, ThreadId, ThreadKey, retrieve_from,
+    Checkpoint, MemoryFilter, MemoryId, MemoryKind, MemoryRecord, OwnerId, ProceduralProfile,
+    QueryEmbedding, Retrieved, ThreadId, TurnEffect, TurnKey, retrieve_from,
 };
-use parlance_ports::{Checkpointer, Committed, MemoryStore, PortError, PortResult};
+use parlance_ports::{Commit, Committed, MachineStore, MemoryStore, PortError, PortResult, Stored};
+
+use crate::{MemoryAuditLog, Records};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Checkpoints held in memory.
-#[derive(Debug, Default)]
-pub struct MemoryCheckpointer {
-    threads: Mutex<HashMap<ThreadKey, Checkpoint>>,
+/// Turn threads held in memory: one record per thread, every list whole.
+#[derive(Debug)]
+pub struct MemoryCheckpointStore {
+    records: Records<Checkpoint>,
 }
 
-impl MemoryCheckpointer {
-    /// No threads yet.
-    pub fn new() -> Self {
-        Self::default()
+impl MemoryCheckpointStore {
+    /// No threads yet; commits write their audit entries (a thread's
+    /// decisions have none today) to `audit`.
+    pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
+        Self {
+            records: Records::new(audit, None, DagLimits::default()),
+        }
     }
+}
+
+/// The whole thread `current` (a new one when `None`) with the decision's
+/// [`TurnEffect::Write`] deltas applied in order; its version is set when
+/// it is stored.
+fn written(current: Option<&Stored<Checkpoint>>, c: &Commit<'_, Checkpoint>) -> Checkpoint {
+    let mut thread = current.map(|s| s.state.clone()).unwrap_or_default();
+    for effect in &c.decision.effects {
+        let TurnEffect::Write(delta) = effect;
+        thread.apply(delta);
+    }
+    thread
 }
 
 #[async_trait]
-impl Checkpointer for MemoryCheckpointer {
-    async fn load(&self, key: &ThreadKey, window: &LoadWindow) -> PortResult<Checkpoint> {
-        let threads = lock(&self.threads);
-        Ok(threads
-            .get(key)
-            .cloned()
-            .unwrap_or_default()
-            .windowed(window))
+impl MachineStore<Checkpoint> for MemoryCheckpointStore {
+    async fn load(&self, key: &TurnKey) -> PortResult<Option<Stored<Checkpoint>>> {
+        Ok(self.records.load(key).await.map(|s| Stored {
+            state: s.state.windowed(&key.window),
+            version: s.version,
+        }))
     }
 
-    async fn commit(
-        &self,
-        key: &ThreadKey,
-        expected_version: u64,
-        delta: &CheckpointDelta,
-    ) -> PortResult<Committed> {
-        let mut threads = lock(&self.threads);
-        let current = threads.get(key).map_or(0, |c| c.version);
-        if current != expected_version {
-            return Err(PortError::conflict(format!(
-                "thread {} is at version {current}, not {expected_version}",
-                key.thread
-            )));
+    async fn commit(&self, c: Commit<'_, Checkpoint>) -> PortResult<Committed<Checkpoint>> {
+        if !c.decision.tasks.is_empty() {
+            return Err(PortError::invalid("a turn thread enqueues no tasks"));
         }
-        let cp = threads.entry(key.clone()).or_default();
-        cp.apply(delta);
-        Ok(Committed {
-            version: cp.version,
-            bytes_written: delta.encoded_len(),
-        })
+        let version = self
+            .records
+            .commit(
+                &c,
+                Checkpoint::default(),
+                |current| Ok(written(current, &c)),
+                |stored, _, thread| {
+                    stored.state = thread;
+                    stored.state.version = stored.version.0;
+                },
+            )
+            .await?;
+        Ok(Committed::at(version))
     }
 }
 

@@ -1,19 +1,17 @@
-//! Storage of user adoption state, onboarding plans and tour catalogs.
+//! Storage of user adoption records, onboarding plans and tour catalogs.
+//!
+//! A record is loaded and committed through the one storage protocol,
+//! [`MachineStore<UserAdoptionState>`](crate::MachineStore): a commit writes
+//! the record and the audit entries of its journey changes together or not
+//! at all. What is left here is what that protocol does not cover: deleting
+//! a record, and each product's onboarding plans and tour catalogs (read as
+//! the context of a decision, never changed by one).
 
 use async_trait::async_trait;
 use parlance_core::ProductId;
-use parlance_core::adoption::{OnboardingPlan, TourCatalogEntry, UserAdoptionState, UserId};
+use parlance_core::adoption::{AdoptionKey, OnboardingPlan, TourCatalogEntry};
 
 use crate::PortResult;
-
-/// An adoption record with the version it was stored at.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredAdoption {
-    /// The state.
-    pub state: UserAdoptionState,
-    /// Its version: 1 after the first save, +1 per save.
-    pub version: i64,
-}
 
 /// The key a role-specific document is stored under: the role trimmed and
 /// lowercased; `""` for the product-wide document.
@@ -21,32 +19,15 @@ pub fn role_key(role: Option<&str>) -> String {
     role.unwrap_or("").trim().to_lowercase()
 }
 
-/// Per-user adoption records keyed by `(product_id, user_id)`, plus each
-/// product's onboarding plans and tour catalogs (product-wide and per role).
+/// The adoption operations beside load and commit: deleting a record (on
+/// the same records as the store's
+/// [`MachineStore<UserAdoptionState>`](crate::MachineStore), keyed by
+/// `(product_id, user_id)`), and each product's onboarding plans and tour
+/// catalogs (product-wide and per role).
 #[async_trait]
 pub trait AdoptionStore: Send + Sync + 'static {
-    /// The user's record, if any. A stored record that no longer decodes is
-    /// an error (never "not found", so it is never overwritten by a fresh one).
-    async fn load(
-        &self,
-        product_id: &ProductId,
-        user_id: &UserId,
-    ) -> PortResult<Option<StoredAdoption>>;
-
-    /// Saves `state` (its `user_id` is the key) by compare-and-swap:
-    /// `expected_version` `None` creates the record (`Conflict` when it
-    /// exists), `Some(v)` replaces version `v` (`Conflict` when the stored
-    /// version differs, `NotFound` when there is none). Returns the new
-    /// version.
-    async fn save(
-        &self,
-        product_id: &ProductId,
-        state: &UserAdoptionState,
-        expected_version: Option<i64>,
-    ) -> PortResult<i64>;
-
     /// Deletes the user's record; false when there was none.
-    async fn delete(&self, product_id: &ProductId, user_id: &UserId) -> PortResult<bool>;
+    async fn delete(&self, key: &AdoptionKey) -> PortResult<bool>;
 
     /// Stores the onboarding plan for a role (`None`: product-wide),
     /// replacing the previous one.

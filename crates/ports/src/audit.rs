@@ -1,7 +1,7 @@
 //! The audit log: every transition of every machine, with cause and time.
 
 use async_trait::async_trait;
-use parlance_core::{ProductId, Timestamp};
+use parlance_core::{EntityKind, ProductId, Timestamp};
 use serde::Serialize;
 
 use crate::PortResult;
@@ -11,8 +11,8 @@ use crate::PortResult;
 pub struct AuditEntry {
     /// The tenant.
     pub product_id: ProductId,
-    /// Which machine: `session`, `conversation`, `adoption`, `flow`, `turn`, ...
-    pub entity_kind: String,
+    /// Which machine.
+    pub entity_kind: EntityKind,
     /// The entity's id within its kind and product.
     pub entity_id: String,
     /// State before (wire value), if the entity existed.
@@ -49,7 +49,7 @@ pub trait AuditLog: Send + Sync + 'static {
     async fn list(
         &self,
         product_id: &ProductId,
-        entity_kind: &str,
+        entity_kind: EntityKind,
         entity_id: &str,
         after_seq: Option<i64>,
         limit: usize,

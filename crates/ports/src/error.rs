@@ -102,6 +102,12 @@ impl PortError {
     }
 }
 
+impl From<parlance_core::queue::InvalidTask> for PortError {
+    fn from(e: parlance_core::queue::InvalidTask) -> Self {
+        PortError::invalid(e.0)
+    }
+}
+
 impl fmt::Display for PortError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.kind.as_str(), self.message)

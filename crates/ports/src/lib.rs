@@ -22,17 +22,18 @@ pub mod flow;
 pub mod llm;
 pub mod queue;
 pub mod session;
+pub mod store;
 pub mod turn;
 
-pub use adoption::{AdoptionStore, StoredAdoption};
+pub use adoption::AdoptionStore;
 pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use channel::{Channel, Outbound};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
-pub use conversation::{Applied, ConversationStore, ListFilter};
+pub use conversation::{ConversationStore, ListFilter};
 pub use crisis::{CrisisLog, CrisisLogEntry, CrisisLogRecord};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
-pub use flow::{ChainProgress, DagStart, FlowAppend, FlowStore, ProgressUpdate, StoredFlowSession};
+pub use flow::{ChainProgress, FlowStore};
 pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,
@@ -43,5 +44,6 @@ pub use queue::{
     LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, RecoverReport,
     TaskId, TaskQueue, TaskSpec, WorkerId,
 };
-pub use session::{CLAIM_LEASE, SessionSave, SessionStore, StoredSession, TourCatalogStore};
-pub use turn::{Checkpointer, Committed, MemoryStore};
+pub use session::{CLAIM_LEASE, SessionStore, TourCatalogStore};
+pub use store::{Commit, Committed, MachineStore, Stored, Version, audit_entries, audit_entry};
+pub use turn::MemoryStore;

@@ -1,46 +1,26 @@
-//! The turn runtime's storage: checkpoints per thread and the memory store.
+//! The turn runtime's storage besides its threads: the memory store.
+//!
+//! A thread's checkpoint is a machine
+//! ([`Checkpoint`](parlance_core::turn::Checkpoint)) stored through the one
+//! storage protocol, `MachineStore<Checkpoint>`: `load` takes a
+//! [`TurnKey`](parlance_core::turn::TurnKey), the thread plus the lists to
+//! load only in part, and answers `None` for a thread with no turn; `commit`
+//! writes the decision's [`TurnEffect::Write`] delta (new list entries
+//! appended, objects replaced, the version bumped), never the decided state,
+//! which may hold only a window of its lists. So a commit costs the same
+//! however long the thread is. A thread's decisions carry no tasks: a commit
+//! that carries one is refused as `Invalid` and writes nothing.
+//!
+//! [`TurnEffect::Write`]: parlance_core::turn::TurnEffect::Write
 
 use async_trait::async_trait;
 use parlance_core::ProductId;
 use parlance_core::turn::{
-    Checkpoint, CheckpointDelta, LoadWindow, MemoryFilter, MemoryId, MemoryKind, MemoryRecord,
-    OwnerId, ProceduralProfile, QueryEmbedding, Retrieved, ThreadId, ThreadKey,
+    MemoryFilter, MemoryId, MemoryKind, MemoryRecord, OwnerId, ProceduralProfile, QueryEmbedding,
+    Retrieved, ThreadId,
 };
-use serde::Serialize;
 
 use crate::PortResult;
-
-/// What a successful commit reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Committed {
-    /// The thread's version after the commit.
-    pub version: u64,
-    /// The payload bytes the commit wrote (new list entries and replaced
-    /// objects); independent of how long the thread already is.
-    pub bytes_written: usize,
-}
-
-/// Checkpoints of turn state, per (product, owner, thread).
-///
-/// List reducers are stored append-only, objects replaced whole; a commit is
-/// a compare-and-swap on the thread's version.
-#[async_trait]
-pub trait Checkpointer: Send + Sync + 'static {
-    /// The thread's checkpoint (version 0 and empty for a new thread), with
-    /// the lists named in `window` cut to their last entries.
-    async fn load(&self, key: &ThreadKey, window: &LoadWindow) -> PortResult<Checkpoint>;
-
-    /// Appends the delta's list entries and replaces its objects, if the
-    /// thread is still at `expected_version` (0 for a new thread); the
-    /// version then goes up by one. A stale version is a `Conflict` and
-    /// writes nothing.
-    async fn commit(
-        &self,
-        key: &ThreadKey,
-        expected_version: u64,
-        delta: &CheckpointDelta,
-    ) -> PortResult<Committed>;
-}
 
 /// Long-term memory per owner: semantic and episodic entries, the
 /// procedural profile and session memory, with hybrid retrieval.

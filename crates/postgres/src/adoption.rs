@@ -1,13 +1,26 @@
 //! Adoption records in `adoption_state`, plans in `adoption_plan`, tour
 //! catalogs in `adoption_tour_catalog`.
+//!
+//! A commit is one guarded statement on the record's row (an insert that
+//! does nothing when the row exists, or an update on the expected
+//! `version`), so a lost race writes nothing. When the decision has audit
+//! entries (a journey change) or tasks, the statement, the entries and the
+//! tasks run in one transaction; a decision with neither is the single
+//! statement alone, as cheap as a plain save. The record has no timers, so
+//! no deadline is stored.
 
 use async_trait::async_trait;
-use parlance_core::ProductId;
-use parlance_core::adoption::{OnboardingPlan, TourCatalogEntry, UserAdoptionState, UserId};
+use parlance_core::adoption::{AdoptionKey, OnboardingPlan, TourCatalogEntry, UserAdoptionState};
+use parlance_core::{ProductId, Task};
 use parlance_ports::adoption::role_key;
-use parlance_ports::{AdoptionStore, PortError, PortResult, StoredAdoption};
-use sqlx::{PgPool, Row as _};
+use parlance_ports::{
+    AdoptionStore, Commit, Committed, MachineStore, PortError, PortResult, Stored, Version,
+    audit_entries,
+};
+use sqlx::{PgExecutor, PgPool, Row as _};
 
+use crate::PgTaskQueue;
+use crate::audit::insert_entries;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
@@ -15,29 +28,86 @@ use crate::time::{from_pg, to_pg};
 #[derive(Debug, Clone)]
 pub struct PgAdoptionStore {
     pool: PgPool,
+    queue: PgTaskQueue,
 }
 
 impl PgAdoptionStore {
-    /// A store on `pool` (migrated).
-    pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+    /// A store on `pool` (migrated) whose commits enqueue their tasks on
+    /// `queue` (on the same database), in the commit's transaction.
+    pub fn new(pool: PgPool, queue: PgTaskQueue) -> Self {
+        Self { pool, queue }
+    }
+}
+
+/// Writes the record's row by compare-and-swap: `expected: None` inserts
+/// (a `Conflict` when the row exists), `Some(v)` updates version `v` (a
+/// `Conflict` when the row is at another version or gone). One statement.
+async fn write_row<'e>(
+    executor: impl PgExecutor<'e>,
+    key: &AdoptionKey,
+    expected: Option<Version>,
+    state: &UserAdoptionState,
+) -> PortResult<Version> {
+    let snapshot = state.to_snapshot_string();
+    match expected {
+        None => {
+            let done = sqlx::query(
+                "INSERT INTO adoption_state \
+                 (product_id, user_id, version, journey_state, mastery_level, snapshot, updated_at) \
+                 VALUES ($1, $2, 1, $3, $4, $5::json, $6) \
+                 ON CONFLICT (product_id, user_id) DO NOTHING",
+            )
+            .bind(key.product_id.as_str())
+            .bind(key.user_id.as_str())
+            .bind(state.journey_state.as_str())
+            .bind(state.mastery.level.as_str())
+            .bind(&snapshot)
+            .bind(to_pg(state.last_updated_at))
+            .execute(executor)
+            .await
+            .map_err(pg_err("insert adoption state"))?;
+            if done.rows_affected() == 1 {
+                Ok(Version::FIRST)
+            } else {
+                Err(PortError::conflict("adoption record already exists"))
+            }
+        }
+        Some(expected) => {
+            let version: Option<i64> = sqlx::query_scalar(
+                "UPDATE adoption_state SET version = version + 1, journey_state = $4, \
+                 mastery_level = $5, snapshot = $6::json, updated_at = $7 \
+                 WHERE product_id = $1 AND user_id = $2 AND version = $3 \
+                 RETURNING version",
+            )
+            .bind(key.product_id.as_str())
+            .bind(key.user_id.as_str())
+            .bind(expected.as_i64())
+            .bind(state.journey_state.as_str())
+            .bind(state.mastery.level.as_str())
+            .bind(&snapshot)
+            .bind(to_pg(state.last_updated_at))
+            .fetch_optional(executor)
+            .await
+            .map_err(pg_err("update adoption state"))?;
+            version.map(Version::from_i64).ok_or_else(|| {
+                PortError::conflict(format!(
+                    "adoption record is no longer at version {expected}"
+                ))
+            })
+        }
     }
 }
 
 #[async_trait]
-impl AdoptionStore for PgAdoptionStore {
-    #[tracing::instrument(skip_all, fields(product_id = %product_id), err)]
-    async fn load(
-        &self,
-        product_id: &ProductId,
-        user_id: &UserId,
-    ) -> PortResult<Option<StoredAdoption>> {
+impl MachineStore<UserAdoptionState> for PgAdoptionStore {
+    #[tracing::instrument(skip_all, fields(product_id = %key.product_id), err)]
+    async fn load(&self, key: &AdoptionKey) -> PortResult<Option<Stored<UserAdoptionState>>> {
         let row = sqlx::query(
             "SELECT version, snapshot::text AS snapshot, updated_at FROM adoption_state \
              WHERE product_id = $1 AND user_id = $2",
         )
-        .bind(product_id.as_str())
-        .bind(user_id.as_str())
+        .bind(key.product_id.as_str())
+        .bind(key.user_id.as_str())
         .fetch_optional(&self.pool)
         .await
         .map_err(pg_err("load adoption state"))?;
@@ -55,83 +125,47 @@ impl AdoptionStore for PgAdoptionStore {
         let state = UserAdoptionState::from_snapshot_str(&text, updated).map_err(|e| {
             PortError::other("stored adoption state does not decode").with_source(e)
         })?;
-        Ok(Some(StoredAdoption { state, version }))
+        Ok(Some(Stored {
+            state,
+            version: Version::from_i64(version),
+        }))
     }
 
-    #[tracing::instrument(skip_all, fields(product_id = %product_id), err)]
-    async fn save(
+    #[tracing::instrument(skip_all, fields(product_id = %c.key.product_id), err)]
+    async fn commit(
         &self,
-        product_id: &ProductId,
-        state: &UserAdoptionState,
-        expected_version: Option<i64>,
-    ) -> PortResult<i64> {
-        let snapshot = state.to_snapshot_string();
-        match expected_version {
-            None => {
-                let done = sqlx::query(
-                    "INSERT INTO adoption_state \
-                     (product_id, user_id, version, journey_state, mastery_level, snapshot, updated_at) \
-                     VALUES ($1, $2, 1, $3, $4, $5::json, $6) \
-                     ON CONFLICT (product_id, user_id) DO NOTHING",
-                )
-                .bind(product_id.as_str())
-                .bind(&state.user_id)
-                .bind(state.journey_state.as_str())
-                .bind(state.mastery.level.as_str())
-                .bind(&snapshot)
-                .bind(to_pg(state.last_updated_at))
-                .execute(&self.pool)
-                .await
-                .map_err(pg_err("insert adoption state"))?;
-                if done.rows_affected() == 1 {
-                    Ok(1)
-                } else {
-                    Err(PortError::conflict("adoption record already exists"))
-                }
-            }
-            Some(expected) => {
-                let row = sqlx::query(
-                    "UPDATE adoption_state SET version = version + 1, journey_state = $4, \
-                     mastery_level = $5, snapshot = $6::json, updated_at = $7 \
-                     WHERE product_id = $1 AND user_id = $2 AND version = $3 \
-                     RETURNING version",
-                )
-                .bind(product_id.as_str())
-                .bind(&state.user_id)
-                .bind(expected)
-                .bind(state.journey_state.as_str())
-                .bind(state.mastery.level.as_str())
-                .bind(&snapshot)
-                .bind(to_pg(state.last_updated_at))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(pg_err("update adoption state"))?;
-                if let Some(row) = row {
-                    return row
-                        .try_get("version")
-                        .map_err(pg_err("update adoption state"));
-                }
-                let exists = sqlx::query(
-                    "SELECT 1 FROM adoption_state WHERE product_id = $1 AND user_id = $2",
-                )
-                .bind(product_id.as_str())
-                .bind(&state.user_id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(pg_err("update adoption state"))?;
-                Err(match exists {
-                    Some(_) => PortError::conflict("adoption record version is stale"),
-                    None => PortError::not_found("no adoption record"),
-                })
+        c: Commit<'_, UserAdoptionState>,
+    ) -> PortResult<Committed<UserAdoptionState>> {
+        if c.decision.transitions.is_empty() && c.decision.tasks.is_empty() {
+            let version = write_row(&self.pool, c.key, c.expected, c.state).await?;
+            return Ok(Committed::at(version));
+        }
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        let version = write_row(&mut *tx, c.key, c.expected, c.state).await?;
+        insert_entries(&mut *tx, &audit_entries(c.key, c.decision, c.now))
+            .await
+            .map_err(pg_err("append adoption audit entries"))?;
+        let singles: Vec<_> = c.decision.single_tasks().cloned().collect();
+        if !singles.is_empty() {
+            self.queue.enqueue_in(&mut tx, &singles).await?;
+        }
+        for task in &c.decision.tasks {
+            if let Task::Dag(dag) = task {
+                self.queue.enqueue_dag_in(&mut tx, dag).await?;
             }
         }
+        tx.commit().await.map_err(pg_err("commit"))?;
+        Ok(Committed::at(version))
     }
+}
 
-    #[tracing::instrument(skip_all, fields(product_id = %product_id), err)]
-    async fn delete(&self, product_id: &ProductId, user_id: &UserId) -> PortResult<bool> {
+#[async_trait]
+impl AdoptionStore for PgAdoptionStore {
+    #[tracing::instrument(skip_all, fields(product_id = %key.product_id), err)]
+    async fn delete(&self, key: &AdoptionKey) -> PortResult<bool> {
         let done = sqlx::query("DELETE FROM adoption_state WHERE product_id = $1 AND user_id = $2")
-            .bind(product_id.as_str())
-            .bind(user_id.as_str())
+            .bind(key.product_id.as_str())
+            .bind(key.user_id.as_str())
             .execute(&self.pool)
             .await
             .map_err(pg_err("delete adoption state"))?;

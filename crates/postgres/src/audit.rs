@@ -1,7 +1,7 @@
 //! The audit log in the `audit_log` table.
 
 use async_trait::async_trait;
-use parlance_core::ProductId;
+use parlance_core::{EntityKind, ProductId};
 use parlance_ports::{AuditEntry, AuditLog, AuditRecord, PortResult};
 use sqlx::{PgPool, Postgres, QueryBuilder, Row as _};
 
@@ -35,7 +35,7 @@ pub(crate) async fn insert_entries<'e>(
     );
     q.push_values(entries, |mut b, e| {
         b.push_bind(e.product_id.as_str())
-            .push_bind(&e.entity_kind)
+            .push_bind(e.entity_kind.as_str())
             .push_bind(&e.entity_id)
             .push_bind(e.from.as_deref())
             .push_bind(&e.to)
@@ -57,7 +57,7 @@ impl AuditLog for PgAuditLog {
     async fn list(
         &self,
         product_id: &ProductId,
-        entity_kind: &str,
+        entity_kind: EntityKind,
         entity_id: &str,
         after_seq: Option<i64>,
         limit: usize,
@@ -68,7 +68,7 @@ impl AuditLog for PgAuditLog {
              ORDER BY seq LIMIT $5",
         )
         .bind(product_id.as_str())
-        .bind(entity_kind)
+        .bind(entity_kind.as_str())
         .bind(entity_id)
         .bind(after_seq.unwrap_or(0))
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -81,7 +81,7 @@ impl AuditLog for PgAuditLog {
                     seq: row.try_get("seq")?,
                     entry: AuditEntry {
                         product_id: product_id.clone(),
-                        entity_kind: entity_kind.to_owned(),
+                        entity_kind,
                         entity_id: entity_id.to_owned(),
                         from: row.try_get("from_state")?,
                         to: row.try_get("to_state")?,

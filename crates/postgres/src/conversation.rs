@@ -1,38 +1,39 @@
 //! Conversation instances in PostgreSQL.
 //!
-//! A command is decided on a plain read of the instance, then written by one
-//! guarded statement: the row update (`WHERE state = $seen AND version =
-//! $seen`) with the transcript messages and audit entries as data-modifying
-//! CTEs that insert only when the update matched. An outcome that asks for
-//! tasks or a promotion runs that statement in a transaction that also
-//! enqueues the tasks (on the same connection, so they commit with the
-//! transition) and promotes; otherwise the statement commits on its own.
-//! When the guard finds the instance moved, nothing was written and the
-//! command runs again inside a transaction holding the row lock
-//! (`FOR UPDATE`), which cannot be overtaken: a command is decided at most
-//! twice, and a hot instance costs waiters a lock queue, not a retry loop.
+//! A commit is written by one guarded statement: the row insert (`ON
+//! CONFLICT DO NOTHING`, for a creation) or update (`WHERE version =
+//! $expected`), with the transcript messages and the audit entries as
+//! data-modifying CTEs that insert only when the row was written. A guard
+//! that does not match (the instance moved since it was loaded, or a
+//! created one exists) writes nothing and is a `Conflict`: the caller
+//! decides again on a fresh load. A decision with tasks or a promotion runs
+//! that statement in a transaction that also enqueues the tasks (on the
+//! same connection, so they commit with the transition) and promotes; any
+//! other commits on its own, one statement and one round trip.
 //!
 //! Creation and promotion lock the contact's row in `conversation_contacts`
-//! first, and the partial unique index `conversation_one_holder` makes a
-//! second holder impossible whatever the code does. Lock order: instance,
-//! then contact; promotion takes the queued instance with `SKIP LOCKED`, so
-//! it never waits while holding the contact.
+//! first; a creation is decided again under that lock with whether the
+//! contact is held, and the partial unique index `conversation_one_holder`
+//! makes a second holder impossible whatever the code does. Lock order:
+//! instance, then contact; promotion takes the queued instance with `SKIP
+//! LOCKED`, so it never waits while holding the contact.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parlance_core::conversation::{
-    ConversationError, ConversationState, Effect, Instance, InstanceId, Message, NewInstance,
-    Outcome, Role,
+    ConversationCommand, ConversationContext, ConversationEffect, ConversationKey,
+    ConversationState, Instance, InstanceId, Message, Role,
 };
-use parlance_core::{ProductId, Timestamp};
-use parlance_ports::conversation::{Command, audit_entries, creation_entry, effect_tasks};
-use parlance_ports::{Applied, ConversationStore, ListFilter, PortError, PortResult};
+use parlance_core::{Command as _, Decision, Machine, ProductId, Task, Timestamp};
+use parlance_ports::{
+    Commit, Committed, ConversationStore, ListFilter, MachineStore, PortError, PortResult, Stored,
+    Version,
+};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row as _};
 
 use crate::PgTaskQueue;
-use crate::audit::insert_entries;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
@@ -52,25 +53,23 @@ impl PgConversationStore {
     }
 }
 
-fn decode(row: &PgRow) -> PortResult<Instance> {
+fn decode(row: &PgRow) -> PortResult<Stored<Instance>> {
     let record: serde_json::Value = row.try_get("record").map_err(pg_err("read conversation"))?;
     let version: i64 = row
         .try_get("version")
         .map_err(pg_err("read conversation"))?;
-    let mut instance: Instance = serde_json::from_value(record).map_err(|e| {
+    let state: Instance = serde_json::from_value(record).map_err(|e| {
         PortError::other("stored conversation record does not decode").with_source(e)
     })?;
-    instance.version = u64::try_from(version).unwrap_or_default();
-    Ok(instance)
+    Ok(Stored {
+        state,
+        version: Version::from_i64(version),
+    })
 }
 
 fn encode(instance: &Instance) -> PortResult<serde_json::Value> {
     serde_json::to_value(instance)
         .map_err(|e| PortError::other("conversation record does not encode").with_source(e))
-}
-
-fn version(instance: &Instance) -> i64 {
-    i64::try_from(instance.version).unwrap_or(i64::MAX)
 }
 
 fn role(r: Role) -> &'static str {
@@ -90,6 +89,10 @@ fn parse_role(r: &str) -> PortResult<Role> {
             "stored message has unknown role {other:?}"
         ))),
     }
+}
+
+fn conflict(key: &ConversationKey, why: &str) -> PortError {
+    PortError::conflict(format!("conversation {} {why}", key.instance_id))
 }
 
 /// Locks the contact's row, creating it first if needed.
@@ -129,78 +132,150 @@ async fn contact_is_held(
     .map_err(pg_err("check contact holder"))
 }
 
-/// Writes a transition decided on `seen` (the state and version the command
-/// read): the row, its transcript messages and its audit entries, in one
-/// statement whose inserts happen only if the guarded update matched.
-/// `false` when the instance moved since it was read: nothing was written.
-async fn write_transition(
+/// The transcript lines and audit entries of a write, as data-modifying
+/// CTEs on the written row `u`: they insert only when it was written.
+/// Parameters `$1` to `$18` are bound by [`write`].
+macro_rules! written_with_lines_and_audit {
+    () => {
+        "m AS (INSERT INTO conversation_messages (product_id, instance_id, role, text, at, outbound_seq) \
+         SELECT $1, u.instance_id, x.role, x.text, x.at, x.outbound_seq FROM u, \
+         UNNEST($8::text[], $9::text[], $10::timestamptz[], $11::int4[]) WITH ORDINALITY \
+         AS x(role, text, at, outbound_seq, n) ORDER BY x.n), \
+         a AS (INSERT INTO audit_log (product_id, entity_kind, entity_id, from_state, to_state, cause, at, payload) \
+         SELECT $1, $18, $17, x.from_state, x.to_state, x.cause, $12, x.payload \
+         FROM u, UNNEST($13::text[], $14::text[], $15::text[], $16::jsonb[]) WITH ORDINALITY \
+         AS x(from_state, to_state, cause, payload, n) ORDER BY x.n) \
+         SELECT count(*) FROM u"
+    };
+}
+
+/// A creation: the row inserted unless the instance exists.
+const INSERT: &str = concat!(
+    "WITH u AS (INSERT INTO conversation_instances (product_id, instance_id, contact_id, state, \
+     holds_contact, version, heartbeat_due_at, created_at, record) \
+     VALUES ($1, $2, $19, $3, $4, $5, $6, $20, $7) \
+     ON CONFLICT (product_id, instance_id) DO NOTHING RETURNING instance_id), ",
+    written_with_lines_and_audit!()
+);
+
+/// A change: the row updated only at the version the decision was made on.
+const UPDATE: &str = concat!(
+    "WITH u AS (UPDATE conversation_instances SET state = $3, holds_contact = $4, \
+     version = $5, heartbeat_due_at = $6, claimed_until = NULL, record = $7 \
+     WHERE product_id = $1 AND instance_id = $2 AND version = $19 \
+     RETURNING instance_id), ",
+    written_with_lines_and_audit!()
+);
+
+/// How a row is written.
+#[derive(Debug, Clone, Copy)]
+enum Guard {
+    /// Inserted; nothing is written when the instance exists.
+    Absent,
+    /// Updated; nothing is written unless it is at this version.
+    At(Version),
+}
+
+/// Writes `state` at `key` as decided by `decision`, with its transcript
+/// lines and audit entries, in one statement. `false` when the guard did
+/// not match: nothing was written.
+async fn write(
     conn: &mut PgConnection,
-    instance: &Instance,
-    seen: (ConversationState, i64),
-    outcome: &Outcome,
+    key: &ConversationKey,
+    guard: Guard,
+    state: &Instance,
+    decision: &Decision<Instance>,
     now: Timestamp,
 ) -> PortResult<bool> {
-    let messages: Vec<&Message> = outcome
+    let version = match guard {
+        Guard::Absent => Version::FIRST,
+        Guard::At(v) => v.next(),
+    };
+    let lines: Vec<&Message> = decision
         .effects
         .iter()
         .filter_map(|e| match e {
-            Effect::Append(m) => Some(m),
+            ConversationEffect::Append(m) => Some(m),
             _ => None,
         })
         .collect();
-    let audit = audit_entries(instance, outcome, now);
-    let matched: i64 = sqlx::query_scalar(
-        "WITH u AS (UPDATE conversation_instances SET state = $3, holds_contact = $4, \
-         version = $5, heartbeat_due_at = $6, claimed_until = NULL, record = $7 \
-         WHERE product_id = $1 AND instance_id = $2 AND state = $8 AND version = $9 \
-         RETURNING instance_id), \
-         m AS (INSERT INTO conversation_messages (product_id, instance_id, role, text, at, outbound_seq) \
-         SELECT $1, u.instance_id, x.role, x.text, x.at, x.outbound_seq FROM u, \
-         UNNEST($10::text[], $11::text[], $12::timestamptz[], $13::int4[]) WITH ORDINALITY \
-         AS x(role, text, at, outbound_seq, n) ORDER BY x.n), \
-         a AS (INSERT INTO audit_log (product_id, entity_kind, entity_id, from_state, to_state, cause, at, payload) \
-         SELECT $1, 'conversation', $19, x.from_state, x.to_state, x.cause, $14, x.payload \
-         FROM u, UNNEST($15::text[], $16::text[], $17::text[], $18::jsonb[]) WITH ORDINALITY \
-         AS x(from_state, to_state, cause, payload, n) ORDER BY x.n) \
-         SELECT count(*) FROM u",
-    )
-    .bind(instance.product_id.as_str())
-    .bind(instance.instance_id.as_uuid())
-    .bind(instance.state.as_str())
-    .bind(instance.holds_contact())
-    .bind(version(instance))
-    .bind(instance.heartbeat_due_at.map(to_pg))
-    .bind(encode(instance)?)
-    .bind(seen.0.as_str())
-    .bind(seen.1)
-    .bind(messages.iter().map(|m| role(m.role)).collect::<Vec<_>>())
-    .bind(messages.iter().map(|m| m.text.as_str()).collect::<Vec<_>>())
-    .bind(messages.iter().map(|m| to_pg(m.at)).collect::<Vec<_>>())
-    .bind(
-        messages
-            .iter()
-            .map(|m| m.outbound_seq.map(|s| i32::try_from(s).unwrap_or(i32::MAX)))
-            .collect::<Vec<_>>(),
-    )
-    .bind(to_pg(now))
-    .bind(audit.iter().map(|e| e.from.as_deref()).collect::<Vec<_>>())
-    .bind(audit.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
-    .bind(audit.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
-    .bind(audit.iter().map(|e| e.payload.clone()).collect::<Vec<_>>())
-    .bind(instance.instance_id.to_string())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(pg_err("save conversation"))?;
-    Ok(matched == 1)
+    let transitions = &decision.transitions;
+    let sql = match guard {
+        Guard::Absent => INSERT,
+        Guard::At(_) => UPDATE,
+    };
+    let query = sqlx::query_scalar(sql)
+        .bind(key.product_id.as_str())
+        .bind(key.instance_id.as_uuid())
+        .bind(state.state.as_str())
+        .bind(state.holds_contact())
+        .bind(version.as_i64())
+        .bind(decision.next_deadline.map(to_pg))
+        .bind(encode(state)?)
+        .bind(lines.iter().map(|m| role(m.role)).collect::<Vec<_>>())
+        .bind(lines.iter().map(|m| m.text.as_str()).collect::<Vec<_>>())
+        .bind(lines.iter().map(|m| to_pg(m.at)).collect::<Vec<_>>())
+        .bind(
+            lines
+                .iter()
+                .map(|m| m.outbound_seq.map(|s| i32::try_from(s).unwrap_or(i32::MAX)))
+                .collect::<Vec<_>>(),
+        )
+        .bind(to_pg(now))
+        .bind(
+            transitions
+                .iter()
+                .map(|t| t.from.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            transitions
+                .iter()
+                .map(|t| t.to.as_ref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            transitions
+                .iter()
+                .map(|t| t.cause.as_ref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            transitions
+                .iter()
+                .map(|t| t.detail.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(key.instance_id.to_string())
+        .bind(Instance::KIND.as_str());
+    let query = match guard {
+        Guard::Absent => query
+            .bind(state.contact_id.as_str())
+            .bind(to_pg(state.created_at)),
+        Guard::At(expected) => query.bind(expected.as_i64()),
+    };
+    let written: i64 = query
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(pg_err("write conversation"))?;
+    Ok(written == 1)
+}
+
+/// An instance written by a commit, with the decision that made it.
+struct Written {
+    state: Instance,
+    version: Version,
+    decision: Decision<Instance>,
 }
 
 /// Promotes the oldest `QUEUED` instance of `holder`'s contact when no
-/// instance holds the contact any more.
+/// instance holds the contact any more: `promote` decided on it and
+/// written with its transcript lines and audit entries.
 async fn promote_next(
     conn: &mut PgConnection,
     holder: &Instance,
     now: Timestamp,
-) -> PortResult<Option<(Instance, Outcome)>> {
+) -> PortResult<Option<Written>> {
     let product = holder.product_id.as_str();
     let contact = holder.contact_id.as_str();
     lock_contact(conn, product, contact).await?;
@@ -218,164 +293,181 @@ async fn promote_next(
     .await
     .map_err(pg_err("find queued conversation"))?;
     let Some(row) = row else { return Ok(None) };
-    let mut next = decode(&row)?;
-    let seen = (next.state, version(&next));
-    let Ok(outcome) = next.promote(now) else {
+    let Stored {
+        state: mut next,
+        version,
+    } = decode(&row)?;
+    let free = ConversationContext {
+        contact_held: false,
+    };
+    let Ok(decision) = next.decide(&free, &ConversationCommand::Promote, now) else {
         return Ok(None);
     };
-    next.version += 1;
-    // The row is locked: the guard holds, and the audit entries go with it.
-    if !write_transition(conn, &next, seen, &outcome, now).await? {
+    let key = next.key();
+    // The row is locked: the guard holds.
+    if !write(conn, &key, Guard::At(version), &next, &decision, now).await? {
         return Err(PortError::other(
             "queued conversation moved under its row lock",
         ));
     }
-    Ok(Some((next, outcome)))
-}
-
-/// A command's decision on one read of its instance.
-struct Decided {
-    instance: Instance,
-    outcome: Outcome,
-    /// The state and version the decision was made on.
-    seen: (ConversationState, i64),
-    tasks: Vec<parlance_ports::TaskSpec>,
-}
-
-impl Decided {
-    fn promotes(&self) -> bool {
-        self.outcome.effects.contains(&Effect::PromoteNextQueued)
-    }
-}
-
-/// The instance's row, read with `suffix` (a plain read, or `FOR UPDATE`);
-/// `NotFound` when there is none.
-async fn load(
-    conn: &mut PgConnection,
-    product: &ProductId,
-    id: InstanceId,
-    suffix: &str,
-) -> PortResult<PgRow> {
-    sqlx::query(&format!(
-        "SELECT record, version FROM conversation_instances \
-         WHERE product_id = $1 AND instance_id = $2{suffix}"
-    ))
-    .bind(product.as_str())
-    .bind(id.as_uuid())
-    .fetch_optional(conn)
-    .await
-    .map_err(pg_err("load conversation"))?
-    .ok_or_else(|| PortError::not_found(format!("no conversation {id}")))
-}
-
-/// Runs `command` on the instance in `row`; the inner error is a refusal.
-fn decide(row: &PgRow, command: &Command) -> PortResult<Result<Decided, ConversationError>> {
-    let mut instance = decode(row)?;
-    let seen = (instance.state, version(&instance));
-    let outcome = match command(&mut instance) {
-        Ok(o) => o,
-        Err(e) => return Ok(Err(e)),
-    };
-    instance.version += 1;
-    let tasks = effect_tasks(&instance, &outcome);
-    Ok(Ok(Decided {
-        instance,
-        outcome,
-        seen,
-        tasks,
+    Ok(Some(Written {
+        state: next,
+        version: version.next(),
+        decision,
     }))
 }
 
-impl PgConversationStore {
-    /// Writes a decision on `conn` with everything that commits with it:
-    /// the guarded transition, the promotion it asks for (with its audit
-    /// entries) and the tasks of both. `None` when the instance moved since
-    /// the decision: nothing was written.
-    async fn finish(
-        &self,
-        conn: &mut PgConnection,
-        d: &Decided,
-        now: Timestamp,
-    ) -> PortResult<Option<Applied>> {
-        if !write_transition(conn, &d.instance, d.seen, &d.outcome, now).await? {
-            return Ok(None);
-        }
-        let promoted = if d.promotes() {
-            promote_next(conn, &d.instance, now).await?
-        } else {
-            None
-        };
-        let mut tasks = d.tasks.clone();
-        if let Some((p, o)) = &promoted {
-            tasks.extend(effect_tasks(p, o));
-        }
-        if !tasks.is_empty() {
-            self.queue.enqueue_in(conn, &tasks).await?;
-        }
-        Ok(Some(Applied {
-            instance: d.instance.clone(),
-            outcome: d.outcome.clone(),
-            promoted,
-        }))
+/// Checks every single task before anything is written; a DAG is checked
+/// when it is enqueued, in the transaction.
+fn check_tasks(decision: &Decision<Instance>) -> PortResult<()> {
+    for task in decision.single_tasks() {
+        task.validate()?;
     }
+    Ok(())
 }
 
-#[async_trait]
-impl ConversationStore for PgConversationStore {
-    async fn create(
+impl PgConversationStore {
+    /// Enqueues the tasks of `decisions` on `conn`: the single tasks in one
+    /// batch, then each DAG.
+    async fn enqueue(
         &self,
-        new: NewInstance,
-        now: Timestamp,
-    ) -> PortResult<Result<(Instance, Outcome), ConversationError>> {
+        conn: &mut PgConnection,
+        decisions: &[&Decision<Instance>],
+    ) -> PortResult<()> {
+        let singles: Vec<_> = decisions
+            .iter()
+            .flat_map(|d| d.single_tasks().cloned())
+            .collect();
+        if !singles.is_empty() {
+            self.queue.enqueue_in(conn, &singles).await?;
+        }
+        for d in decisions {
+            for task in &d.tasks {
+                if let Task::Dag(dag) = task {
+                    self.queue.enqueue_dag_in(conn, dag).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A creation, decided again under the contact's lock.
+    async fn create(&self, c: &Commit<'_, Instance>) -> PortResult<Committed<Instance>> {
+        let ConversationCommand::Create(new) = c.command else {
+            return Err(PortError::invalid(format!(
+                "{} does not create a conversation",
+                c.command.name()
+            )));
+        };
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
         lock_contact(&mut tx, new.product_id.as_str(), new.contact_id.as_str()).await?;
         let held =
             contact_is_held(&mut tx, new.product_id.as_str(), new.contact_id.as_str()).await?;
-        let (mut instance, outcome) = match Instance::create(new, held, now) {
-            Ok(created) => created,
-            Err(e) => return Ok(Err(e)),
+        let ctx = ConversationContext { contact_held: held };
+        let (state, decision) = match Instance::create(c.key, &ctx, c.command, c.now) {
+            Ok(Some(created)) => created,
+            Ok(None) => return Err(PortError::other("a create command created nothing")),
+            Err(e) => {
+                return Err(
+                    PortError::invalid("the creation is refused under the contact's lock")
+                        .with_source(e),
+                );
+            }
         };
-        instance.version = 1;
-        sqlx::query(
-            "INSERT INTO conversation_instances (product_id, instance_id, contact_id, state, \
-             holds_contact, version, heartbeat_due_at, created_at, record) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(instance.product_id.as_str())
-        .bind(instance.instance_id.as_uuid())
-        .bind(instance.contact_id.as_str())
-        .bind(instance.state.as_str())
-        .bind(instance.holds_contact())
-        .bind(version(&instance))
-        .bind(instance.heartbeat_due_at.map(to_pg))
-        .bind(to_pg(instance.created_at))
-        .bind(encode(&instance)?)
-        .execute(&mut *tx)
-        .await
-        .map_err(pg_err("insert conversation"))?;
-        insert_entries(&mut *tx, &[creation_entry(&instance)])
-            .await
-            .map_err(pg_err("audit conversation"))?;
-        self.queue
-            .enqueue_in(&mut tx, &effect_tasks(&instance, &outcome))
-            .await?;
+        check_tasks(&decision)?;
+        if !write(&mut tx, c.key, Guard::Absent, &state, &decision, c.now).await? {
+            return Err(conflict(c.key, "exists"));
+        }
+        self.enqueue(&mut tx, &[&decision]).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
-        Ok(Ok((instance, outcome)))
+        let mut done = Committed::at(Version::FIRST);
+        if state != *c.state {
+            done.written = Some((state, decision));
+        }
+        Ok(done)
     }
 
-    async fn get(&self, product: &ProductId, id: InstanceId) -> PortResult<Option<Instance>> {
+    /// A change at version `expected`, with the promotion it asks for.
+    async fn change(
+        &self,
+        c: &Commit<'_, Instance>,
+        expected: Version,
+    ) -> PortResult<Committed<Instance>> {
+        check_tasks(c.decision)?;
+        let promotes = c
+            .decision
+            .effects
+            .contains(&ConversationEffect::PromoteNextQueued);
+        let guard = Guard::At(expected);
+        if !promotes && c.decision.tasks.is_empty() {
+            // One statement, committed on its own.
+            let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
+            if !write(&mut conn, c.key, guard, c.state, c.decision, c.now).await? {
+                return Err(conflict(c.key, "moved since it was loaded"));
+            }
+            return Ok(Committed::at(expected.next()));
+        }
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        if !write(&mut tx, c.key, guard, c.state, c.decision, c.now).await? {
+            // Dropping the transaction rolls it back: nothing was written.
+            return Err(conflict(c.key, "moved since it was loaded"));
+        }
+        let promoted = if promotes {
+            promote_next(&mut tx, c.state, c.now).await?
+        } else {
+            None
+        };
+        let mut decisions = vec![c.decision];
+        decisions.extend(promoted.as_ref().map(|p| &p.decision));
+        self.enqueue(&mut tx, &decisions).await?;
+        tx.commit().await.map_err(pg_err("commit"))?;
+        let mut done = Committed::at(expected.next());
+        done.also = promoted
+            .into_iter()
+            .map(|p| {
+                (
+                    Stored {
+                        state: p.state,
+                        version: p.version,
+                    },
+                    p.decision,
+                )
+            })
+            .collect();
+        Ok(done)
+    }
+}
+
+#[async_trait]
+impl MachineStore<Instance> for PgConversationStore {
+    async fn load(&self, key: &ConversationKey) -> PortResult<Option<Stored<Instance>>> {
         let row = sqlx::query(
-            "SELECT record, version FROM conversation_instances WHERE product_id = $1 AND instance_id = $2",
+            "SELECT record, version FROM conversation_instances \
+             WHERE product_id = $1 AND instance_id = $2",
         )
-        .bind(product.as_str())
-        .bind(id.as_uuid())
+        .bind(key.product_id.as_str())
+        .bind(key.instance_id.as_uuid())
         .fetch_optional(&self.pool)
         .await
         .map_err(pg_err("load conversation"))?;
         row.as_ref().map(decode).transpose()
     }
 
-    async fn list(&self, product: &ProductId, filter: &ListFilter) -> PortResult<Vec<Instance>> {
+    async fn commit(&self, c: Commit<'_, Instance>) -> PortResult<Committed<Instance>> {
+        match c.expected {
+            None => self.create(&c).await,
+            Some(expected) => self.change(&c, expected).await,
+        }
+    }
+}
+
+#[async_trait]
+impl ConversationStore for PgConversationStore {
+    async fn list(
+        &self,
+        product: &ProductId,
+        filter: &ListFilter,
+    ) -> PortResult<Vec<Stored<Instance>>> {
         let limit = filter.limit.unwrap_or(1000).min(1000);
         let rows = sqlx::query(
             "SELECT record, version FROM conversation_instances \
@@ -392,19 +484,34 @@ impl ConversationStore for PgConversationStore {
         rows.iter().map(decode).collect()
     }
 
-    async fn transcript(&self, product: &ProductId, id: InstanceId) -> PortResult<Vec<Message>> {
-        if self.get(product, id).await?.is_none() {
-            return Err(PortError::not_found(format!("no conversation {id}")));
-        }
+    async fn transcript(&self, key: &ConversationKey) -> PortResult<Vec<Message>> {
         let rows = sqlx::query(
             "SELECT role, text, at, outbound_seq FROM conversation_messages \
              WHERE product_id = $1 AND instance_id = $2 ORDER BY seq",
         )
-        .bind(product.as_str())
-        .bind(id.as_uuid())
+        .bind(key.product_id.as_str())
+        .bind(key.instance_id.as_uuid())
         .fetch_all(&self.pool)
         .await
         .map_err(pg_err("load transcript"))?;
+        if rows.is_empty() {
+            // No line yet, or no such instance.
+            let exists: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM conversation_instances \
+                 WHERE product_id = $1 AND instance_id = $2)",
+            )
+            .bind(key.product_id.as_str())
+            .bind(key.instance_id.as_uuid())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(pg_err("load conversation"))?;
+            if !exists {
+                return Err(PortError::not_found(format!(
+                    "no conversation {}",
+                    key.instance_id
+                )));
+            }
+        }
         rows.iter()
             .map(|row| {
                 let role: String = row.try_get("role").map_err(pg_err("read message"))?;
@@ -421,63 +528,19 @@ impl ConversationStore for PgConversationStore {
             .collect()
     }
 
-    async fn apply(
-        &self,
-        product: &ProductId,
-        id: InstanceId,
-        now: Timestamp,
-        command: Command,
-    ) -> PortResult<Result<Applied, ConversationError>> {
-        // Decide on a plain read, write with a guard.
-        let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
-        let row = load(&mut conn, product, id, "").await?;
-        drop(conn);
-        let decided = match decide(&row, &command)? {
-            Ok(d) => d,
-            Err(e) => return Ok(Err(e)),
-        };
-        let alone = !decided.promotes() && decided.tasks.is_empty();
-        if alone {
-            let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
-            if let Some(applied) = self.finish(&mut conn, &decided, now).await? {
-                return Ok(Ok(applied));
-            }
-        } else {
-            let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-            if let Some(applied) = self.finish(&mut tx, &decided, now).await? {
-                tx.commit().await.map_err(pg_err("commit"))?;
-                return Ok(Ok(applied));
-            }
-        }
-        // Another write landed in between: decide again under the row lock.
-        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let row = load(&mut tx, product, id, " FOR UPDATE").await?;
-        let decided = match decide(&row, &command)? {
-            Ok(d) => d,
-            // Dropping the transaction rolls it back: nothing changed.
-            Err(e) => return Ok(Err(e)),
-        };
-        let applied = self
-            .finish(&mut tx, &decided, now)
-            .await?
-            .ok_or_else(|| PortError::other("conversation moved under its row lock"))?;
-        tx.commit().await.map_err(pg_err("commit"))?;
-        Ok(Ok(applied))
-    }
-
     async fn claim_due(
         &self,
         now: Timestamp,
         limit: usize,
         lease: Duration,
-    ) -> PortResult<Vec<Instance>> {
+    ) -> PortResult<Vec<ConversationKey>> {
         let rows = sqlx::query(
             "UPDATE conversation_instances SET claimed_until = $2 \
              WHERE (product_id, instance_id) IN ( \
                SELECT product_id, instance_id FROM conversation_instances \
                WHERE heartbeat_due_at <= $1 AND (claimed_until IS NULL OR claimed_until <= $1) \
                ORDER BY heartbeat_due_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             RETURNING record, version",
+             RETURNING product_id, instance_id, heartbeat_due_at, seq",
         )
         .bind(to_pg(now))
         .bind(to_pg(now + lease))
@@ -485,15 +548,34 @@ impl ConversationStore for PgConversationStore {
         .fetch_all(&self.pool)
         .await
         .map_err(pg_err("claim due conversations"))?;
-        let mut due = rows.iter().map(decode).collect::<PortResult<Vec<_>>>()?;
-        due.sort_by_key(|i| (i.heartbeat_due_at, i.created_at));
-        Ok(due)
+        let mut due = rows
+            .iter()
+            .map(|row| {
+                let product: String = row.try_get("product_id")?;
+                let id: uuid::Uuid = row.try_get("instance_id")?;
+                let at: time::OffsetDateTime = row.try_get("heartbeat_due_at")?;
+                let seq: i64 = row.try_get("seq")?;
+                Ok((at, seq, product, id))
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(pg_err("read due conversations"))?;
+        due.sort_by_key(|(at, seq, ..)| (*at, *seq));
+        due.into_iter()
+            .map(|(_, _, product, id)| {
+                Ok(ConversationKey {
+                    product_id: ProductId::parse(product).map_err(|e| {
+                        PortError::other("stored conversation has an invalid product id")
+                            .with_source(e)
+                    })?,
+                    instance_id: InstanceId::from_uuid(id),
+                })
+            })
+            .collect()
     }
 
     async fn record_delivery(
         &self,
-        product: &ProductId,
-        id: InstanceId,
+        key: &ConversationKey,
         outbound_seq: u32,
         now: Timestamp,
     ) -> PortResult<bool> {
@@ -501,8 +583,8 @@ impl ConversationStore for PgConversationStore {
             "INSERT INTO conversation_deliveries (product_id, instance_id, outbound_seq, recorded_at) \
              VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
         )
-        .bind(product.as_str())
-        .bind(id.as_uuid())
+        .bind(key.product_id.as_str())
+        .bind(key.instance_id.as_uuid())
         .bind(i32::try_from(outbound_seq).unwrap_or(i32::MAX))
         .bind(to_pg(now))
         .execute(&self.pool)

@@ -1,19 +1,32 @@
-//! Flow sessions in `flow_sessions`, `flow_dialogue` and `flow_progress`;
-//! each write's audit entries go to `audit_log` in the same transaction.
+//! Flow sessions in `flow_sessions`, `flow_dialogue` and `flow_progress`.
+//!
+//! A session is loaded with its dialogue by one statement (the dialogue
+//! aggregated into arrays beside the session row). A commit is one guarded
+//! statement: the session row's insert (`ON CONFLICT DO NOTHING`) or its
+//! compare-and-swap update (`WHERE version = $expected`), with the
+//! dialogue elements the decision appends, its audit entries and its chain
+//! progress as data-modifying CTEs that write only when the row did. So a
+//! turn writes the session row and one row per new dialogue element,
+//! however long the dialogue is. A decision that starts a DAG runs that
+//! statement in a transaction that first enqueues the DAG on the same
+//! connection (`PgTaskQueue::enqueue_dag_in`) and stores the run's id in
+//! the session: the run exists if and only if the commit does.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use parlance_core::flow::{Actor, DialogueElement, FlowSession};
-use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{
-    ChainProgress, DagId, DagStart, FlowAppend, FlowStore, PortError, PortResult, ProgressUpdate,
-    StoredFlowSession,
+use parlance_core::flow::{
+    Actor, DialogueElement, FlowEffect, FlowKey, FlowRecord, FlowSession, ProgressUpdate,
 };
-use sqlx::{PgPool, Postgres, QueryBuilder, Row as _};
+use parlance_core::{Machine as _, Task};
+use parlance_ports::{
+    ChainProgress, Commit, Committed, FlowStore, MachineStore, PortError, PortResult, Stored,
+    Version, audit_entries,
+};
+use sqlx::{PgConnection, PgPool, Row as _};
+use time::OffsetDateTime;
 
 use crate::PgTaskQueue;
-use crate::audit::insert_entries;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
@@ -25,8 +38,8 @@ pub struct PgFlowStore {
 }
 
 impl PgFlowStore {
-    /// A store on `pool` (migrated), without a task queue
-    /// (`save_and_enqueue` is `Unavailable`).
+    /// A store on `pool` (migrated), without a task queue (a commit that
+    /// starts a DAG is `Unavailable`).
     pub fn new(pool: PgPool) -> Self {
         Self { pool, queue: None }
     }
@@ -59,271 +72,296 @@ fn actor_from(s: &str) -> Actor {
     }
 }
 
-async fn insert_dialogue(
-    tx: &mut sqlx::Transaction<'_, Postgres>,
-    product_id: &ProductId,
-    session_id: &str,
-    first_seq: i64,
-    elements: &[DialogueElement],
-) -> Result<(), sqlx::Error> {
-    if elements.is_empty() {
-        return Ok(());
-    }
-    let mut q: QueryBuilder<'_, Postgres> = QueryBuilder::new(
-        "INSERT INTO flow_dialogue (product_id, session_id, seq, actor, event, actor_text, at) ",
-    );
-    q.push_values(elements.iter().enumerate(), |mut b, (i, e)| {
-        b.push_bind(product_id.as_str())
-            .push_bind(session_id)
-            .push_bind(first_seq + i as i64)
-            .push_bind(e.actor.as_str())
-            .push_bind(&e.event)
-            .push_bind(e.actor_text.as_deref())
-            .push_bind(to_pg(e.timestamp));
-    });
-    q.build().execute(&mut **tx).await.map(|_| ())
+/// The writes of a commit beside the session row, in the order the CTEs of
+/// [`INSERT_SESSION`] and [`UPDATE_SESSION`] bind them.
+macro_rules! commit_tail {
+    () => {
+        "d AS (INSERT INTO flow_dialogue (product_id, session_id, seq, actor, event, actor_text, at) \
+         SELECT $1, $2, s.dialogue_len - $6 + x.n, x.actor, x.event, x.actor_text, x.at \
+         FROM s, UNNEST($9::text[], $10::text[], $11::text[], $12::timestamptz[]) WITH ORDINALITY \
+         AS x(actor, event, actor_text, at, n)), \
+         a AS (INSERT INTO audit_log (product_id, entity_kind, entity_id, from_state, to_state, cause, at, payload) \
+         SELECT $1, $13, $2, x.from_state, x.to_state, x.cause, $7, x.payload \
+         FROM s, UNNEST($14::text[], $15::text[], $16::text[], $17::jsonb[]) WITH ORDINALITY \
+         AS x(from_state, to_state, cause, payload, n) ORDER BY x.n), \
+         p AS (SELECT x.* FROM s, UNNEST($18::text[], $19::text[], $20::int8[], $21::int8[]) \
+         AS x(chain_id, label, total, done)), \
+         pu AS (UPDATE flow_progress f SET total = f.total + p.total, done = f.done + p.done, \
+         label = COALESCE(p.label, f.label) FROM p \
+         WHERE f.product_id = $1 AND f.session_id = $2 AND f.chain_id = p.chain_id \
+         RETURNING f.chain_id), \
+         pi AS (INSERT INTO flow_progress (product_id, session_id, chain_id, label, total, done) \
+         SELECT $1, $2, p.chain_id, COALESCE(p.label, ''), p.total, p.done FROM p \
+         WHERE p.chain_id NOT IN (SELECT chain_id FROM pu)) \
+         SELECT count(*) FROM s"
+    };
 }
 
-/// The compare-and-swap save inside `tx`.
-async fn save_in(
-    tx: &mut sqlx::Transaction<'_, Postgres>,
-    product_id: &ProductId,
-    session: &FlowSession,
-    expected_version: i64,
-    append: FlowAppend<'_>,
-    progress: Option<&ProgressUpdate>,
-    now: Timestamp,
-) -> PortResult<i64> {
-    let data = encode(session)?;
-    let row = sqlx::query(
-        "UPDATE flow_sessions SET data = $3, state = $4, version = version + 1, \
-             dialogue_len = dialogue_len + $5, updated_at = $6 \
-             WHERE product_id = $1 AND session_id = $2 AND version = $7 \
-             RETURNING version, dialogue_len",
-    )
-    .bind(product_id.as_str())
-    .bind(&session.session_id)
-    .bind(&data)
-    .bind(&session.state)
-    .bind(append.dialogue.len() as i64)
-    .bind(to_pg(now))
-    .bind(expected_version)
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(pg_err("save flow session"))?;
-    let Some(row) = row else {
-        let exists =
-            sqlx::query("SELECT 1 FROM flow_sessions WHERE product_id = $1 AND session_id = $2")
-                .bind(product_id.as_str())
-                .bind(&session.session_id)
-                .fetch_optional(&mut **tx)
-                .await
-                .map_err(pg_err("save flow session"))?;
-        return Err(match exists {
-            Some(_) => PortError::conflict("flow session version moved"),
-            None => PortError::not_found("no such flow session"),
-        });
-    };
-    let version: i64 = row
-        .try_get("version")
-        .map_err(pg_err("save flow session"))?;
-    let len: i64 = row
-        .try_get("dialogue_len")
-        .map_err(pg_err("save flow session"))?;
-    insert_dialogue(
-        tx,
-        product_id,
-        &session.session_id,
-        len - append.dialogue.len() as i64 + 1,
-        append.dialogue,
-    )
-    .await
-    .map_err(pg_err("append flow dialogue"))?;
-    insert_entries(&mut **tx, append.audit)
-        .await
-        .map_err(pg_err("audit flow transition"))?;
-    if let Some(p) = progress {
-        sqlx::query(
-            "INSERT INTO flow_progress (product_id, session_id, chain_id, label, total, done) \
-                 VALUES ($1, $2, $3, COALESCE($4, ''), $5, $6) \
-                 ON CONFLICT (product_id, session_id, chain_id) \
-                 DO UPDATE SET total = flow_progress.total + EXCLUDED.total, \
-                 done = flow_progress.done + EXCLUDED.done, \
-                 label = COALESCE($4, flow_progress.label)",
-        )
-        .bind(product_id.as_str())
-        .bind(&session.session_id)
-        .bind(&p.chain_id)
-        .bind(p.label.as_deref())
-        .bind(p.add_total)
-        .bind(p.add_done)
-        .execute(&mut **tx)
-        .await
-        .map_err(pg_err("start flow progress"))?;
+/// A new session row and what its creation writes beside it; counts 0 when
+/// the session exists.
+const INSERT_SESSION: &str = concat!(
+    "WITH s AS (INSERT INTO flow_sessions (product_id, session_id, flow, state, version, data, \
+     dialogue_len, created_at, updated_at) \
+     VALUES ($1, $2, $22, $4, $5, $3, $6, $7, $7) \
+     ON CONFLICT (product_id, session_id) DO NOTHING RETURNING dialogue_len), ",
+    commit_tail!()
+);
+
+/// The session row's compare-and-swap on version `$8` and what the change
+/// writes beside it; counts 0 when the version moved or the row is gone.
+const UPDATE_SESSION: &str = concat!(
+    "WITH s AS (UPDATE flow_sessions SET data = $3, state = $4, version = $5, \
+     dialogue_len = dialogue_len + $6, updated_at = $7 \
+     WHERE product_id = $1 AND session_id = $2 AND version = $8 RETURNING dialogue_len), ",
+    commit_tail!()
+);
+
+/// Sums the decision's progress updates per chain, in order of first
+/// mention (one upsert per chain; the last label named stands).
+fn progress_updates(effects: &[FlowEffect]) -> Vec<ProgressUpdate> {
+    let mut out: Vec<ProgressUpdate> = Vec::new();
+    for effect in effects {
+        let FlowEffect::Progress(p) = effect else {
+            continue;
+        };
+        match out.iter_mut().find(|q| q.chain_id == p.chain_id) {
+            Some(q) => {
+                q.add_total += p.add_total;
+                q.add_done += p.add_done;
+                if p.label.is_some() {
+                    q.label.clone_from(&p.label);
+                }
+            }
+            None => out.push(p.clone()),
+        }
     }
-    Ok(version)
+    out
 }
+
+/// Writes the session row of `c` (with `state`, which may carry the id of
+/// a run enqueued on the same connection) and what its decision writes
+/// beside it, in one statement. `false` when the guard failed: the session
+/// exists (a create) or moved (an update), and nothing was written.
+async fn write(
+    conn: &mut PgConnection,
+    c: &Commit<'_, FlowRecord>,
+    state: &FlowRecord,
+) -> PortResult<bool> {
+    let session = state.session();
+    let dialogue: Vec<&DialogueElement> = c
+        .decision
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            FlowEffect::Dialogue(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    let audit = audit_entries::<FlowRecord>(c.key, c.decision, c.now);
+    let progress = progress_updates(&c.decision.effects);
+    let version = c.expected.map_or(Version::FIRST, Version::next);
+    let statement = match c.expected {
+        None => INSERT_SESSION,
+        Some(_) => UPDATE_SESSION,
+    };
+    let matched: i64 = sqlx::query_scalar(statement)
+        .bind(c.key.product_id.as_str())
+        .bind(c.key.session_id.as_str())
+        .bind(encode(session)?)
+        .bind(&session.state)
+        .bind(version.as_i64())
+        .bind(i64::try_from(dialogue.len()).unwrap_or(i64::MAX))
+        .bind(to_pg(c.now))
+        .bind(c.expected.map(Version::as_i64))
+        .bind(
+            dialogue
+                .iter()
+                .map(|e| e.actor.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            dialogue
+                .iter()
+                .map(|e| e.event.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            dialogue
+                .iter()
+                .map(|e| e.actor_text.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            dialogue
+                .iter()
+                .map(|e| to_pg(e.timestamp))
+                .collect::<Vec<_>>(),
+        )
+        .bind(FlowRecord::KIND.as_str())
+        .bind(audit.iter().map(|e| e.from.as_deref()).collect::<Vec<_>>())
+        .bind(audit.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
+        .bind(audit.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
+        .bind(audit.iter().map(|e| e.payload.clone()).collect::<Vec<_>>())
+        .bind(
+            progress
+                .iter()
+                .map(|p| p.chain_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            progress
+                .iter()
+                .map(|p| p.label.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(progress.iter().map(|p| p.add_total).collect::<Vec<_>>())
+        .bind(progress.iter().map(|p| p.add_done).collect::<Vec<_>>())
+        .bind(&session.flow)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(pg_err("save flow session"))?;
+    Ok(matched == 1)
+}
+
+/// The conflict a commit whose guard failed reports.
+fn lost(c: &Commit<'_, FlowRecord>) -> PortError {
+    match c.expected {
+        None => PortError::conflict(format!("flow session {} exists", c.key.session_id)),
+        Some(v) => PortError::conflict(format!(
+            "flow session {} is no longer at version {v}",
+            c.key.session_id
+        )),
+    }
+}
+
+/// The dialogue of a row whose arrays were aggregated by [`LOAD`].
+fn dialogue_of(row: &sqlx::postgres::PgRow) -> Result<Vec<DialogueElement>, sqlx::Error> {
+    let actors: Option<Vec<String>> = row.try_get("actors")?;
+    let events: Option<Vec<String>> = row.try_get("events")?;
+    let texts: Option<Vec<Option<String>>> = row.try_get("texts")?;
+    let ats: Option<Vec<OffsetDateTime>> = row.try_get("ats")?;
+    Ok(actors
+        .unwrap_or_default()
+        .into_iter()
+        .zip(events.unwrap_or_default())
+        .zip(texts.unwrap_or_default())
+        .zip(ats.unwrap_or_default())
+        .map(|(((actor, event), actor_text), at)| DialogueElement {
+            actor: actor_from(&actor),
+            event,
+            actor_text,
+            timestamp: from_pg(at),
+        })
+        .collect())
+}
+
+/// A session row with its dialogue, oldest first, as arrays (one statement,
+/// one snapshot).
+const LOAD: &str = "SELECT s.version, s.data, d.actors, d.events, d.texts, d.ats \
+     FROM flow_sessions s LEFT JOIN LATERAL (\
+     SELECT array_agg(actor ORDER BY seq) AS actors, array_agg(event ORDER BY seq) AS events, \
+     array_agg(actor_text ORDER BY seq) AS texts, array_agg(at ORDER BY seq) AS ats \
+     FROM flow_dialogue WHERE product_id = s.product_id AND session_id = s.session_id) d ON true \
+     WHERE s.product_id = $1 AND s.session_id = $2";
 
 #[async_trait]
-impl FlowStore for PgFlowStore {
-    async fn create(
-        &self,
-        product_id: &ProductId,
-        session: &FlowSession,
-        append: FlowAppend<'_>,
-        now: Timestamp,
-    ) -> PortResult<i64> {
-        let data = encode(session)?;
-        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        sqlx::query(
-            "INSERT INTO flow_sessions (product_id, session_id, flow, state, version, data, dialogue_len, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $7)",
-        )
-        .bind(product_id.as_str())
-        .bind(&session.session_id)
-        .bind(&session.flow)
-        .bind(&session.state)
-        .bind(&data)
-        .bind(append.dialogue.len() as i64)
-        .bind(to_pg(now))
-        .execute(&mut *tx)
-        .await
-        .map_err(pg_err("create flow session"))?;
-        insert_dialogue(&mut tx, product_id, &session.session_id, 1, append.dialogue)
+impl MachineStore<FlowRecord> for PgFlowStore {
+    async fn load(&self, key: &FlowKey) -> PortResult<Option<Stored<FlowRecord>>> {
+        let row = sqlx::query(LOAD)
+            .bind(key.product_id.as_str())
+            .bind(key.session_id.as_str())
+            .fetch_optional(&self.pool)
             .await
-            .map_err(pg_err("append flow dialogue"))?;
-        insert_entries(&mut *tx, append.audit)
-            .await
-            .map_err(pg_err("audit flow transition"))?;
-        tx.commit().await.map_err(pg_err("commit"))?;
-        Ok(1)
+            .map_err(pg_err("load flow session"))?;
+        let Some(row) = row else { return Ok(None) };
+        let version: i64 = row
+            .try_get("version")
+            .map_err(pg_err("decode flow session"))?;
+        let session = decode(row.try_get("data").map_err(pg_err("decode flow session"))?)?;
+        let dialogue = dialogue_of(&row).map_err(pg_err("decode flow dialogue"))?;
+        Ok(Some(Stored {
+            state: FlowRecord::from_parts(key.product_id.clone(), session, dialogue),
+            version: Version::from_i64(version),
+        }))
     }
 
-    async fn load(
-        &self,
-        product_id: &ProductId,
-        session_id: &str,
-    ) -> PortResult<StoredFlowSession> {
-        let row = sqlx::query(
-            "SELECT version, data, dialogue_len FROM flow_sessions WHERE product_id = $1 AND session_id = $2",
-        )
-        .bind(product_id.as_str())
-        .bind(session_id)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(pg_err("load flow session"))?
-        .ok_or_else(|| PortError::not_found("no such flow session"))?;
-        Ok(StoredFlowSession {
-            version: row
-                .try_get("version")
-                .map_err(pg_err("decode flow session"))?,
-            dialogue_len: row
-                .try_get("dialogue_len")
-                .map_err(pg_err("decode flow session"))?,
-            session: decode(row.try_get("data").map_err(pg_err("decode flow session"))?)?,
-        })
-    }
-
-    async fn save(
-        &self,
-        product_id: &ProductId,
-        session: &FlowSession,
-        expected_version: i64,
-        append: FlowAppend<'_>,
-        progress: Option<&ProgressUpdate>,
-        now: Timestamp,
-    ) -> PortResult<i64> {
-        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let version = save_in(
-            &mut tx,
-            product_id,
-            session,
-            expected_version,
-            append,
-            progress,
-            now,
-        )
-        .await?;
-        tx.commit().await.map_err(pg_err("commit"))?;
-        Ok(version)
-    }
-
-    async fn save_and_enqueue(
-        &self,
-        product_id: &ProductId,
-        session: &FlowSession,
-        expected_version: i64,
-        append: FlowAppend<'_>,
-        start: &DagStart,
-        now: Timestamp,
-    ) -> PortResult<(i64, DagId)> {
+    async fn commit(&self, c: Commit<'_, FlowRecord>) -> PortResult<Committed<FlowRecord>> {
+        let version = c.expected.map_or(Version::FIRST, Version::next);
+        if c.decision.tasks.is_empty() {
+            let mut conn = self.pool.acquire().await.map_err(pg_err("connect"))?;
+            if !write(&mut conn, &c, c.state).await? {
+                return Err(lost(&c));
+            }
+            return Ok(Committed::at(version));
+        }
         let Some(queue) = &self.queue else {
             return Err(PortError::unavailable("this flow store has no task queue"));
         };
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let dag = queue.enqueue_dag_in(&mut tx, &start.dag).await?;
-        let mut session = session.clone();
-        if let Some(r) = &mut session.running {
-            r.dag_id = Some(dag.0);
+        let singles: Vec<_> = c.decision.single_tasks().cloned().collect();
+        if !singles.is_empty() {
+            queue.enqueue_in(&mut tx, &singles).await?;
         }
-        // A lost compare-and-swap rolls the run back with the save.
-        let version = save_in(
-            &mut tx,
-            product_id,
-            &session,
-            expected_version,
-            append,
-            Some(&start.progress),
-            now,
-        )
-        .await?;
+        let mut with_run = None;
+        for task in &c.decision.tasks {
+            if let Task::Dag(spec) = task {
+                let dag = queue.enqueue_dag_in(&mut tx, spec).await?;
+                // The session waits for the decision's (only) run.
+                if with_run.is_none() {
+                    let mut state = c.state.clone();
+                    state.set_dag_id(dag.0);
+                    with_run = Some(state);
+                }
+            }
+        }
+        // A lost compare-and-swap rolls the run back with the write.
+        if !write(&mut tx, &c, with_run.as_ref().unwrap_or(c.state)).await? {
+            return Err(lost(&c));
+        }
         tx.commit().await.map_err(pg_err("commit"))?;
-        Ok((version, dag))
+        Ok(Committed {
+            version,
+            written: with_run.map(|state| (state, c.decision.clone())),
+            also: Vec::new(),
+        })
+    }
+}
+
+#[async_trait]
+impl FlowStore for PgFlowStore {
+    async fn session(&self, key: &FlowKey) -> PortResult<Option<Stored<FlowSession>>> {
+        let row = sqlx::query(
+            "SELECT version, data FROM flow_sessions WHERE product_id = $1 AND session_id = $2",
+        )
+        .bind(key.product_id.as_str())
+        .bind(key.session_id.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load flow session"))?;
+        let Some(row) = row else { return Ok(None) };
+        let version: i64 = row
+            .try_get("version")
+            .map_err(pg_err("decode flow session"))?;
+        Ok(Some(Stored {
+            state: decode(row.try_get("data").map_err(pg_err("decode flow session"))?)?,
+            version: Version::from_i64(version),
+        }))
     }
 
-    async fn dialogue(
-        &self,
-        product_id: &ProductId,
-        session_id: &str,
-    ) -> PortResult<Vec<DialogueElement>> {
-        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let exists =
-            sqlx::query("SELECT 1 FROM flow_sessions WHERE product_id = $1 AND session_id = $2")
-                .bind(product_id.as_str())
-                .bind(session_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(pg_err("load flow dialogue"))?;
-        if exists.is_none() {
-            return Err(PortError::not_found("no such flow session"));
-        }
-        let rows = sqlx::query(
-            "SELECT actor, event, actor_text, at FROM flow_dialogue \
-             WHERE product_id = $1 AND session_id = $2 ORDER BY seq",
-        )
-        .bind(product_id.as_str())
-        .bind(session_id)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(pg_err("load flow dialogue"))?;
-        tx.commit().await.map_err(pg_err("commit"))?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(DialogueElement {
-                    actor: actor_from(r.try_get::<&str, _>("actor")?),
-                    event: r.try_get("event")?,
-                    actor_text: r.try_get("actor_text")?,
-                    timestamp: from_pg(r.try_get("at")?),
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(pg_err("decode flow dialogue"))
+    async fn dialogue(&self, key: &FlowKey) -> PortResult<Vec<DialogueElement>> {
+        let row = sqlx::query(LOAD)
+            .bind(key.product_id.as_str())
+            .bind(key.session_id.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(pg_err("load flow dialogue"))?
+            .ok_or_else(|| PortError::not_found("no such flow session"))?;
+        dialogue_of(&row).map_err(pg_err("decode flow dialogue"))
     }
 
     async fn task_done(
         &self,
-        product_id: &ProductId,
-        session_id: &str,
+        key: &FlowKey,
         chain_id: &str,
         done: i64,
         add_total: i64,
@@ -332,8 +370,8 @@ impl FlowStore for PgFlowStore {
             "UPDATE flow_progress SET done = done + $4, total = total + $5 \
              WHERE product_id = $1 AND session_id = $2 AND chain_id = $3",
         )
-        .bind(product_id.as_str())
-        .bind(session_id)
+        .bind(key.product_id.as_str())
+        .bind(key.session_id.as_str())
         .bind(chain_id)
         .bind(done)
         .bind(add_total)
@@ -346,18 +384,13 @@ impl FlowStore for PgFlowStore {
         Ok(())
     }
 
-    async fn progress(
-        &self,
-        product_id: &ProductId,
-        session_id: &str,
-        chain_id: &str,
-    ) -> PortResult<Option<ChainProgress>> {
+    async fn progress(&self, key: &FlowKey, chain_id: &str) -> PortResult<Option<ChainProgress>> {
         let row = sqlx::query(
             "SELECT label, total, done FROM flow_progress \
              WHERE product_id = $1 AND session_id = $2 AND chain_id = $3",
         )
-        .bind(product_id.as_str())
-        .bind(session_id)
+        .bind(key.product_id.as_str())
+        .bind(key.session_id.as_str())
         .bind(chain_id)
         .fetch_optional(&self.pool)
         .await

@@ -33,4 +33,4 @@ pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
 pub use queue::PgTaskQueue;
 pub use session::{PgSessionStore, PgTourCatalogs};
 pub use sqlx::PgPool;
-pub use turn::{PgCheckpointer, PgMemoryStore};
+pub use turn::{PgCheckpointStore, PgMemoryStore};

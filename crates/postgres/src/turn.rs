@@ -1,57 +1,113 @@
-//! Checkpoints (`turn_thread`, `turn_list_entry`) and the memory store
+//! Turn threads (`turn_thread`, `turn_list_entry`) and the memory store
 //! (`memory_entry`, `memory_profile`, `memory_session`).
+//!
+//! A thread commits in one statement: the `turn_thread` row inserted (a new
+//! thread) or bumped with a compare-and-swap on its version, its objects
+//! patched with `||`, and the turn's list entries inserted, one row each, all
+//! from the decision's [`TurnEffect::Write`] delta. Nothing already stored is
+//! rewritten, so a commit writes the same bytes however long the thread is.
+//! A decision that carries audit entries writes them in the same
+//! transaction (a thread's decisions carry none today, so a turn is one
+//! autocommitted statement).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use parlance_core::ProductId;
 use parlance_core::turn::{
-    Checkpoint, CheckpointDelta, LoadWindow, MemoryEntry, MemoryFilter, MemoryId, MemoryKind,
-    MemoryRecord, OwnerId, ProceduralProfile, QueryEmbedding, RETRIEVE_CANDIDATES, Retrieved,
-    ThreadId, ThreadKey, retrieve_from, tokenize,
+    Checkpoint, CheckpointDelta, MemoryEntry, MemoryFilter, MemoryId, MemoryKind, MemoryRecord,
+    OwnerId, ProceduralProfile, QueryEmbedding, RETRIEVE_CANDIDATES, Retrieved, ThreadId,
+    TurnEffect, TurnKey, retrieve_from, tokenize,
 };
-use parlance_ports::{Checkpointer, Committed, MemoryStore, PortError, PortResult};
+use parlance_ports::{
+    Commit, Committed, MachineStore, MemoryStore, PortError, PortResult, Stored, Version,
+    audit_entries,
+};
 use serde_json::{Value, json};
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row as _};
 
+use crate::audit::insert_entries;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
-/// Checkpoints stored in PostgreSQL: list entries append-only, one row
+/// Turn threads stored in PostgreSQL: list entries append-only, one row
 /// each; objects as one jsonb per thread; a version per thread.
 #[derive(Debug, Clone)]
-pub struct PgCheckpointer {
+pub struct PgCheckpointStore {
     pool: PgPool,
 }
 
-impl PgCheckpointer {
-    /// A checkpointer on `pool` (migrated).
+impl PgCheckpointStore {
+    /// A thread store on `pool` (migrated).
     pub fn new(pool: PgPool) -> Self {
         Self { pool }
     }
 }
 
-/// Adds the list entries of the bumped thread row `t` and reports the new
-/// version with the bytes written (entries plus the objects patch).
-const COMMIT_TAIL: &str = ", ins AS ( \
-        INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
-        SELECT $1, $2, $3, e.field, t.version, e.idx, e.entry \
-        FROM t, jsonb_to_recordset($6::jsonb) AS e(field text, idx integer, entry jsonb) \
-        RETURNING pg_column_size(entry) AS size \
-    ) \
-    SELECT t.version, \
-        (SELECT coalesce(sum(size), 0) FROM ins)::bigint \
-        + CASE WHEN $4::jsonb = '{}'::jsonb THEN 0 ELSE pg_column_size($4::jsonb) END AS bytes \
-    FROM t";
+/// The end of both commit statements: inserts the list entries (`$5`) of
+/// the thread row `t` the statement's head wrote, at its new version, and
+/// answers that version (no row when the head wrote nothing).
+macro_rules! commit_tail {
+    () => {
+        ", ins AS ( \
+            INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
+            SELECT $1, $2, $3, e.field, t.version, e.idx, e.entry \
+            FROM t, jsonb_to_recordset($5::jsonb) AS e(field text, idx integer, entry jsonb) \
+        ) \
+        SELECT t.version FROM t"
+    };
+}
+
+/// Creates a thread at version 1 with the objects `$4` and the entries
+/// `$5`; no row when the thread exists.
+const CREATE_THREAD: &str = concat!(
+    "WITH t AS ( \
+        INSERT INTO turn_thread (product_id, owner_id, thread_id, version, objects) \
+        VALUES ($1, $2, $3, 1, $4::jsonb) \
+        ON CONFLICT DO NOTHING RETURNING version \
+    )",
+    commit_tail!()
+);
+
+/// Commits a turn on a thread still at version `$6`: the version bumped,
+/// the objects patched with `$4`, the entries `$5` added; no row when the
+/// thread moved or is gone.
+const COMMIT_TURN: &str = concat!(
+    "WITH t AS ( \
+        UPDATE turn_thread SET version = version + 1, objects = objects || $4::jsonb, \
+            updated_at = now() \
+        WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version = $6 \
+        RETURNING version \
+    )",
+    commit_tail!()
+);
+
+/// The decision's writes as one delta: its [`TurnEffect::Write`] deltas in
+/// order (one, from [`Checkpoint`]'s decisions, borrowed as is).
+fn delta_of<'a>(c: &Commit<'a, Checkpoint>) -> Cow<'a, CheckpointDelta> {
+    match c.decision.effects.as_slice() {
+        [TurnEffect::Write(only)] => Cow::Borrowed(only),
+        effects => Cow::Owned(
+            effects
+                .iter()
+                .fold(CheckpointDelta::default(), |acc, TurnEffect::Write(d)| {
+                    acc.then(d)
+                }),
+        ),
+    }
+}
 
 #[async_trait]
-impl Checkpointer for PgCheckpointer {
-    async fn load(&self, key: &ThreadKey, window: &LoadWindow) -> PortResult<Checkpoint> {
+impl MachineStore<Checkpoint> for PgCheckpointStore {
+    async fn load(&self, key: &TurnKey) -> PortResult<Option<Stored<Checkpoint>>> {
         // One round trip: the head row, then every list entry up to the
         // head's version (so a commit landing meanwhile is left out), whole
         // for unwindowed lists and the last entries of windowed ones.
-        let (fields, lasts): (Vec<&str>, Vec<i64>) = window
+        let thread = &key.thread;
+        let (fields, lasts): (Vec<&str>, Vec<i64>) = key
+            .window
             .tails
             .iter()
             .map(|(f, n)| (f.as_str(), i64::try_from(*n).unwrap_or(i64::MAX)))
@@ -78,14 +134,15 @@ impl Checkpointer for PgCheckpointer {
              ) x \
              ORDER BY part, field, version, idx",
         )
-        .bind(key.product_id.as_str())
-        .bind(key.owner.as_str())
-        .bind(key.thread.as_str())
+        .bind(thread.product_id.as_str())
+        .bind(thread.owner.as_str())
+        .bind(thread.thread.as_str())
         .bind(&fields)
         .bind(&lasts)
         .fetch_all(&self.pool)
         .await
         .map_err(pg_err("load checkpoint"))?;
+        let mut head = None;
         let mut checkpoint = Checkpoint::default();
         for row in rows {
             let part: i32 = row.try_get("part").map_err(pg_err("decode checkpoint"))?;
@@ -94,7 +151,9 @@ impl Checkpointer for PgCheckpointer {
                 let version: i64 = row
                     .try_get("version")
                     .map_err(pg_err("decode checkpoint"))?;
-                checkpoint.version = u64::try_from(version).unwrap_or(0);
+                let version = Version::from_i64(version);
+                checkpoint.version = version.0;
+                head = Some(version);
                 if let Value::Object(map) = value {
                     checkpoint.objects = map.into_iter().collect();
                 }
@@ -103,17 +162,18 @@ impl Checkpointer for PgCheckpointer {
                 checkpoint.lists.entry(field).or_default().push(value);
             }
         }
-        Ok(checkpoint)
+        Ok(head.map(|version| Stored {
+            state: checkpoint,
+            version,
+        }))
     }
 
-    async fn commit(
-        &self,
-        key: &ThreadKey,
-        expected_version: u64,
-        delta: &CheckpointDelta,
-    ) -> PortResult<Committed> {
-        let expected = i64::try_from(expected_version)
-            .map_err(|_| PortError::invalid("checkpoint version out of range"))?;
+    async fn commit(&self, c: Commit<'_, Checkpoint>) -> PortResult<Committed<Checkpoint>> {
+        if !c.decision.tasks.is_empty() {
+            return Err(PortError::invalid("a turn thread enqueues no tasks"));
+        }
+        let thread = &c.key.thread;
+        let delta = delta_of(&c);
         let objects = Value::Object(
             delta
                 .objects
@@ -132,42 +192,47 @@ impl Checkpointer for PgCheckpointer {
                 })
                 .collect(),
         );
-        let head = if expected_version == 0 {
-            "WITH t AS ( \
-                INSERT INTO turn_thread (product_id, owner_id, thread_id, version, objects) \
-                SELECT $1, $2, $3, 1, $4::jsonb WHERE $5::bigint = 0 \
-                ON CONFLICT DO NOTHING RETURNING version \
-            )"
+        let statement = match c.expected {
+            None => sqlx::query_scalar::<_, i64>(CREATE_THREAD),
+            Some(_) => sqlx::query_scalar::<_, i64>(COMMIT_TURN),
+        }
+        .bind(thread.product_id.as_str())
+        .bind(thread.owner.as_str())
+        .bind(thread.thread.as_str())
+        .bind(&objects)
+        .bind(&entries);
+        let statement = match c.expected {
+            None => statement,
+            Some(v) => statement.bind(v.as_i64()),
+        };
+        let audit = audit_entries::<Checkpoint>(c.key, c.decision, c.now);
+        let version: Option<i64> = if audit.is_empty() {
+            // The hot path: one autocommitted statement.
+            statement
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(pg_err("commit turn"))?
         } else {
-            "WITH t AS ( \
-                UPDATE turn_thread SET version = version + 1, objects = objects || $4::jsonb, \
-                    updated_at = now() \
-                WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version = $5 \
-                RETURNING version \
-            )"
+            let mut tx = self.pool.begin().await.map_err(pg_err("begin turn"))?;
+            let version = statement
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(pg_err("commit turn"))?;
+            if version.is_some() {
+                insert_entries(&mut *tx, &audit)
+                    .await
+                    .map_err(pg_err("append turn audit entries"))?;
+                tx.commit().await.map_err(pg_err("commit turn"))?;
+            }
+            version
         };
-        let row = sqlx::query(&format!("{head}{COMMIT_TAIL}"))
-            .bind(key.product_id.as_str())
-            .bind(key.owner.as_str())
-            .bind(key.thread.as_str())
-            .bind(&objects)
-            .bind(expected)
-            .bind(&entries)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(pg_err("commit checkpoint"))?;
-        let Some(row) = row else {
-            return Err(PortError::conflict(format!(
-                "thread {} is not at version {expected_version}",
-                key.thread
-            )));
+        let Some(version) = version else {
+            return Err(PortError::conflict(match c.expected {
+                None => format!("thread {} exists", thread.thread),
+                Some(v) => format!("thread {} is not at version {v}", thread.thread),
+            }));
         };
-        let version: i64 = row.try_get("version").map_err(pg_err("decode commit"))?;
-        let bytes: i64 = row.try_get("bytes").map_err(pg_err("decode commit"))?;
-        Ok(Committed {
-            version: u64::try_from(version).unwrap_or(0),
-            bytes_written: usize::try_from(bytes).unwrap_or(0),
-        })
+        Ok(Committed::at(Version::from_i64(version)))
     }
 }
 

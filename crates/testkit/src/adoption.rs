@@ -1,19 +1,26 @@
-//! Contract suite for [`AdoptionStore`] adapters.
+//! Contract suites for adoption stores: the storage protocol (the
+//! [`crate::store`] suite, through the [`StoreFixture`] of [`Subject`]) and
+//! what is particular to adoption records, plans and catalogs.
 //!
-//! Run it from an adapter's tests with
-//! `parlance_testkit::adoption_store_suite!(async { Some(store) });`.
+//! Run both from an adapter's tests, on one factory producing
+//! `Option<Subject>`:
+//! `parlance_testkit::machine_store_suite!(subject());` and
+//! `parlance_testkit::adoption_store_suite!(subject());`.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use parlance_core::adoption::{
-    JourneyState, MasteryLevel, OnboardingPlan, TourCatalogEntry, UserAdoptionState, UserId,
-    WorkflowStatus,
+    AdoptionCommand, AdoptionEvent, AdoptionKey, JourneyState, MasteryLevel, OnboardingPlan,
+    TourCatalogEntry, UserAdoptionState, UserId, WorkflowStatus,
 };
-use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{AdoptionStore, ErrorKind};
-use serde_json::json;
+use parlance_core::{Decision, Machine, ProductId, Timestamp};
+use parlance_ports::{AdoptionStore, AuditLog, Commit, MachineStore, Stored, TaskQueue, Version};
+use serde_json::{Value, json};
 
-/// Runs every case of this suite against the adapter the factory builds.
+use crate::store::StoreFixture;
+
+/// Runs every adoption-specific case against the subject the factory
+/// builds.
 #[macro_export]
 macro_rules! adoption_store_suite {
     ($factory:expr) => {
@@ -21,12 +28,9 @@ macro_rules! adoption_store_suite {
             factory = $factory;
             suite = $crate::adoption;
             cases = [
-                missing_record_loads_as_none,
-                save_then_load_round_trips,
-                saves_are_compare_and_swap,
-                records_are_scoped_by_product,
+                a_rich_record_round_trips_with_its_audit_entry,
                 delete_removes_only_that_record,
-                concurrent_savers_with_retries_lose_no_update,
+                concurrent_writers_lose_no_update,
                 plans_are_stored_per_product_and_role,
                 tour_catalogs_are_stored_per_product_and_role,
             ]
@@ -34,8 +38,82 @@ macro_rules! adoption_store_suite {
     };
 }
 
-/// The subject of this suite.
-pub type Subject = Arc<dyn AdoptionStore>;
+/// The subject of both suites: one adapter's adoption store, seen through
+/// its two ports, with the audit log and the queue its commits write to.
+#[derive(Clone)]
+pub struct Subject {
+    /// The records, through the storage protocol.
+    pub records: Arc<dyn MachineStore<UserAdoptionState>>,
+    /// The same store's other operations: delete, plans, catalogs.
+    pub store: Arc<dyn AdoptionStore>,
+    /// The audit log the commits write to.
+    pub audit: Arc<dyn AuditLog>,
+    /// The task queue the commits enqueue on.
+    pub queue: Arc<dyn TaskQueue>,
+}
+
+/// The plan decisions are made with (adoption events do not read it).
+static PLAN: LazyLock<OnboardingPlan> = LazyLock::new(OnboardingPlan::default);
+
+/// Field events as one command, with the metadata of a first sighting.
+fn events(events: Vec<AdoptionEvent>, metadata: Option<Value>) -> AdoptionCommand {
+    AdoptionCommand::Events {
+        events,
+        metadata: metadata.and_then(|m| m.as_object().cloned()),
+    }
+}
+
+impl StoreFixture for Subject {
+    type M = UserAdoptionState;
+
+    fn store(&self) -> Arc<dyn MachineStore<UserAdoptionState>> {
+        self.records.clone()
+    }
+
+    fn audit(&self) -> Arc<dyn AuditLog> {
+        self.audit.clone()
+    }
+
+    fn queue(&self) -> Arc<dyn TaskQueue> {
+        self.queue.clone()
+    }
+
+    fn context(&self) -> &OnboardingPlan {
+        &PLAN
+    }
+
+    fn key(&self, product: &ProductId, n: u32) -> AdoptionKey {
+        AdoptionKey::new(product.clone(), user_id(&format!("u{n}")))
+    }
+
+    /// A first batch of events (none) with the user's metadata.
+    fn create(&self, _key: &AdoptionKey) -> AdoptionCommand {
+        events(Vec::new(), Some(json!({"role": "admin"})))
+    }
+
+    /// The journey flipped (one transition) and a feature discovered.
+    fn change(&self, state: &UserAdoptionState) -> AdoptionCommand {
+        let journey = match state.journey_state {
+            JourneyState::Onboarding => JourneyState::Onboarded,
+            JourneyState::Onboarded => JourneyState::Onboarding,
+        };
+        events(
+            vec![
+                AdoptionEvent::SetJourneyState { state: journey },
+                AdoptionEvent::RecordDiscoveredFeatures {
+                    features: vec![format!("/f{}", state.discovered_features.len())],
+                },
+            ],
+            None,
+        )
+    }
+
+    /// Adoption decisions ask for no tasks; the change above still records
+    /// a transition, so the audit checks are not vacuous.
+    fn audits_and_enqueues(&self) -> bool {
+        false
+    }
+}
 
 fn product(p: &str) -> ProductId {
     ProductId::parse(p).expect("valid product id")
@@ -45,177 +123,177 @@ fn user_id(u: &str) -> UserId {
     UserId::parse(u).expect("valid user id")
 }
 
+fn key(p: &str, u: &str) -> AdoptionKey {
+    AdoptionKey::new(product(p), user_id(u))
+}
+
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_micros((1_767_225_600 + secs) * 1_000_000 + 123_457).expect("in range")
 }
 
-fn state(u: &str) -> UserAdoptionState {
-    let meta = json!({"role": "admin", "nested": {"locale": "fr"}});
-    UserAdoptionState::new(u, meta.as_object().cloned().unwrap_or_default(), at(0))
-        .expect("valid state")
-}
-
-/// Loading a user that was never saved gives `None`.
-pub async fn missing_record_loads_as_none(store: Subject) {
-    let got = store
-        .load(&product("p"), &user_id("nobody"))
+/// Creates the record at `key` with `metadata` at `at(0)`.
+async fn create(s: &Subject, key: &AdoptionKey) -> Stored<UserAdoptionState> {
+    let command = events(Vec::new(), Some(json!({"role": "admin"})));
+    let (state, decision) = UserAdoptionState::create(key, &PLAN, &command, at(0))
+        .expect("created")
+        .expect("events create a record");
+    let done = s
+        .records
+        .commit(Commit {
+            key,
+            expected: None,
+            command: &command,
+            state: &state,
+            decision: &decision,
+            now: at(0),
+        })
         .await
-        .expect("load");
-    assert!(got.is_none());
-}
-
-/// Everything survives a save: times to the microsecond, progress map order,
-/// metadata, mastery, sessions.
-pub async fn save_then_load_round_trips(store: Subject) {
-    let mut s = state("u1");
-    s.set_mastery(7.5, MasteryLevel::Proficient, "builds reports", at(1))
-        .expect("finite");
-    s.set_journey_state(JourneyState::Onboarded, at(2));
-    s.record_discovered_features(["/projects", "/reports ✓"], at(3));
-    // Inserted in non-alphabetical order: the order must come back.
-    for (id, status) in [
-        ("zeta", WorkflowStatus::Completed),
-        ("alpha", WorkflowStatus::InProgress),
-        ("mid", WorkflowStatus::Completed),
-    ] {
-        s.onboarding
-            .upsert_workflow_progress(id, status, 0.75, "seen", Some("activity"), at(4))
-            .expect("finite");
+        .expect("create");
+    Stored {
+        state,
+        version: done.version,
     }
-    s.mark_welcomed(at(5));
-    let v = store.save(&product("p"), &s, None).await.expect("insert");
-    assert_eq!(v, 1);
-    let got = store
-        .load(&product("p"), &user_id("u1"))
+}
+
+/// Everything survives a commit: times to the microsecond, the order of
+/// the progress map, metadata, mastery; the journey change is in the audit
+/// log, once.
+pub async fn a_rich_record_round_trips_with_its_audit_entry(s: Subject) {
+    let k = key("p", "u1");
+    let first = events(
+        Vec::new(),
+        Some(json!({"role": "admin", "nested": {"locale": "fr"}})),
+    );
+    let (mut state, mut decision) = UserAdoptionState::create(&k, &PLAN, &first, at(0))
+        .expect("created")
+        .expect("events create a record");
+    let progress = |id: &str, status| AdoptionEvent::UpsertWorkflowProgress {
+        workflow_id: id.to_owned(),
+        status,
+        confidence: 0.75,
+        evidence: "seen".to_owned(),
+        source: Some("activity".to_owned()),
+    };
+    let steps = [
+        AdoptionEvent::SetMastery {
+            rating: 7.5,
+            level: MasteryLevel::Proficient,
+            description: "builds reports".to_owned(),
+        },
+        AdoptionEvent::SetJourneyState {
+            state: JourneyState::Onboarded,
+        },
+        AdoptionEvent::RecordDiscoveredFeatures {
+            features: vec!["/projects".to_owned(), "/reports ✓".to_owned()],
+        },
+        // Inserted in non-alphabetical order: the order must come back.
+        progress("zeta", WorkflowStatus::Completed),
+        progress("alpha", WorkflowStatus::InProgress),
+        progress("mid", WorkflowStatus::Completed),
+        AdoptionEvent::MarkWelcomed,
+    ];
+    for (n, event) in steps.into_iter().enumerate() {
+        let later = state
+            .decide(&PLAN, &events(vec![event], None), at(n as i64 + 1))
+            .expect("accepted");
+        decision.then(later);
+    }
+    assert_eq!(decision.transitions.len(), 1, "one journey change");
+    let done = s
+        .records
+        .commit(Commit {
+            key: &k,
+            expected: None,
+            command: &first,
+            state: &state,
+            decision: &decision,
+            now: at(8),
+        })
         .await
-        .expect("load")
-        .expect("present");
-    assert_eq!(got.version, 1);
-    assert_eq!(got.state, s);
+        .expect("create");
+    assert_eq!(done.version, Version::FIRST);
+    let got = s.records.load(&k).await.expect("load").expect("present");
+    assert_eq!(got.version, Version::FIRST);
+    assert_eq!(got.state, state);
     assert_eq!(
         got.state.onboarding.completed_workflow_ids(),
         ["zeta", "mid"]
     );
-}
-
-/// Stale or missing versions are refused with the right kind.
-pub async fn saves_are_compare_and_swap(store: Subject) {
-    let p = product("p");
-    let mut s = state("u1");
-    assert_eq!(store.save(&p, &s, None).await.expect("insert"), 1);
-    let again = store.save(&p, &s, None).await.expect_err("second insert");
-    assert_eq!(again.kind, ErrorKind::Conflict);
-    s.set_mastery(3.0, MasteryLevel::Beginner, "", at(1))
-        .expect("finite");
-    assert_eq!(store.save(&p, &s, Some(1)).await.expect("update"), 2);
-    let stale = store.save(&p, &s, Some(1)).await.expect_err("stale");
-    assert_eq!(stale.kind, ErrorKind::Conflict);
-    let missing = store
-        .save(&p, &state("ghost"), Some(1))
+    let trail = s
+        .audit
+        .list(&k.product_id, UserAdoptionState::KIND, "u1", None, 10)
         .await
-        .expect_err("missing");
-    assert_eq!(missing.kind, ErrorKind::NotFound);
-    let got = store
-        .load(&p, &user_id("u1"))
-        .await
-        .expect("load")
-        .expect("present");
-    assert_eq!((got.version, got.state.mastery.rating), (2, 3));
-}
-
-/// Another product never sees the record.
-pub async fn records_are_scoped_by_product(store: Subject) {
-    let mut a = state("u1");
-    a.set_mastery(9.0, MasteryLevel::PowerUser, "", at(1))
-        .expect("finite");
-    store.save(&product("a"), &a, None).await.expect("insert a");
-    store
-        .save(&product("b"), &state("u1"), None)
-        .await
-        .expect("insert b");
-    let got_a = store
-        .load(&product("a"), &user_id("u1"))
-        .await
-        .expect("load");
-    let got_b = store
-        .load(&product("b"), &user_id("u1"))
-        .await
-        .expect("load");
-    assert_eq!(got_a.expect("a").state.mastery.rating, 9);
-    assert_eq!(got_b.expect("b").state.mastery.rating, 0);
-    assert!(
-        store
-            .load(&product("c"), &user_id("u1"))
-            .await
-            .expect("load")
-            .is_none()
+        .expect("audit");
+    let trail: Vec<_> = trail
+        .iter()
+        .map(|r| {
+            (
+                r.entry.from.as_deref(),
+                r.entry.to.as_str(),
+                r.entry.cause.as_str(),
+                r.entry.at,
+            )
+        })
+        .collect();
+    assert_eq!(
+        trail,
+        [(Some("onboarding"), "onboarded", "set_journey_state", at(8))]
     );
 }
 
 /// Deleting removes one record, once.
-pub async fn delete_removes_only_that_record(store: Subject) {
-    store
-        .save(&product("p"), &state("u1"), None)
-        .await
-        .expect("insert");
-    store
-        .save(&product("p"), &state("u2"), None)
-        .await
-        .expect("insert");
+pub async fn delete_removes_only_that_record(s: Subject) {
+    let (u1, u2) = (key("p", "u1"), key("p", "u2"));
+    create(&s, &u1).await;
+    create(&s, &u2).await;
+    assert!(s.store.delete(&u1).await.expect("delete"));
+    assert!(!s.store.delete(&u1).await.expect("delete"));
+    assert!(s.records.load(&u1).await.expect("load").is_none());
+    assert!(s.records.load(&u2).await.expect("load").is_some());
     assert!(
-        store
-            .delete(&product("p"), &user_id("u1"))
-            .await
-            .expect("delete")
-    );
-    assert!(
-        !store
-            .delete(&product("p"), &user_id("u1"))
-            .await
-            .expect("delete")
-    );
-    assert!(
-        store
-            .load(&product("p"), &user_id("u1"))
-            .await
-            .expect("load")
-            .is_none()
-    );
-    assert!(
-        store
-            .load(&product("p"), &user_id("u2"))
-            .await
-            .expect("load")
-            .is_some()
+        !s.store.delete(&key("q", "u2")).await.expect("delete"),
+        "another product's record is not deleted"
     );
 }
 
-/// 8 writers doing load -> change -> compare-and-swap with retries, at
-/// once, lose no update.
-pub async fn concurrent_savers_with_retries_lose_no_update(store: Subject) {
+/// 8 writers doing load -> decide -> commit, deciding again on a lost
+/// race, at once, lose no update.
+pub async fn concurrent_writers_lose_no_update(s: Subject) {
     const WRITERS: usize = 8;
     const EACH: usize = 10;
-    let p = product("p");
-    store.save(&p, &state("hot"), None).await.expect("insert");
+    let hot = key("p", "hot");
+    create(&s, &hot).await;
     let mut tasks = Vec::new();
     for w in 0..WRITERS {
-        let store = Arc::clone(&store);
-        let p = p.clone();
+        let (s, hot) = (s.clone(), hot.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..EACH {
-                let feature = format!("w{w}-{i}");
+                let command = events(
+                    vec![AdoptionEvent::RecordDiscoveredFeatures {
+                        features: vec![format!("w{w}-{i}")],
+                    }],
+                    None,
+                );
                 loop {
-                    let cur = store
-                        .load(&p, &user_id("hot"))
-                        .await
-                        .expect("load")
-                        .expect("present");
-                    let mut s = cur.state;
-                    s.record_discovered_features([feature.as_str()], at(10));
-                    match store.save(&p, &s, Some(cur.version)).await {
+                    let cur = s.records.load(&hot).await.expect("load").expect("present");
+                    let mut state = cur.state;
+                    let decision: Decision<UserAdoptionState> =
+                        state.decide(&PLAN, &command, at(10)).expect("accepted");
+                    let done = s
+                        .records
+                        .commit(Commit {
+                            key: &hot,
+                            expected: Some(cur.version),
+                            command: &command,
+                            state: &state,
+                            decision: &decision,
+                            now: at(10),
+                        })
+                        .await;
+                    match done {
                         Ok(_) => break,
                         Err(e) if e.is_conflict() => tokio::task::yield_now().await,
-                        Err(e) => panic!("save failed: {e}"),
+                        Err(e) => panic!("commit failed: {e}"),
                     }
                 }
             }
@@ -224,12 +302,8 @@ pub async fn concurrent_savers_with_retries_lose_no_update(store: Subject) {
     for t in tasks {
         t.await.expect("writer task");
     }
-    let got = store
-        .load(&p, &user_id("hot"))
-        .await
-        .expect("load")
-        .expect("present");
-    assert_eq!(got.version, 1 + (WRITERS * EACH) as i64);
+    let got = s.records.load(&hot).await.expect("load").expect("present");
+    assert_eq!(got.version, Version(1 + (WRITERS * EACH) as u64));
     assert_eq!(got.state.discovered_features.len(), WRITERS * EACH);
     for w in 0..WRITERS {
         let mine: Vec<_> = got
@@ -254,7 +328,8 @@ fn plan(ids: &[&str]) -> OnboardingPlan {
 }
 
 /// Plans are kept per product and per normalised role, and replaced whole.
-pub async fn plans_are_stored_per_product_and_role(store: Subject) {
+pub async fn plans_are_stored_per_product_and_role(s: Subject) {
+    let store = &s.store;
     let p = product("p");
     assert!(store.get_plan(&p, None).await.expect("get").is_none());
     store
@@ -298,7 +373,8 @@ pub async fn plans_are_stored_per_product_and_role(store: Subject) {
 }
 
 /// Tour catalogs are kept per product and per normalised role.
-pub async fn tour_catalogs_are_stored_per_product_and_role(store: Subject) {
+pub async fn tour_catalogs_are_stored_per_product_and_role(s: Subject) {
+    let store = &s.store;
     let p = product("p");
     let entry = |id: &str, role: Option<&str>| TourCatalogEntry {
         tour_id: id.to_owned(),

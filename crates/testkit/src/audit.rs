@@ -41,7 +41,7 @@ fn at(micros: i64) -> Timestamp {
 fn entry(p: &str, kind: &str, id: &str, to: &str, t: i64) -> AuditEntry {
     AuditEntry {
         product_id: product(p),
-        entity_kind: kind.to_owned(),
+        entity_kind: parlance_core::EntityKind::parse(kind).expect("a known kind"),
         entity_id: id.to_owned(),
         from: Some("thinking".to_owned()),
         to: to.to_owned(),
@@ -61,7 +61,13 @@ pub async fn append_then_list_in_order(log: Subject) {
     log.append(&entries[..2]).await.expect("append");
     log.append(&entries[2..]).await.expect("append");
     let got = log
-        .list(&product("p"), "session", "s1", None, 100)
+        .list(
+            &product("p"),
+            parlance_core::EntityKind::Session,
+            "s1",
+            None,
+            100,
+        )
         .await
         .expect("list");
     let tos: Vec<_> = got.iter().map(|r| r.entry.to.as_str()).collect();
@@ -90,14 +96,26 @@ pub async fn list_is_scoped_by_product_kind_and_entity(log: Subject) {
         ("a", "session", "y", 4),
     ] {
         let got = log
-            .list(&product(p), kind, id, None, 10)
+            .list(
+                &product(p),
+                parlance_core::EntityKind::parse(kind).expect("a known kind"),
+                id,
+                None,
+                10,
+            )
             .await
             .expect("list");
         assert_eq!(got.len(), 1, "{p}/{kind}/{id}: {got:?}");
         assert_eq!(got[0].entry.at, at(t));
     }
     let none = log
-        .list(&product("c"), "session", "x", None, 10)
+        .list(
+            &product("c"),
+            parlance_core::EntityKind::Session,
+            "x",
+            None,
+            10,
+        )
         .await
         .expect("list");
     assert!(none.is_empty());
@@ -110,12 +128,18 @@ pub async fn list_pages_after_seq(log: Subject) {
         .collect();
     log.append(&entries).await.expect("append");
     let first = log
-        .list(&product("p"), "flow", "f", None, 2)
+        .list(&product("p"), parlance_core::EntityKind::Flow, "f", None, 2)
         .await
         .expect("list");
     assert_eq!(first.len(), 2);
     let rest = log
-        .list(&product("p"), "flow", "f", Some(first[1].seq), 10)
+        .list(
+            &product("p"),
+            parlance_core::EntityKind::Flow,
+            "f",
+            Some(first[1].seq),
+            10,
+        )
         .await
         .expect("list");
     let tos: Vec<_> = first
@@ -125,7 +149,13 @@ pub async fn list_pages_after_seq(log: Subject) {
         .collect();
     assert_eq!(tos, ["s0", "s1", "s2", "s3", "s4"]);
     let empty = log
-        .list(&product("p"), "flow", "f", Some(rest[2].seq), 10)
+        .list(
+            &product("p"),
+            parlance_core::EntityKind::Flow,
+            "f",
+            Some(rest[2].seq),
+            10,
+        )
         .await
         .expect("list");
     assert!(empty.is_empty());
@@ -139,7 +169,13 @@ pub async fn values_round_trip_exactly(log: Subject) {
     e.payload = json!({"rating": 7, "nested": {"why": ["a", "b"]}, "text": "naïve ✓"});
     log.append(std::slice::from_ref(&e)).await.expect("append");
     let got = log
-        .list(&product("p"), "adoption", "u1", None, 10)
+        .list(
+            &product("p"),
+            parlance_core::EntityKind::Adoption,
+            "u1",
+            None,
+            10,
+        )
         .await
         .expect("list");
     assert_eq!(got.len(), 1);
@@ -164,7 +200,13 @@ pub async fn concurrent_appends_lose_nothing(log: Subject) {
         t.await.expect("writer task");
     }
     let got = log
-        .list(&product("p"), "session", "hot", None, 10_000)
+        .list(
+            &product("p"),
+            parlance_core::EntityKind::Session,
+            "hot",
+            None,
+            10_000,
+        )
         .await
         .expect("list");
     assert_eq!(got.len(), WRITERS * EACH);

@@ -1,37 +1,105 @@
-//! Contract suite for [`Checkpointer`] adapters.
+//! Contract suite for the turn thread's store, `MachineStore<Checkpoint>`:
+//! what the generic storage suite ([`crate::store`]) cannot know about a
+//! thread (lists appended, objects replaced, load windows, racing turns, a
+//! commit that writes its delta and never the decided state).
 //!
-//! Run it from an adapter's tests with
-//! `parlance_testkit::checkpointer_suite!(async { Some(checkpointer) });`.
+//! [`Subject`] is also the thread's [`StoreFixture`], so an adapter runs
+//! both suites on one factory:
+//!
+//! ```ignore
+//! parlance_testkit::machine_store_suite!(async { Some(subject) });
+//! parlance_testkit::checkpoint_store_suite!(async { Some(subject) });
+//! ```
 
 use std::sync::Arc;
 
-use parlance_core::ProductId;
-use parlance_core::turn::{CheckpointDelta, LoadWindow, OwnerId, ThreadId, ThreadKey};
-use parlance_ports::Checkpointer;
+use parlance_core::turn::{
+    Checkpoint, CheckpointDelta, LoadWindow, OwnerId, ThreadId, ThreadKey, TurnCommand, TurnKey,
+};
+use parlance_core::{Decision, Machine, ProductId, Timestamp, Transition};
+use parlance_ports::{
+    AuditLog, Commit, Committed, ErrorKind, MachineStore, PortResult, TaskQueue, TaskSpec, Version,
+};
 use serde_json::{Value, json};
 
-/// Runs every case of this suite against the adapter the factory builds.
+use crate::store::StoreFixture;
+
+/// Runs every case of this suite against the subject the factory builds.
 #[macro_export]
-macro_rules! checkpointer_suite {
+macro_rules! checkpoint_store_suite {
     ($factory:expr) => {
         $crate::contract_tests! {
             factory = $factory;
             suite = $crate::checkpoint;
             cases = [
-                a_new_thread_is_empty_at_version_zero,
+                a_missing_thread_loads_as_none,
                 commits_append_lists_and_replace_objects,
                 a_stale_version_conflicts_and_writes_nothing,
                 threads_are_scoped_by_product_owner_and_thread,
                 windows_return_the_last_entries,
                 racing_turns_both_land_once,
-                commit_size_does_not_grow_with_thread_length,
+                a_commit_writes_its_delta_not_the_decided_state,
+                a_commit_writes_the_audit_entries_it_carries,
+                a_commit_carrying_a_task_is_refused,
             ]
         }
     };
 }
 
-/// The subject of this suite.
-pub type Subject = Arc<dyn Checkpointer>;
+/// The subject of this suite: a thread store with the audit log its
+/// commits write to and a queue (a thread's commits enqueue nothing; the
+/// generic suite checks that they did not).
+#[derive(Clone)]
+pub struct Subject {
+    /// The store under test.
+    pub store: Arc<dyn MachineStore<Checkpoint>>,
+    /// The audit log its commits write to.
+    pub audit: Arc<dyn AuditLog>,
+    /// A queue on the same backend.
+    pub queue: Arc<dyn TaskQueue>,
+}
+
+impl StoreFixture for Subject {
+    type M = Checkpoint;
+
+    fn store(&self) -> Arc<dyn MachineStore<Checkpoint>> {
+        self.store.clone()
+    }
+
+    fn audit(&self) -> Arc<dyn AuditLog> {
+        self.audit.clone()
+    }
+
+    fn queue(&self) -> Arc<dyn TaskQueue> {
+        self.queue.clone()
+    }
+
+    fn context(&self) -> &() {
+        &()
+    }
+
+    fn key(&self, product: &ProductId, n: u32) -> TurnKey {
+        TurnKey::whole(ThreadKey {
+            product_id: product.clone(),
+            owner: OwnerId::parse("u").expect("owner id"),
+            thread: ThreadId::parse(format!("t{n}")).expect("thread id"),
+        })
+    }
+
+    fn create(&self, _key: &TurnKey) -> TurnCommand {
+        TurnCommand::commit(0, turn(1, "first"))
+    }
+
+    fn change(&self, state: &Checkpoint) -> TurnCommand {
+        let n = state.version + 1;
+        TurnCommand::commit(state.version, turn(n, &format!("turn {n}")))
+    }
+
+    /// A committed turn is not a transition and enqueues nothing.
+    fn audits_and_enqueues(&self) -> bool {
+        false
+    }
+}
 
 fn key(product: &str, owner: &str, thread: &str) -> ThreadKey {
     ThreadKey {
@@ -39,6 +107,10 @@ fn key(product: &str, owner: &str, thread: &str) -> ThreadKey {
         owner: OwnerId::parse(owner).expect("owner id"),
         thread: ThreadId::parse(thread).expect("thread id"),
     }
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_secs(1_767_225_600).expect("in range")
 }
 
 fn msg(role: &str, content: &str) -> Value {
@@ -60,36 +132,104 @@ fn turn(n: u64, text: &str) -> CheckpointDelta {
     d
 }
 
-/// A thread nobody committed to loads empty at version 0.
-pub async fn a_new_thread_is_empty_at_version_zero(cp: Subject) {
-    let got = cp
-        .load(&key("p", "u", "t"), &LoadWindow::all())
+/// The turn that began on version `base` and produced `delta`, decided on
+/// a stand-in that holds nothing but that version: a store writes the
+/// decision's delta, never the decided state (a windowed load leaves it
+/// partial), so what a thread holds must not depend on the state handed
+/// over.
+fn decided(base: u64, delta: CheckpointDelta) -> (Checkpoint, TurnCommand, Decision<Checkpoint>) {
+    let command = TurnCommand::commit(base, delta);
+    let mut state = Checkpoint {
+        version: base,
+        ..Checkpoint::default()
+    };
+    let decision = state
+        .decide(&(), &command, now())
+        .expect("a commit on its own base is allowed");
+    (state, command, decision)
+}
+
+/// Commits a decision on the thread at `k` as the turn that began on
+/// version `base` (0: the thread is new).
+async fn commit_decided(
+    s: &Subject,
+    k: &ThreadKey,
+    base: u64,
+    (state, command, decision): &(Checkpoint, TurnCommand, Decision<Checkpoint>),
+) -> PortResult<Committed<Checkpoint>> {
+    s.store
+        .commit(Commit {
+            key: &TurnKey::whole(k.clone()),
+            expected: (base > 0).then_some(Version(base)),
+            command,
+            state,
+            decision,
+            now: now(),
+        })
         .await
-        .expect("load");
-    assert_eq!(got.version, 0);
-    assert!(got.lists.is_empty() && got.objects.is_empty(), "{got:?}");
+}
+
+/// Commits `delta` on the thread at `k` as the turn that began on version
+/// `base`.
+async fn commit(
+    s: &Subject,
+    k: &ThreadKey,
+    base: u64,
+    delta: CheckpointDelta,
+) -> PortResult<Committed<Checkpoint>> {
+    commit_decided(s, k, base, &decided(base, delta)).await
+}
+
+/// The thread at `k` with `window` applied, if it exists.
+async fn load(s: &Subject, k: &ThreadKey, window: LoadWindow) -> Option<Checkpoint> {
+    let stored = s
+        .store
+        .load(&TurnKey::new(k.clone(), window))
+        .await
+        .expect("load")?;
+    assert_eq!(
+        stored.version.0, stored.state.version,
+        "a thread's version is its store version"
+    );
+    Some(stored.state)
+}
+
+/// The whole thread at `k`, which must exist.
+async fn thread(s: &Subject, k: &ThreadKey) -> Checkpoint {
+    load(s, k, LoadWindow::all())
+        .await
+        .expect("the thread exists")
+}
+
+/// A thread nobody committed to does not exist, whatever the window.
+pub async fn a_missing_thread_loads_as_none(s: Subject) {
+    let k = key("p", "u", "t");
+    assert_eq!(load(&s, &k, LoadWindow::all()).await, None);
+    assert_eq!(
+        load(&s, &k, LoadWindow::all().tail("history", 3)).await,
+        None
+    );
 }
 
 /// Lists grow by the delta's entries in order; objects are replaced; the
 /// version counts commits; values round-trip exactly.
-pub async fn commits_append_lists_and_replace_objects(cp: Subject) {
+pub async fn commits_append_lists_and_replace_objects(s: Subject) {
     let k = key("p", "u", "t");
-    let c1 = cp.commit(&k, 0, &turn(1, "hello")).await.expect("commit 1");
-    assert_eq!(c1.version, 1);
+    let c1 = commit(&s, &k, 0, turn(1, "hello")).await.expect("commit 1");
+    assert_eq!(c1.version, Version(1));
     let mut second = turn(2, "naïve ✓ \"quoted\"");
     second.objects.insert(
         "session_memory".to_owned(),
         json!({"summary": "x", "open_loops": ["a", "b"], "n": 1.5, "nested": {"z": null}}),
     );
-    let c2 = cp.commit(&k, 1, &second).await.expect("commit 2");
-    assert_eq!(c2.version, 2);
+    let c2 = commit(&s, &k, 1, second.clone()).await.expect("commit 2");
+    assert_eq!(c2.version, Version(2));
     // An empty delta still counts as a turn.
-    let c3 = cp
-        .commit(&k, 2, &CheckpointDelta::default())
+    let c3 = commit(&s, &k, 2, CheckpointDelta::default())
         .await
         .expect("commit 3");
-    assert_eq!(c3.version, 3);
-    let got = cp.load(&k, &LoadWindow::all()).await.expect("load");
+    assert_eq!(c3.version, Version(3));
+    let got = thread(&s, &k).await;
     assert_eq!(got.version, 3);
     let contents: Vec<_> = got.lists["history"]
         .iter()
@@ -113,32 +253,29 @@ pub async fn commits_append_lists_and_replace_objects(cp: Subject) {
 }
 
 /// A commit at the wrong version is a conflict and changes nothing.
-pub async fn a_stale_version_conflicts_and_writes_nothing(cp: Subject) {
+pub async fn a_stale_version_conflicts_and_writes_nothing(s: Subject) {
     let k = key("p", "u", "t");
-    cp.commit(&k, 0, &turn(1, "one")).await.expect("commit");
+    commit(&s, &k, 0, turn(1, "one")).await.expect("commit");
     for stale in [0, 2, 7] {
-        let err = cp
-            .commit(&k, stale, &turn(9, "lost"))
+        let err = commit(&s, &k, stale, turn(9, "lost"))
             .await
             .expect_err("stale version");
         assert!(err.is_conflict(), "{err}");
     }
     let missing = key("p", "u", "never");
-    let err = cp
-        .commit(&missing, 3, &turn(1, "x"))
+    let err = commit(&s, &missing, 3, turn(1, "x"))
         .await
         .expect_err("no such version");
     assert!(err.is_conflict(), "{err}");
-    let got = cp.load(&k, &LoadWindow::all()).await.expect("load");
+    let got = thread(&s, &k).await;
     assert_eq!(got.version, 1);
     assert_eq!(got.lists["history"].len(), 2);
     assert_eq!(got.objects["session_progress"], json!({"turn_count": 1}));
-    let none = cp.load(&missing, &LoadWindow::all()).await.expect("load");
-    assert_eq!(none.version, 0);
+    assert_eq!(load(&s, &missing, LoadWindow::all()).await, None);
 }
 
 /// Another product, owner or thread never sees these entries.
-pub async fn threads_are_scoped_by_product_owner_and_thread(cp: Subject) {
+pub async fn threads_are_scoped_by_product_owner_and_thread(s: Subject) {
     let keys = [
         key("a", "u", "t"),
         key("b", "u", "t"),
@@ -146,12 +283,12 @@ pub async fn threads_are_scoped_by_product_owner_and_thread(cp: Subject) {
         key("a", "u", "s"),
     ];
     for (i, k) in keys.iter().enumerate() {
-        cp.commit(k, 0, &turn(1, &format!("m{i}")))
+        commit(&s, k, 0, turn(1, &format!("m{i}")))
             .await
             .expect("commit");
     }
     for (i, k) in keys.iter().enumerate() {
-        let got = cp.load(k, &LoadWindow::all()).await.expect("load");
+        let got = thread(&s, k).await;
         assert_eq!(got.version, 1);
         assert_eq!(got.lists["history"][0]["content"], json!(format!("m{i}")));
         assert_eq!(got.lists["history"].len(), 2);
@@ -159,17 +296,16 @@ pub async fn threads_are_scoped_by_product_owner_and_thread(cp: Subject) {
 }
 
 /// A window returns the last entries of the named list, whole others.
-pub async fn windows_return_the_last_entries(cp: Subject) {
+pub async fn windows_return_the_last_entries(s: Subject) {
     let k = key("p", "u", "t");
     for n in 1..=5 {
-        cp.commit(&k, n - 1, &turn(n, &format!("m{n}")))
+        commit(&s, &k, n - 1, turn(n, &format!("m{n}")))
             .await
             .expect("commit");
     }
-    let got = cp
-        .load(&k, &LoadWindow::all().tail("history", 3))
+    let got = load(&s, &k, LoadWindow::all().tail("history", 3))
         .await
-        .expect("load");
+        .expect("the thread exists");
     let contents: Vec<_> = got.lists["history"]
         .iter()
         .map(|m| m["content"].clone())
@@ -177,30 +313,31 @@ pub async fn windows_return_the_last_entries(cp: Subject) {
     assert_eq!(contents, [json!("re: m4"), json!("m5"), json!("re: m5")]);
     assert_eq!(got.lists["transcript"].len(), 10);
     assert_eq!(got.version, 5);
-    let none = cp
-        .load(&k, &LoadWindow::all().tail("history", 0))
+    let none = load(&s, &k, LoadWindow::all().tail("history", 0))
         .await
-        .expect("load");
+        .expect("the thread exists");
     assert!(none.lists.get("history").is_none_or(Vec::is_empty));
 }
 
 /// Turns racing on one thread, each retried on the new state after a
 /// conflict: all land, each turn's entries once and together.
-pub async fn racing_turns_both_land_once(cp: Subject) {
+pub async fn racing_turns_both_land_once(s: Subject) {
     const RACERS: u64 = 8;
     let k = key("p", "u", "hot");
     let mut tasks = Vec::new();
     for r in 0..RACERS {
-        let cp = Arc::clone(&cp);
+        let s = s.clone();
         let k = k.clone();
         tasks.push(tokio::spawn(async move {
             let mut attempts = 0;
             loop {
                 attempts += 1;
-                let head = cp.load(&k, &LoadWindow::all()).await.expect("load");
-                let delta = turn(head.version + 1, &format!("racer {r}"));
-                match cp.commit(&k, head.version, &delta).await {
-                    Ok(c) => return (c.version, attempts),
+                let base = load(&s, &k, LoadWindow::all())
+                    .await
+                    .map_or(0, |head| head.version);
+                let delta = turn(base + 1, &format!("racer {r}"));
+                match commit(&s, &k, base, delta).await {
+                    Ok(c) => return (c.version.0, attempts),
                     Err(e) if e.is_conflict() => tokio::task::yield_now().await,
                     Err(e) => panic!("commit failed: {e}"),
                 }
@@ -214,7 +351,7 @@ pub async fn racing_turns_both_land_once(cp: Subject) {
     }
     versions.sort_unstable();
     assert_eq!(versions, (1..=RACERS).collect::<Vec<_>>());
-    let got = cp.load(&k, &LoadWindow::all()).await.expect("load");
+    let got = thread(&s, &k).await;
     assert_eq!(got.version, RACERS);
     let history = &got.lists["history"];
     assert_eq!(history.len() as u64, RACERS * 2);
@@ -236,20 +373,89 @@ pub async fn racing_turns_both_land_once(cp: Subject) {
     );
 }
 
-/// The 100th commit of a thread writes as many bytes as the first.
-pub async fn commit_size_does_not_grow_with_thread_length(cp: Subject) {
+/// The 100th commit of a thread writes what its turn added and nothing
+/// else: every commit is handed a decided state holding only its own turn
+/// (as a windowed load leaves it), and the thread still holds every entry
+/// of every turn, in order, while each commit's delta is as large as the
+/// first's.
+pub async fn a_commit_writes_its_delta_not_the_decided_state(s: Subject) {
     let k = key("p", "u", "long");
     let mut sizes = Vec::new();
     for n in 1..=100u64 {
-        let c = cp
-            .commit(&k, n - 1, &turn(100 + n, &format!("m{:03}", n)))
-            .await
-            .expect("commit");
-        assert_eq!(c.version, n);
-        sizes.push(c.bytes_written);
+        let delta = turn(100 + n, &format!("m{n:03}"));
+        sizes.push(delta.encoded_len());
+        let c = commit(&s, &k, n - 1, delta).await.expect("commit");
+        assert_eq!(c.version, Version(n));
     }
     assert!(sizes[0] > 0);
     assert_eq!(sizes[0], sizes[99], "{sizes:?}");
-    let got = cp.load(&k, &LoadWindow::all()).await.expect("load");
-    assert_eq!(got.lists["history"].len(), 200);
+    let got = thread(&s, &k).await;
+    assert_eq!(got.version, 100);
+    let history: Vec<_> = got.lists["history"]
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let expected: Vec<_> = (1..=100)
+        .flat_map(|n| [format!("m{n:03}"), format!("re: m{n:03}")])
+        .collect();
+    assert_eq!(history, expected);
+    assert_eq!(got.objects["session_progress"], json!({"turn_count": 200}));
+}
+
+/// A decision that records a transition writes its audit entry with the
+/// turn; one that loses its race writes none.
+pub async fn a_commit_writes_the_audit_entries_it_carries(s: Subject) {
+    let k = key("p", "u", "audited");
+    let mut first = decided(0, turn(1, "one"));
+    first
+        .2
+        .transition(Transition::new("open", "open", "reviewed"));
+    commit_decided(&s, &k, 0, &first).await.expect("commit");
+    let lost = commit_decided(&s, &k, 0, &first).await;
+    assert_eq!(
+        lost.map(|_| ()).map_err(|e| e.kind),
+        Err(ErrorKind::Conflict)
+    );
+    let entries = s
+        .audit
+        .list(
+            &k.product_id,
+            Checkpoint::KIND,
+            &format!("{}/{}", k.owner, k.thread),
+            None,
+            100,
+        )
+        .await
+        .expect("list audit entries");
+    let written: Vec<_> = entries
+        .iter()
+        .map(|r| {
+            (
+                r.entry.from.as_deref(),
+                r.entry.to.as_str(),
+                r.entry.cause.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(written, [(Some("open"), "open", "reviewed")]);
+    assert_eq!(thread(&s, &k).await.version, 1);
+}
+
+/// A thread enqueues nothing: a commit carrying a task, even a valid one,
+/// is refused as invalid and writes nothing.
+pub async fn a_commit_carrying_a_task_is_refused(s: Subject) {
+    let k = key("p", "u", "t");
+    commit(&s, &k, 0, turn(1, "one")).await.expect("commit");
+    let mut with_task = decided(1, turn(2, "two"));
+    with_task
+        .2
+        .task(TaskSpec::new(k.product_id.clone(), "turn", json!({})));
+    let refused = commit_decided(&s, &k, 1, &with_task).await;
+    assert_eq!(
+        refused.map(|_| ()).map_err(|e| e.kind),
+        Err(ErrorKind::Invalid)
+    );
+    let got = thread(&s, &k).await;
+    assert_eq!(got.version, 1);
+    assert_eq!(got.lists["history"].len(), 2);
 }

@@ -1,18 +1,34 @@
-//! Contract suite for [`ConversationStore`] adapters.
+//! Contract suite for conversation stores: a [`MachineStore<Instance>`] and
+//! the [`ConversationStore`] beside it.
 //!
 //! Run it from an adapter's tests with
-//! `parlance_testkit::conversation_store_suite!(async { Some(subject) });`.
+//! `parlance_testkit::conversation_store_suite!(async { Some(subject) });`,
+//! and the storage protocol's suite with
+//! `parlance_testkit::machine_store_suite!(async { Some(subject) });` on the
+//! same [`Subject`], which is a [`StoreFixture`].
+//!
+//! Every case decides a command on the instance as loaded and commits it
+//! once, as the executor does on its first attempt: what the store must do
+//! with a commit (decide a creation again under the contact's lock, promote,
+//! write the transcript lines, refuse a stale version) is checked here; a
+//! lost commit decided again is the executor's, checked in the app.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use parlance_core::conversation::{
-    ContactId, ConversationError, ConversationState as S, Instance, InstanceId, NewInstance, Role,
+    ContactId, ConversationCommand as C, ConversationContext, ConversationError, ConversationKey,
+    ConversationState as S, Instance, InstanceId, NewInstance, Role,
 };
-use parlance_core::{ProductId, Timestamp};
+use parlance_core::{Decision, EntityKind, Machine as _, NotAllowed, ProductId, Timestamp};
 use parlance_ports::conversation::{DELIVER_KIND, FOLLOW_UP_KIND, TURN_KIND};
-use parlance_ports::{AuditLog, ConversationStore, ListFilter, TaskQueue, WorkerId};
+use parlance_ports::{
+    AuditLog, AuditRecord, Commit, ConversationStore, ErrorKind, ListFilter, MachineStore,
+    PortError, Stored, TaskQueue, Version, WorkerId,
+};
 use serde_json::Map;
+
+use crate::store::StoreFixture;
 
 /// Runs every case of this suite against the adapter the factory builds.
 #[macro_export]
@@ -23,16 +39,18 @@ macro_rules! conversation_store_suite {
             suite = $crate::conversation;
             cases = [
                 create_get_and_list_are_scoped,
+                a_creation_is_decided_again_under_the_contact_lock,
                 concurrent_creates_yield_exactly_one_created,
-                apply_saves_appends_and_audits,
+                a_commit_saves_appends_and_audits,
                 a_refused_command_changes_nothing,
+                a_stale_commit_writes_no_line_audit_entry_or_task,
+                a_command_decided_again_on_the_winner_keeps_both_replies,
                 a_terminal_transition_promotes_the_oldest_queued,
                 a_paused_holder_keeps_its_contact,
                 claim_due_takes_only_due_instances_once,
                 concurrent_sweepers_fire_a_heartbeat_once,
                 delivery_keys_are_recorded_once,
                 late_replies_are_kept_and_audited,
-                concurrent_replies_are_all_kept,
                 unknown_ids_are_not_found,
                 transitions_enqueue_their_tasks,
             ]
@@ -44,13 +62,61 @@ macro_rules! conversation_store_suite {
 /// it writes to.
 #[derive(Clone)]
 pub struct Subject {
-    /// The store under test.
-    pub store: Arc<dyn ConversationStore>,
+    /// The instances, through the storage protocol.
+    pub store: Arc<dyn MachineStore<Instance>>,
+    /// The same store's listings, transcripts, claims and delivery keys.
+    pub index: Arc<dyn ConversationStore>,
     /// The audit log the store writes its transitions to.
     pub audit: Arc<dyn AuditLog>,
     /// The queue the store enqueues its transitions' tasks on (empty at the
     /// start).
     pub queue: Arc<dyn TaskQueue>,
+}
+
+/// With the contact free: what the executor decides with; the store
+/// decides a creation again with what it finds under the contact's lock.
+const FREE: ConversationContext = ConversationContext {
+    contact_held: false,
+};
+
+/// The storage protocol's suite on conversations. Record `n` of a product
+/// is an instance with a contact of its own, so it is created `CREATED` as
+/// decided; the change is `begin_agent_turn`.
+impl StoreFixture for Subject {
+    type M = Instance;
+
+    fn store(&self) -> Arc<dyn MachineStore<Instance>> {
+        self.store.clone()
+    }
+    fn audit(&self) -> Arc<dyn AuditLog> {
+        self.audit.clone()
+    }
+    fn queue(&self) -> Arc<dyn TaskQueue> {
+        self.queue.clone()
+    }
+    fn context(&self) -> &ConversationContext {
+        &FREE
+    }
+    fn key(&self, product: &ProductId, n: u32) -> ConversationKey {
+        ConversationKey {
+            product_id: product.clone(),
+            instance_id: id(u128::from(n)),
+        }
+    }
+    fn create(&self, key: &ConversationKey) -> C {
+        let contact = ContactId::parse(format!("contact-{}", key.instance_id)).expect("valid");
+        C::Create(new_instance(key, contact))
+    }
+    fn change(&self, _: &Instance) -> C {
+        C::BeginAgentTurn
+    }
+    /// No command on a just-created instance both records a transition and
+    /// asks for a task (`begin_agent_turn` does the first, nothing the
+    /// second); this suite's cases check tasks and lost commits with
+    /// commands that do both.
+    fn audits_and_enqueues(&self) -> bool {
+        false
+    }
 }
 
 fn product(p: &str) -> ProductId {
@@ -65,11 +131,25 @@ fn id(n: u128) -> InstanceId {
     InstanceId::from_uuid(uuid::Uuid::from_u128(n))
 }
 
-fn new(p: &str, n: u128, contact: &str) -> NewInstance {
-    NewInstance {
+fn key(p: &str, n: u128) -> ConversationKey {
+    ConversationKey {
         product_id: product(p),
         instance_id: id(n),
-        contact_id: ContactId::parse(contact).expect("valid contact"),
+    }
+}
+
+fn new(p: &str, n: u128, contact: &str) -> NewInstance {
+    new_instance(
+        &key(p, n),
+        ContactId::parse(contact).expect("valid contact"),
+    )
+}
+
+fn new_instance(key: &ConversationKey, contact_id: ContactId) -> NewInstance {
+    NewInstance {
+        product_id: key.product_id.clone(),
+        instance_id: key.instance_id,
+        contact_id,
         channel: "loopback".to_owned(),
         objective: "book a demo".to_owned(),
         todos: vec![],
@@ -79,80 +159,187 @@ fn new(p: &str, n: u128, contact: &str) -> NewInstance {
     }
 }
 
-async fn create(s: &Subject, p: &str, n: u128, contact: &str, at: u64) -> Instance {
-    s.store
-        .create(new(p, n, contact), t(at))
-        .await
-        .expect("create")
-        .expect("valid instance")
-        .0
+/// What a commit stored: the instance as written, its version and
+/// decision, and what was promoted with it.
+#[derive(Debug)]
+pub struct Done {
+    /// The instance as written.
+    pub state: Instance,
+    /// Its version.
+    pub version: Version,
+    /// The decision written.
+    pub decision: Decision<Instance>,
+    /// Instances promoted in the same commit.
+    pub also: Vec<(Stored<Instance>, Decision<Instance>)>,
 }
 
-/// Runs a command, expecting the store to accept it.
-async fn run(
-    s: &Subject,
-    p: &str,
-    n: u128,
-    at: u64,
-    command: impl Fn(
-        &mut Instance,
-        Timestamp,
-    ) -> Result<parlance_core::conversation::Outcome, ConversationError>
-    + Send
-    + Sync
-    + 'static,
-) -> parlance_ports::Applied {
-    let now = t(at);
-    s.store
-        .apply(&product(p), id(n), now, Box::new(move |i| command(i, now)))
+/// Creates instance `n`, decided with the contact free; the store decides
+/// again under the contact's lock.
+async fn create(s: &Subject, p: &str, n: u128, contact: &str, at: u64) -> Done {
+    let command = C::Create(new(p, n, contact));
+    let key = key(p, n);
+    let (state, decision) = Instance::create(&key, &FREE, &command, t(at))
+        .expect("valid instance")
+        .expect("create creates");
+    let done = s
+        .store
+        .commit(Commit {
+            key: &key,
+            expected: None,
+            command: &command,
+            state: &state,
+            decision: &decision,
+            now: t(at),
+        })
         .await
-        .expect("apply")
-        .expect("command accepted")
+        .expect("create");
+    let (state, decision) = done.written.unwrap_or((state, decision));
+    Done {
+        state,
+        version: done.version,
+        decision,
+        also: done.also,
+    }
+}
+
+/// Why a command did not land.
+#[derive(Debug)]
+enum NotDone {
+    /// The machine refused it on the loaded instance.
+    Refused(ConversationError),
+    /// The commit failed.
+    Port(PortError),
+}
+
+/// Decides `command` on the instance as loaded before and commits it once.
+async fn commit_on(
+    s: &Subject,
+    loaded: &Stored<Instance>,
+    at: u64,
+    command: C,
+) -> Result<Done, NotDone> {
+    let mut state = loaded.state.clone();
+    let decision = state
+        .decide(&FREE, &command, t(at))
+        .map_err(NotDone::Refused)?;
+    let key = state.key();
+    let done = s
+        .store
+        .commit(Commit {
+            key: &key,
+            expected: Some(loaded.version),
+            command: &command,
+            state: &state,
+            decision: &decision,
+            now: t(at),
+        })
+        .await
+        .map_err(NotDone::Port)?;
+    let (state, decision) = done.written.unwrap_or((state, decision));
+    Ok(Done {
+        state,
+        version: done.version,
+        decision,
+        also: done.also,
+    })
+}
+
+async fn load(s: &Subject, p: &str, n: u128) -> Stored<Instance> {
+    s.store
+        .load(&key(p, n))
+        .await
+        .expect("load")
+        .expect("the instance exists")
+}
+
+/// Loads instance `n`, decides `command` on it and commits it once.
+async fn try_run(s: &Subject, p: &str, n: u128, at: u64, command: C) -> Result<Done, NotDone> {
+    let loaded = load(s, p, n).await;
+    commit_on(s, &loaded, at, command).await
+}
+
+/// Runs a command, expecting the machine to accept it and the store to
+/// commit it.
+async fn run(s: &Subject, p: &str, n: u128, at: u64, command: C) -> Done {
+    try_run(s, p, n, at, command)
+        .await
+        .unwrap_or_else(|e| panic!("command not committed: {e:?}"))
+}
+
+fn send(text: &str) -> C {
+    C::AgentSend {
+        text: text.into(),
+        next_heartbeat_s: None,
+    }
+}
+
+fn reply(text: impl Into<String>) -> C {
+    C::ContactReply { text: text.into() }
 }
 
 /// An instance in `WAITING_FOR_REPLY` with its heartbeat due at `at + 100`.
-async fn waiting(s: &Subject, p: &str, n: u128, contact: &str, at: u64) -> Instance {
+async fn waiting(s: &Subject, p: &str, n: u128, contact: &str, at: u64) -> Done {
     create(s, p, n, contact, at).await;
-    run(s, p, n, at, |i, now| i.begin_agent_turn(now)).await;
-    run(s, p, n, at, |i, now| {
-        i.agent_send("hello".into(), None, now)
-    })
-    .await
-    .instance
+    run(s, p, n, at, C::BeginAgentTurn).await;
+    run(s, p, n, at, send("hello")).await
+}
+
+async fn audit_of(s: &Subject, p: &str, n: u128) -> Vec<AuditRecord> {
+    s.audit
+        .list(
+            &product(p),
+            EntityKind::Conversation,
+            &id(n).to_string(),
+            None,
+            1000,
+        )
+        .await
+        .expect("audit")
+}
+
+async fn transcript(s: &Subject, p: &str, n: u128) -> Vec<parlance_core::conversation::Message> {
+    s.index.transcript(&key(p, n)).await.expect("transcript")
 }
 
 /// Ids, products and contacts keep instances apart.
 pub async fn create_get_and_list_are_scoped(s: Subject) {
     let a = create(&s, "a", 1, "alice", 0).await;
-    assert_eq!((a.state, a.version), (S::Created, 1));
+    assert_eq!((a.state.state, a.version), (S::Created, Version::FIRST));
     let q = create(&s, "a", 2, "alice", 1).await;
-    assert_eq!(q.state, S::Queued);
+    assert_eq!(q.state.state, S::Queued);
     let b = create(&s, "a", 3, "bob", 2).await;
-    assert_eq!(b.state, S::Created);
+    assert_eq!(b.state.state, S::Created);
     let other = create(&s, "b", 4, "alice", 3).await;
     assert_eq!(
-        other.state,
+        other.state.state,
         S::Created,
         "another product's contact is another contact"
     );
 
-    let got = s.store.get(&product("a"), id(1)).await.expect("get");
-    assert_eq!(got, Some(a));
-    assert_eq!(s.store.get(&product("b"), id(1)).await.expect("get"), None);
+    let got = s.store.load(&key("a", 1)).await.expect("load");
+    assert_eq!(
+        got,
+        Some(Stored {
+            state: a.state,
+            version: a.version
+        })
+    );
+    assert_eq!(s.store.load(&key("b", 1)).await.expect("load"), None);
 
     let all = s
-        .store
+        .index
         .list(&product("a"), &ListFilter::default())
         .await
         .expect("list");
-    let ids: Vec<_> = all.iter().map(|i| i.instance_id).collect();
+    let ids: Vec<_> = all.iter().map(|i| i.state.instance_id).collect();
     assert_eq!(ids, [id(1), id(2), id(3)], "oldest first, product a only");
+    assert!(all.iter().all(|i| i.version == Version::FIRST));
     let alice = ListFilter {
         contact_id: Some(ContactId::parse("alice").expect("valid")),
         ..ListFilter::default()
     };
     assert_eq!(
-        s.store
+        s.index
             .list(&product("a"), &alice)
             .await
             .expect("list")
@@ -163,20 +350,54 @@ pub async fn create_get_and_list_are_scoped(s: Subject) {
         state: Some(S::Queued),
         ..ListFilter::default()
     };
-    let got = s.store.list(&product("a"), &queued).await.expect("list");
+    let got = s.index.list(&product("a"), &queued).await.expect("list");
     assert_eq!(
-        got.iter().map(|i| i.instance_id).collect::<Vec<_>>(),
+        got.iter().map(|i| i.state.instance_id).collect::<Vec<_>>(),
         [id(2)]
     );
-    let audit = s
-        .audit
-        .list(&product("a"), "conversation", &id(2).to_string(), None, 10)
-        .await
-        .expect("audit");
+    let audit = audit_of(&s, "a", 2).await;
     assert_eq!(audit.len(), 1);
     assert_eq!(
         (audit[0].entry.from.as_deref(), audit[0].entry.to.as_str()),
         (None, "QUEUED")
+    );
+}
+
+/// A creation decided with the contact free is decided again by the store
+/// with the contact held: it writes and reports `QUEUED`, with no agent
+/// turn.
+pub async fn a_creation_is_decided_again_under_the_contact_lock(s: Subject) {
+    create(&s, "p", 1, "ann", 0).await;
+    drain_tasks(&s).await;
+    let command = C::Create(new("p", 2, "ann"));
+    let (state, decision) = Instance::create(&key("p", 2), &FREE, &command, t(1))
+        .expect("valid")
+        .expect("created");
+    assert_eq!(state.state, S::Created, "decided with the contact free");
+    let done = s
+        .store
+        .commit(Commit {
+            key: &key("p", 2),
+            expected: None,
+            command: &command,
+            state: &state,
+            decision: &decision,
+            now: t(1),
+        })
+        .await
+        .expect("create");
+    let (written, written_decision) = done.written.expect("the store reports its own decision");
+    assert_eq!(written.state, S::Queued);
+    assert!(written_decision.tasks.is_empty(), "a queued instance waits");
+    assert_eq!(load(&s, "p", 2).await.state, written);
+    assert_eq!(drain_tasks(&s).await, []);
+    let audit = audit_of(&s, "p", 2).await;
+    assert_eq!(
+        audit
+            .iter()
+            .map(|r| r.entry.to.as_str())
+            .collect::<Vec<_>>(),
+        ["QUEUED"]
     );
 }
 
@@ -186,12 +407,12 @@ pub async fn concurrent_creates_yield_exactly_one_created(s: Subject) {
     for n in 0..16u128 {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
-            create(&s, "p", 100 + n, "carol", 0).await
+            create(&s, "p", 100 + n, "carol", 0).await.state.state
         }));
     }
     let mut states = Vec::new();
     for task in tasks {
-        states.push(task.await.expect("task").state);
+        states.push(task.await.expect("task"));
     }
     assert_eq!(
         states.iter().filter(|s| **s == S::Created).count(),
@@ -199,39 +420,41 @@ pub async fn concurrent_creates_yield_exactly_one_created(s: Subject) {
         "{states:?}"
     );
     assert_eq!(states.iter().filter(|s| **s == S::Queued).count(), 15);
+    let mut stored = Vec::new();
+    for n in 0..16u128 {
+        stored.push(load(&s, "p", 100 + n).await.state.state);
+    }
+    assert_eq!(stored, states, "each stored as reported");
 }
 
 /// A command's instance, transcript and audit entries are stored together.
-pub async fn apply_saves_appends_and_audits(s: Subject) {
+pub async fn a_commit_saves_appends_and_audits(s: Subject) {
     let i = waiting(&s, "p", 1, "dave", 0).await;
-    assert_eq!((i.state, i.version), (S::WaitingForReply, 3));
-    assert_eq!(i.next_deadline(), Some(t(100)));
-    let stored = s
-        .store
-        .get(&product("p"), id(1))
-        .await
-        .expect("get")
-        .expect("exists");
-    assert_eq!(stored, i);
-    let transcript = s
-        .store
-        .transcript(&product("p"), id(1))
-        .await
-        .expect("transcript");
+    assert_eq!((i.state.state, i.version), (S::WaitingForReply, Version(3)));
+    assert_eq!(i.state.next_deadline(), Some(t(100)));
+    let stored = load(&s, "p", 1).await;
+    assert_eq!(
+        stored,
+        Stored {
+            state: i.state,
+            version: i.version
+        }
+    );
+    let transcript = transcript(&s, "p", 1).await;
     assert_eq!(transcript.len(), 1);
     assert_eq!(
         (transcript[0].role, transcript[0].text.as_str()),
         (Role::Agent, "hello")
     );
     assert_eq!(transcript[0].outbound_seq, Some(1));
-    let audit = s
-        .audit
-        .list(&product("p"), "conversation", &id(1).to_string(), None, 10)
+    let steps: Vec<_> = audit_of(&s, "p", 1)
         .await
-        .expect("audit");
-    let steps: Vec<_> = audit
         .iter()
-        .map(|r| (r.entry.to.as_str(), r.entry.cause.as_str()))
+        .map(|r| (r.entry.to.clone(), r.entry.cause.clone()))
+        .collect();
+    let steps: Vec<_> = steps
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
     assert_eq!(
         steps,
@@ -245,39 +468,83 @@ pub async fn apply_saves_appends_and_audits(s: Subject) {
 
 /// A refused command leaves instance, version and transcript as they were.
 pub async fn a_refused_command_changes_nothing(s: Subject) {
-    let before = waiting(&s, "p", 1, "erin", 0).await;
-    let refused = s
-        .store
-        .apply(
-            &product("p"),
-            id(1),
-            t(5),
-            Box::new(|i| i.end_conversation(None, t(5))),
-        )
+    waiting(&s, "p", 1, "erin", 0).await;
+    let before = load(&s, "p", 1).await;
+    let refused = try_run(&s, "p", 1, 5, C::EndConversation { outcome: None }).await;
+    match refused {
+        Err(NotDone::Refused(e)) => assert_eq!(
+            e,
+            ConversationError::NotAllowed(NotAllowed::new(
+                "end_conversation",
+                S::WaitingForReply.as_str()
+            ))
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(load(&s, "p", 1).await, before);
+    assert_eq!(transcript(&s, "p", 1).await.len(), 1);
+}
+
+/// Two replies decided on one version: the first commit lands, the second
+/// is a conflict that writes no transcript line, no audit entry and no
+/// task.
+pub async fn a_stale_commit_writes_no_line_audit_entry_or_task(s: Subject) {
+    waiting(&s, "p", 1, "fay", 0).await;
+    drain_tasks(&s).await;
+    let seen = load(&s, "p", 1).await;
+    let audit_before = audit_of(&s, "p", 1).await.len();
+    let first = commit_on(&s, &seen, 10, reply("first"))
         .await
-        .expect("apply");
-    assert_eq!(
-        refused,
-        Err(ConversationError::NotAllowed {
-            command: "end_conversation",
-            state: S::WaitingForReply
-        })
-    );
-    let after = s
-        .store
-        .get(&product("p"), id(1))
+        .expect("the first commit lands");
+    assert_eq!(first.state.state, S::WaitingForAgent);
+    let second = commit_on(&s, &seen, 10, reply("second")).await;
+    match second {
+        Err(NotDone::Port(e)) => assert_eq!(e.kind, ErrorKind::Conflict, "{e}"),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    let texts: Vec<_> = transcript(&s, "p", 1)
         .await
-        .expect("get")
-        .expect("exists");
-    assert_eq!(after, before);
+        .into_iter()
+        .map(|m| m.text)
+        .collect();
+    assert_eq!(texts, ["hello", "first"]);
     assert_eq!(
-        s.store
-            .transcript(&product("p"), id(1))
-            .await
-            .expect("transcript")
-            .len(),
-        1
+        audit_of(&s, "p", 1).await.len(),
+        audit_before + first.decision.transitions.len()
     );
+    assert_eq!(
+        drain_tasks(&s).await,
+        [(TURN_KIND.to_owned(), 1, None)],
+        "only the first commit's agent turn"
+    );
+    assert_eq!(load(&s, "p", 1).await.version, seen.version.next());
+}
+
+/// A command whose commit lost to another, decided again on the instance
+/// as the winner left it, lands on the next version with both replies
+/// kept.
+pub async fn a_command_decided_again_on_the_winner_keeps_both_replies(s: Subject) {
+    let start = waiting(&s, "p", 1, "gus", 0).await;
+    let seen = load(&s, "p", 1).await;
+    commit_on(&s, &seen, 10, reply("w0")).await.expect("w0");
+    let lost = commit_on(&s, &seen, 10, reply("w1")).await;
+    assert!(
+        matches!(&lost, Err(NotDone::Port(e)) if e.kind == ErrorKind::Conflict),
+        "{lost:?}"
+    );
+    let fresh = load(&s, "p", 1).await;
+    assert_eq!(fresh.version, start.version.next(), "the version that won");
+    let again = commit_on(&s, &fresh, 10, reply("w1"))
+        .await
+        .expect("decided again, it lands");
+    assert_eq!(again.version, start.version.next().next());
+    let replies: Vec<_> = transcript(&s, "p", 1)
+        .await
+        .into_iter()
+        .filter(|m| m.role == Role::Contact)
+        .map(|m| m.text)
+        .collect();
+    assert_eq!(replies, ["w0", "w1"]);
 }
 
 /// Ending the holder promotes the oldest queued instance in the same write.
@@ -285,42 +552,51 @@ pub async fn a_terminal_transition_promotes_the_oldest_queued(s: Subject) {
     create(&s, "p", 1, "frank", 0).await;
     create(&s, "p", 2, "frank", 1).await;
     create(&s, "p", 3, "frank", 2).await;
-    run(&s, "p", 1, 3, |i, now| i.begin_agent_turn(now)).await;
-    let applied = run(&s, "p", 1, 4, |i, now| {
-        i.end_conversation(Some("done".into()), now)
-    })
-    .await;
-    assert_eq!(applied.instance.state, S::Completed);
-    let (promoted, _) = applied
-        .promoted
-        .expect("the oldest queued instance is promoted");
-    assert_eq!((promoted.instance_id, promoted.state), (id(2), S::Created));
-    let third = s
-        .store
-        .get(&product("p"), id(3))
-        .await
-        .expect("get")
-        .expect("exists");
-    assert_eq!(third.state, S::Queued);
+    run(&s, "p", 1, 3, C::BeginAgentTurn).await;
+    let done = C::EndConversation {
+        outcome: Some("done".into()),
+    };
+    let applied = run(&s, "p", 1, 4, done).await;
+    assert_eq!(applied.state.state, S::Completed);
+    let [(promoted, _)] = applied.also.as_slice() else {
+        panic!("the oldest queued instance is promoted: {:?}", applied.also);
+    };
+    assert_eq!(
+        (promoted.state.instance_id, promoted.state.state),
+        (id(2), S::Created)
+    );
+    assert_eq!(&load(&s, "p", 2).await, promoted, "stored as reported");
+    assert_eq!(load(&s, "p", 3).await.state.state, S::Queued);
     // Cancelling the queued one promotes nothing: the contact is held.
-    let applied = run(&s, "p", 3, 5, |i, now| i.cancel(now)).await;
-    assert!(applied.promoted.is_none());
+    let applied = run(&s, "p", 3, 5, C::Cancel).await;
+    assert!(applied.also.is_empty());
 }
 
 /// A paused holder still holds its contact; a paused queued one does not.
 pub async fn a_paused_holder_keeps_its_contact(s: Subject) {
     waiting(&s, "p", 1, "gina", 0).await;
-    run(&s, "p", 1, 10, |i, now| i.pause(now)).await;
-    assert_eq!(create(&s, "p", 2, "gina", 11).await.state, S::Queued);
-    run(&s, "p", 2, 12, |i, now| i.pause(now)).await;
+    run(&s, "p", 1, 10, C::Pause).await;
+    assert_eq!(create(&s, "p", 2, "gina", 11).await.state.state, S::Queued);
+    run(&s, "p", 2, 12, C::Pause).await;
     // The holder ends while the queued one is paused: nothing to promote.
-    let applied = run(&s, "p", 1, 13, |i, now| i.cancel(now)).await;
-    assert!(applied.promoted.is_none());
+    let applied = run(&s, "p", 1, 13, C::Cancel).await;
+    assert!(applied.also.is_empty());
     // Resuming the paused queued instance promotes it, the contact being free.
-    let applied = run(&s, "p", 2, 14, |i, now| i.resume(now)).await;
-    assert_eq!(applied.instance.state, S::Queued);
-    let (promoted, _) = applied.promoted.expect("promoted on resume");
-    assert_eq!((promoted.instance_id, promoted.state), (id(2), S::Created));
+    let applied = run(&s, "p", 2, 14, C::Resume).await;
+    assert_eq!(applied.state.state, S::Queued);
+    let [(promoted, _)] = applied.also.as_slice() else {
+        panic!("promoted on resume: {:?}", applied.also);
+    };
+    assert_eq!(
+        (promoted.state.instance_id, promoted.state.state),
+        (id(2), S::Created)
+    );
+    assert_eq!(promoted.version, applied.version.next());
+    assert_eq!(&load(&s, "p", 2).await, promoted);
+}
+
+fn ids(keys: &[ConversationKey]) -> Vec<InstanceId> {
+    keys.iter().map(|k| k.instance_id).collect()
 }
 
 /// Only due heartbeats are claimed, and a claimed one is hidden for the lease.
@@ -329,179 +605,123 @@ pub async fn claim_due_takes_only_due_instances_once(s: Subject) {
     waiting(&s, "p", 2, "ivy", 50).await; // due at 150
     let lease = Duration::from_secs(30);
     assert!(
-        s.store
+        s.index
             .claim_due(t(99), 10, lease)
             .await
             .expect("claim")
             .is_empty()
     );
-    let claimed = s.store.claim_due(t(120), 10, lease).await.expect("claim");
-    assert_eq!(
-        claimed.iter().map(|i| i.instance_id).collect::<Vec<_>>(),
-        [id(1)]
-    );
+    let claimed = s.index.claim_due(t(120), 10, lease).await.expect("claim");
+    assert_eq!(ids(&claimed), [id(1)]);
+    assert_eq!(claimed[0].product_id, product("p"));
     assert!(
-        s.store
+        s.index
             .claim_due(t(121), 10, lease)
             .await
             .expect("claim")
             .is_empty()
     );
-    let both = s.store.claim_due(t(160), 10, lease).await.expect("claim");
-    assert_eq!(
-        both.iter().map(|i| i.instance_id).collect::<Vec<_>>(),
-        [id(1), id(2)]
-    );
-    let fired = run(&s, "p", 1, 200, |i, now| i.fire_heartbeat(now)).await;
-    assert_eq!(fired.instance.state, S::HeartbeatScheduled);
-    let later = s.store.claim_due(t(1000), 10, lease).await.expect("claim");
-    assert_eq!(
-        later.iter().map(|i| i.instance_id).collect::<Vec<_>>(),
-        [id(2)]
-    );
+    let both = s.index.claim_due(t(160), 10, lease).await.expect("claim");
+    assert_eq!(ids(&both), [id(1), id(2)]);
+    let fired = run(&s, "p", 1, 200, C::TimerFired).await;
+    assert_eq!(fired.state.state, S::HeartbeatScheduled);
+    let later = s.index.claim_due(t(1000), 10, lease).await.expect("claim");
+    assert_eq!(ids(&later), [id(2)]);
 }
 
-/// Eight sweepers racing on one due heartbeat: it fires exactly once.
+/// Eight sweepers racing on one due heartbeat, each deciding and
+/// committing once: exactly one firing lands, and deciding it again on the
+/// instance as it then is refuses it.
 pub async fn concurrent_sweepers_fire_a_heartbeat_once(s: Subject) {
     waiting(&s, "p", 1, "jack", 0).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let s = s.clone();
+        let (s, barrier) = (s.clone(), barrier.clone());
         tasks.push(tokio::spawn(async move {
-            let now = t(500);
-            s.store
-                .apply(
-                    &product("p"),
-                    id(1),
-                    now,
-                    Box::new(move |i| i.fire_heartbeat(now)),
-                )
-                .await
-                .expect("apply")
-                .is_ok()
+            let loaded = load(&s, "p", 1).await;
+            barrier.wait().await;
+            commit_on(&s, &loaded, 500, C::TimerFired).await
         }));
     }
     let mut fired = 0;
     for task in tasks {
-        fired += usize::from(task.await.expect("task"));
+        match task.await.expect("task") {
+            Ok(_) => fired += 1,
+            Err(NotDone::Port(e)) => assert_eq!(e.kind, ErrorKind::Conflict, "{e}"),
+            Err(NotDone::Refused(e)) => panic!("decided on the armed heartbeat, refused: {e}"),
+        }
     }
     assert_eq!(fired, 1);
+    let again = try_run(&s, "p", 1, 500, C::TimerFired).await;
+    assert!(matches!(again, Err(NotDone::Refused(_))), "{again:?}");
+    let firings = audit_of(&s, "p", 1)
+        .await
+        .iter()
+        .filter(|r| r.entry.cause == "timer_fired")
+        .count();
+    assert_eq!(firings, 1);
 }
 
 /// A delivery key is recorded once.
 pub async fn delivery_keys_are_recorded_once(s: Subject) {
     waiting(&s, "p", 1, "kate", 0).await;
-    let p = product("p");
-    assert!(
-        s.store
-            .record_delivery(&p, id(1), 1, t(1))
-            .await
-            .expect("record")
-    );
-    assert!(
-        !s.store
-            .record_delivery(&p, id(1), 1, t(2))
-            .await
-            .expect("record")
-    );
-    assert!(
-        s.store
-            .record_delivery(&p, id(1), 2, t(3))
-            .await
-            .expect("record")
-    );
+    let k = key("p", 1);
+    assert!(s.index.record_delivery(&k, 1, t(1)).await.expect("record"));
+    assert!(!s.index.record_delivery(&k, 1, t(2)).await.expect("record"));
+    assert!(s.index.record_delivery(&k, 2, t(3)).await.expect("record"));
 }
 
 /// A reply after the end is kept, audited, and changes no state.
 pub async fn late_replies_are_kept_and_audited(s: Subject) {
     waiting(&s, "p", 1, "liam", 0).await;
-    run(&s, "p", 1, 10, |i, now| i.cancel(now)).await;
-    let applied = run(&s, "p", 1, 20, |i, now| {
-        Ok(i.contact_reply("too late?".into(), now))
-    })
-    .await;
-    assert_eq!(applied.instance.state, S::Failed);
-    let transcript = s
-        .store
-        .transcript(&product("p"), id(1))
-        .await
-        .expect("transcript");
+    run(&s, "p", 1, 10, C::Cancel).await;
+    let applied = run(&s, "p", 1, 20, reply("too late?")).await;
+    assert_eq!(applied.state.state, S::Failed);
+    let transcript = transcript(&s, "p", 1).await;
     assert_eq!(
         transcript.last().map(|m| m.text.as_str()),
         Some("too late?")
     );
-    let audit = s
-        .audit
-        .list(&product("p"), "conversation", &id(1).to_string(), None, 20)
-        .await
-        .expect("audit");
+    let audit = audit_of(&s, "p", 1).await;
     assert_eq!(
         audit.last().map(|r| r.entry.cause.as_str()),
         Some("late_reply")
     );
 }
 
-/// Sixteen writers appending replies at once: every reply is kept and every
-/// write bumped the version once.
-pub async fn concurrent_replies_are_all_kept(s: Subject) {
-    let start = waiting(&s, "p", 1, "mia", 0).await;
-    let mut tasks = Vec::new();
-    for w in 0..16 {
-        let s = s.clone();
-        tasks.push(tokio::spawn(async move {
-            for k in 0..10 {
-                run(&s, "p", 1, 10, move |i, now| {
-                    Ok(i.contact_reply(format!("w{w} r{k}"), now))
-                })
-                .await;
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.expect("task");
-    }
-    let end = s
-        .store
-        .get(&product("p"), id(1))
-        .await
-        .expect("get")
-        .expect("exists");
-    assert_eq!(end.version, start.version + 160);
-    let transcript = s
-        .store
-        .transcript(&product("p"), id(1))
-        .await
-        .expect("transcript");
-    let replies = transcript
-        .iter()
-        .filter(|m| m.role == Role::Contact)
-        .count();
-    assert_eq!(replies, 160);
-    for w in 0..16 {
-        let mine: Vec<_> = transcript
-            .iter()
-            .filter(|m| m.text.starts_with(&format!("w{w} ")))
-            .map(|m| m.text.clone())
-            .collect();
-        let expected: Vec<_> = (0..10).map(|k| format!("w{w} r{k}")).collect();
-        assert_eq!(mine, expected);
-    }
-}
-
-/// Unknown ids, and ids of another product, are `NotFound`.
+/// Unknown ids, and ids of another product, load as nothing; a commit on
+/// one is a conflict that creates nothing; their transcript is `NotFound`.
 pub async fn unknown_ids_are_not_found(s: Subject) {
-    create(&s, "a", 1, "nina", 0).await;
+    let a = create(&s, "a", 1, "nina", 0).await;
+    assert_eq!(s.store.load(&key("b", 1)).await.expect("load"), None);
+    let mut state = a.state.clone();
+    let decision = state.decide(&FREE, &C::Cancel, t(1)).expect("cancel");
     let e = s
         .store
-        .apply(&product("b"), id(1), t(1), Box::new(|i| i.cancel(t(1))))
+        .commit(Commit {
+            key: &key("b", 1),
+            expected: Some(a.version),
+            command: &C::Cancel,
+            state: &state,
+            decision: &decision,
+            now: t(1),
+        })
         .await
         .expect_err("another product's id");
-    assert!(e.is_not_found(), "{e}");
+    assert_eq!(e.kind, ErrorKind::Conflict, "{e}");
+    assert_eq!(s.store.load(&key("b", 1)).await.expect("load"), None);
     let e = s
-        .store
-        .transcript(&product("a"), id(9))
+        .index
+        .transcript(&key("a", 9))
         .await
         .expect_err("unknown id");
+    assert!(e.is_not_found(), "{e}");
+    let e = s
+        .index
+        .transcript(&key("b", 1))
+        .await
+        .expect_err("another product's id");
     assert!(e.is_not_found(), "{e}");
 }
 
@@ -534,7 +754,7 @@ async fn drain_tasks(s: &Subject) -> Vec<(String, u128, Option<u64>)> {
     seen
 }
 
-/// The tasks an outcome asks for are on the queue once it is stored, and
+/// The tasks a decision asks for are on the queue once it is stored, and
 /// only then: an agent turn for a created holder and after a reply, a
 /// delivery per outbound message, a follow-up when a heartbeat fires, the
 /// promoted instance's turn with the terminal transition, nothing for a
@@ -544,35 +764,23 @@ pub async fn transitions_enqueue_their_tasks(s: Subject) {
     create(&s, "p", 1, "olga", 0).await;
     create(&s, "p", 2, "olga", 1).await;
     assert_eq!(drain_tasks(&s).await, [turn(1)], "the queued one waits");
-    run(&s, "p", 1, 2, |i, now| i.begin_agent_turn(now)).await;
-    run(&s, "p", 1, 2, |i, now| i.agent_send("hi".into(), None, now)).await;
+    run(&s, "p", 1, 2, C::BeginAgentTurn).await;
+    run(&s, "p", 1, 2, send("hi")).await;
     assert_eq!(
         drain_tasks(&s).await,
         [(DELIVER_KIND.to_owned(), 1, Some(1))]
     );
-    let refused = s
-        .store
-        .apply(
-            &product("p"),
-            id(1),
-            t(3),
-            Box::new(|i| i.begin_agent_turn(t(3))),
-        )
-        .await
-        .expect("apply");
-    assert!(refused.is_err());
+    let refused = try_run(&s, "p", 1, 3, C::BeginAgentTurn).await;
+    assert!(matches!(refused, Err(NotDone::Refused(_))), "{refused:?}");
     assert_eq!(drain_tasks(&s).await, []);
-    run(&s, "p", 1, 102, |i, now| i.fire_heartbeat(now)).await;
+    run(&s, "p", 1, 102, C::TimerFired).await;
     assert_eq!(
         drain_tasks(&s).await,
         [(FOLLOW_UP_KIND.to_owned(), 1, None)]
     );
-    run(&s, "p", 1, 103, |i, now| {
-        Ok(i.contact_reply("yes".into(), now))
-    })
-    .await;
+    run(&s, "p", 1, 103, reply("yes")).await;
     assert_eq!(drain_tasks(&s).await, [turn(1)]);
-    let applied = run(&s, "p", 1, 104, |i, now| i.cancel(now)).await;
-    assert_eq!(applied.promoted.expect("promoted").0.state, S::Created);
+    let applied = run(&s, "p", 1, 104, C::Cancel).await;
+    assert_eq!(applied.also[0].0.state.state, S::Created);
     assert_eq!(drain_tasks(&s).await, [turn(2)]);
 }

@@ -1,16 +1,29 @@
-//! Contract suite for [`FlowStore`] adapters.
-//!
-//! Run it from an adapter's tests with
-//! `parlance_testkit::flow_store_suite!(async { Some(store) });`.
+//! Contract suites for flow stores: the storage protocol for
+//! [`FlowRecord`] ([`Fixture`] is its [`StoreFixture`], run with
+//! `parlance_testkit::machine_store_suite!`), and what only a flow store
+//! does, run with `parlance_testkit::flow_store_suite!`: the dialogue
+//! appended by commits and read back, the DAG a commit enqueues named in
+//! the session it commits, chain progress written in commits and counted
+//! by workers, and the reads a poll or a worker makes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use parlance_core::flow::{Actor, DialogueElement, FlowSession, Running};
-use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{ErrorKind, FlowAppend, FlowStore, ProgressUpdate};
+use parlance_core::flow::{
+    FlowBuilder, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord, FlowSessionId,
+    RunnerOptions, TemplateRef,
+};
+use parlance_core::{Decision, Machine, ProductId, Task, Timestamp};
+use parlance_ports::{
+    AuditLog, Commit, Committed, DagId, DagState, ErrorKind, FlowStore, MachineStore, PortResult,
+    Stored, TaskQueue, Version, WorkerId,
+};
 use serde_json::json;
 
-/// Runs every case of this suite against the adapter the factory builds.
+use crate::store::StoreFixture;
+
+/// Runs every case of this suite against the fixture the factory builds.
 #[macro_export]
 macro_rules! flow_store_suite {
     ($factory:expr) => {
@@ -18,316 +31,430 @@ macro_rules! flow_store_suite {
             factory = $factory;
             suite = $crate::flow;
             cases = [
-                create_then_load_round_trips,
-                create_twice_conflicts,
-                save_with_a_stale_version_conflicts,
-                dialogue_is_appended_in_order,
-                unknown_sessions_are_not_found,
-                sessions_are_scoped_by_product,
+                a_session_loads_back_with_its_dialogue_in_order,
+                a_commit_that_starts_a_dag_names_the_run_in_the_session,
+                a_lost_commit_writes_no_dialogue_no_progress_and_no_run,
+                of_racing_commits_only_the_winners_dialogue_is_kept,
                 progress_accumulates_across_a_chain,
-                concurrent_saves_exactly_one_wins,
+                each_commit_audits_its_transition_with_the_flow,
+                unknown_sessions_and_chains_are_absent,
+                reads_are_scoped_by_product,
             ]
         }
     };
 }
 
-/// Runs the cases of a store that enqueues DAGs on a task queue.
-#[macro_export]
-macro_rules! flow_store_enqueue_suite {
-    ($factory:expr) => {
-        $crate::contract_tests! {
-            factory = $factory;
-            suite = $crate::flow::enqueue;
-            cases = [
-                a_save_that_starts_a_dag_enqueues_it_with_the_session,
-                a_stale_save_enqueues_nothing,
-            ]
-        }
-    };
+/// A flow store under test: the same adapter as the machine's store and
+/// as the flow's own port, with the audit log and the task queue its
+/// commits write to.
+pub struct Fixture {
+    records: Arc<dyn MachineStore<FlowRecord>>,
+    store: Arc<dyn FlowStore>,
+    audit: Arc<dyn AuditLog>,
+    queue: Arc<dyn TaskQueue>,
+    context: FlowContext,
+    ids: AtomicU64,
 }
 
-/// Runs the cases about the audit entries a store writes with its changes.
-#[macro_export]
-macro_rules! flow_store_audit_suite {
-    ($factory:expr) => {
-        $crate::contract_tests! {
-            factory = $factory;
-            suite = $crate::flow::audit;
-            cases = [
-                each_write_appends_its_audit_entries,
-                a_write_that_fails_appends_no_audit_entry,
-            ]
+impl Fixture {
+    /// A fixture on `records` and `store` (one adapter), writing to `audit`
+    /// and enqueueing on `queue`.
+    pub fn new(
+        records: Arc<dyn MachineStore<FlowRecord>>,
+        store: Arc<dyn FlowStore>,
+        audit: Arc<dyn AuditLog>,
+        queue: Arc<dyn TaskQueue>,
+    ) -> Self {
+        Self {
+            records,
+            store,
+            audit,
+            queue,
+            context: FlowContext::new(Arc::new(flow()), RunnerOptions::default()),
+            ids: AtomicU64::new(1),
         }
-    };
-}
+    }
 
-/// The subject of this suite.
-pub type Subject = Arc<dyn FlowStore>;
-
-/// Dialogue elements to append, with no audit entry.
-fn append(dialogue: &[DialogueElement]) -> FlowAppend<'_> {
-    FlowAppend {
-        dialogue,
-        audit: &[],
+    fn fresh_id(&self) -> String {
+        format!("{:04}", self.ids.fetch_add(1, Ordering::SeqCst))
     }
 }
 
-/// Nothing to append.
-fn nothing() -> FlowAppend<'static> {
-    FlowAppend::default()
+/// `ask` (user) --user_input--> `think` (invoker) --advance--> `ponder`
+/// (invoker) --advance--> `think`: every change of a created session
+/// starts a DAG, and every DAG joins the first one's chain.
+fn flow() -> parlance_core::flow::Flow {
+    FlowBuilder::new("contract")
+        .template("ask.j2", "Ask.\nA question, please.")
+        .template("think.j2", "thinking about {{ actor_input }}")
+        .template("ponder.j2", "pondering {{ actor_input }}")
+        .field("question", json!(null))
+        .field("nested", json!({"answers": 2, "seen": ["a", "b"]}))
+        .user_state("ask", "ask.j2")
+        .invoker_state("think", TemplateRef::Name("think.j2".into()), "template")
+        .invoker_state("ponder", TemplateRef::Name("ponder.j2".into()), "template")
+        .on("user_input", "ask", "think")
+        .on("advance", "think", "ponder")
+        .on("advance", "ponder", "think")
+        .build()
+        .expect("the contract flow is valid")
+}
+
+impl StoreFixture for Fixture {
+    type M = FlowRecord;
+
+    fn store(&self) -> Arc<dyn MachineStore<FlowRecord>> {
+        self.records.clone()
+    }
+
+    fn audit(&self) -> Arc<dyn AuditLog> {
+        self.audit.clone()
+    }
+
+    fn queue(&self) -> Arc<dyn TaskQueue> {
+        self.queue.clone()
+    }
+
+    fn context(&self) -> &FlowContext {
+        &self.context
+    }
+
+    fn key(&self, product: &ProductId, n: u32) -> FlowKey {
+        FlowKey::new(
+            product.clone(),
+            FlowSessionId::parse(format!("session-{n}")).expect("a valid id"),
+        )
+    }
+
+    fn create(&self, _key: &FlowKey) -> FlowCommand {
+        FlowCommand::Start
+    }
+
+    /// The user's input in `ask`; the DAG's result while one runs.
+    fn change(&self, state: &FlowRecord) -> FlowCommand {
+        match &state.session().running {
+            Some(r) => FlowCommand::Complete {
+                invocation_id: r.invocation_id.clone(),
+                result: format!("result of {}", r.invocation_id),
+                fresh_id: self.fresh_id(),
+            },
+            None => FlowCommand::Fire {
+                event: "user_input".into(),
+                input: "why?\nand how?".into(),
+                fresh_id: self.fresh_id(),
+            },
+        }
+    }
 }
 
 fn product(p: &str) -> ProductId {
     ProductId::parse(p).expect("valid product id")
 }
 
-fn at(micros: i64) -> Timestamp {
-    Timestamp::from_micros(1_767_225_600_000_000 + micros).expect("in range")
+fn now() -> Timestamp {
+    Timestamp::from_secs(1_767_225_600).expect("in range")
 }
 
-fn session(id: &str, state: &str) -> FlowSession {
-    FlowSession {
-        session_id: id.to_owned(),
-        flow: "qa".to_owned(),
-        state: state.to_owned(),
-        model: json!({"question": "why?", "answers": 2, "nested": {"a": [1, 2]}})
-            .as_object()
-            .cloned()
-            .unwrap_or_default(),
-        actor: Some(Actor::User),
-        actor_input: "line one\nline two".to_owned(),
-        source_type: None,
-        target_type: None,
-        errors: Vec::new(),
-        running: None,
-        last_user_state: "ask".to_owned(),
+/// A decision on `stored`, committed: the record as written, its decision
+/// and what the store answered.
+struct Step {
+    state: FlowRecord,
+    decision: Decision<FlowRecord>,
+    committed: Committed<FlowRecord>,
+}
+
+async fn commit(
+    f: &Fixture,
+    key: &FlowKey,
+    expected: Option<Version>,
+    command: &FlowCommand,
+    state: &FlowRecord,
+    decision: &Decision<FlowRecord>,
+) -> PortResult<Committed<FlowRecord>> {
+    f.records
+        .commit(Commit {
+            key,
+            expected,
+            command,
+            state,
+            decision,
+            now: now(),
+        })
+        .await
+}
+
+/// Decides `command` on `stored` (or creates the record) without committing.
+fn decide(
+    f: &Fixture,
+    key: &FlowKey,
+    stored: Option<&Stored<FlowRecord>>,
+    command: &FlowCommand,
+) -> (FlowRecord, Decision<FlowRecord>) {
+    match stored {
+        Some(s) => {
+            let mut state = s.state.clone();
+            let d = state
+                .decide(&f.context, command, now())
+                .unwrap_or_else(|e| panic!("{command:?} is refused: {e}"));
+            (state, d)
+        }
+        None => FlowRecord::create(key, &f.context, command, now())
+            .unwrap_or_else(|e| panic!("{command:?} is refused: {e}"))
+            .expect("the command creates a session"),
     }
 }
 
-fn el(actor: Actor, text: Option<&str>, t: i64) -> DialogueElement {
-    DialogueElement {
-        actor,
-        event: "user_input".to_owned(),
-        actor_text: text.map(str::to_owned),
-        timestamp: at(t),
+/// Decides and commits `command` on the record as stored.
+async fn step(f: &Fixture, key: &FlowKey, command: &FlowCommand) -> Step {
+    let stored = f.records.load(key).await.expect("load");
+    let (state, decision) = decide(f, key, stored.as_ref(), command);
+    let committed = commit(
+        f,
+        key,
+        stored.map(|s| s.version),
+        command,
+        &state,
+        &decision,
+    )
+    .await
+    .expect("commit");
+    let (state, decision) = committed.written.clone().unwrap_or((state, decision));
+    Step {
+        state,
+        decision,
+        committed,
     }
 }
 
-/// What is created is what is loaded, version 1.
-pub async fn create_then_load_round_trips(store: Subject) {
-    let p = product("p");
-    let mut s = session("s1", "ask");
-    s.running = Some(Running {
-        invocation_id: "answer-1".into(),
-        chain_id: "answer-1".into(),
-        state: "answer".into(),
-        dag_id: Some(7),
-    });
-    let init = [el(Actor::Assistant, Some("hello\n  there"), 1)];
-    assert_eq!(
-        store
-            .create(&p, &s, append(&init), at(1))
+async fn start(f: &Fixture, key: &FlowKey) -> Step {
+    step(f, key, &FlowCommand::Start).await
+}
+
+/// The fixture's change on the record as stored.
+async fn change(f: &Fixture, key: &FlowKey) -> Step {
+    let stored = f.records.load(key).await.expect("load").expect("stored");
+    step(f, key, &f.change(&stored.state)).await
+}
+
+/// Claims every runnable task; returns how many there were.
+async fn drain(queue: &dyn TaskQueue, worker: u128) -> usize {
+    let worker = WorkerId(uuid::Uuid::from_u128(worker));
+    let mut n = 0;
+    loop {
+        let got = queue
+            .claim(
+                &worker,
+                parlance_core::queue::DEFAULT_QUEUE,
+                1_000,
+                Duration::from_secs(600),
+            )
             .await
-            .expect("create"),
-        1
-    );
-    let got = store.load(&p, "s1").await.expect("load");
-    assert_eq!(got.session, s);
-    assert_eq!(got.version, 1);
-    assert_eq!(got.dialogue_len, 1);
-    assert_eq!(store.dialogue(&p, "s1").await.expect("dialogue"), init);
+            .expect("claim");
+        if got.is_empty() {
+            return n;
+        }
+        n += got.len();
+    }
 }
 
-/// A second create with the same id is a conflict.
-pub async fn create_twice_conflicts(store: Subject) {
-    let p = product("p");
-    store
-        .create(&p, &session("s1", "ask"), nothing(), at(1))
-        .await
-        .expect("create");
-    let err = store
-        .create(&p, &session("s1", "ask"), nothing(), at(2))
-        .await
-        .expect_err("duplicate");
-    assert_eq!(err.kind, ErrorKind::Conflict);
+fn key_of(p: &str, id: &str) -> FlowKey {
+    FlowKey::new(product(p), FlowSessionId::parse(id).expect("a valid id"))
 }
 
-/// Saving against an old version fails and changes nothing.
-pub async fn save_with_a_stale_version_conflicts(store: Subject) {
-    let p = product("p");
-    store
-        .create(&p, &session("s1", "ask"), nothing(), at(1))
+/// The session loads back as committed, with its whole dialogue, oldest
+/// first; the session read and the dialogue read agree with it.
+pub async fn a_session_loads_back_with_its_dialogue_in_order(f: Fixture) {
+    let key = key_of("p", "s1");
+    let created = start(&f, &key).await;
+    assert_eq!(created.committed.version, Version::FIRST);
+    assert_eq!(created.state.dialogue().len(), 1, "the greeting");
+    let asked = change(&f, &key).await;
+    let answered = change(&f, &key).await;
+    assert_eq!(answered.committed.version, Version(3));
+    let loaded = f.records.load(&key).await.expect("load").expect("stored");
+    assert_eq!(loaded.version, Version(3));
+    assert_eq!(loaded.state, answered.state, "the record as written");
+    assert_eq!(
+        loaded.state.dialogue().len(),
+        asked.state.dialogue().len(),
+        "invoker -> invoker records nothing"
+    );
+    assert_eq!(
+        loaded.state.dialogue()[..1],
+        created.state.dialogue()[..],
+        "nothing is rewritten"
+    );
+    assert_eq!(
+        f.store.dialogue(&key).await.expect("dialogue"),
+        loaded.state.dialogue()
+    );
+    let session = f
+        .store
+        .session(&key)
         .await
-        .expect("create");
-    let v2 = store
-        .save(&p, &session("s1", "answer"), 1, nothing(), None, at(2))
-        .await
-        .expect("save");
-    assert_eq!(v2, 2);
-    let err = store
-        .save(
-            &p,
-            &session("s1", "followup"),
-            1,
-            append(&[el(Actor::User, Some("lost"), 3)]),
-            None,
-            at(3),
-        )
-        .await
-        .expect_err("stale");
-    assert_eq!(err.kind, ErrorKind::Conflict);
-    let got = store.load(&p, "s1").await.expect("load");
-    assert_eq!((got.session.state.as_str(), got.version), ("answer", 2));
-    assert!(store.dialogue(&p, "s1").await.expect("dialogue").is_empty());
+        .expect("session")
+        .expect("stored");
+    assert_eq!(session.version, Version(3));
+    assert_eq!(&session.state, loaded.state.session());
 }
 
-/// Saves append to the dialogue; nothing is rewritten.
-pub async fn dialogue_is_appended_in_order(store: Subject) {
-    let p = product("p");
-    let first = el(Actor::Assistant, Some("hi"), 1);
-    store
-        .create(
-            &p,
-            &session("s1", "ask"),
-            append(std::slice::from_ref(&first)),
-            at(1),
-        )
+/// A commit whose decision starts a DAG enqueues it with the session: the
+/// run exists, its roots are runnable, the session written names it, and
+/// the chain's progress counts its tasks.
+pub async fn a_commit_that_starts_a_dag_names_the_run_in_the_session(f: Fixture) {
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    let asked = change(&f, &key).await;
+    let dag = asked
+        .state
+        .session()
+        .running
+        .as_ref()
+        .and_then(|r| r.dag_id)
+        .expect("the written session names its run");
+    assert!(
+        asked.committed.written.is_some(),
+        "the store reports the state it completed"
+    );
+    let stored = f
+        .store
+        .session(&key)
         .await
-        .expect("create");
-    let turn = [
-        el(Actor::User, Some("question"), 2),
-        el(Actor::Assistant, None, 3),
-    ];
-    store
-        .save(&p, &session("s1", "ask"), 1, append(&turn), None, at(2))
+        .expect("session")
+        .expect("stored");
+    assert_eq!(stored.state.running.and_then(|r| r.dag_id), Some(dag));
+    let status = f.queue.dag_status(DagId(dag)).await.expect("status");
+    assert_eq!(status.state, DagState::Running);
+    let Some(Task::Dag(spec)) = asked.decision.tasks.first() else {
+        panic!("the change starts a DAG");
+    };
+    assert_eq!(usize::try_from(status.total).ok(), Some(spec.nodes.len()));
+    assert_eq!(drain(f.queue.as_ref(), 1).await, 1, "the root is runnable");
+    let chain = asked
+        .state
+        .session()
+        .running
+        .as_ref()
+        .map(|r| r.chain_id.clone())
+        .expect("running");
+    let progress = f
+        .store
+        .progress(&key, &chain)
         .await
-        .expect("save");
-    store
-        .save(&p, &session("s1", "ask"), 2, nothing(), None, at(3))
-        .await
-        .expect("save");
-    let got = store.dialogue(&p, "s1").await.expect("dialogue");
-    assert_eq!(got, [first, turn[0].clone(), turn[1].clone()]);
-    assert_eq!(store.load(&p, "s1").await.expect("load").dialogue_len, 3);
+        .expect("progress")
+        .expect("the chain exists with its run");
+    assert_eq!((progress.done, progress.total), (0, 2));
+    assert_eq!(progress.label, "think");
 }
 
-/// Unknown sessions and chains are `NotFound` (or absent progress).
-pub async fn unknown_sessions_are_not_found(store: Subject) {
-    let p = product("p");
+/// A commit on a stale version writes no dialogue, no progress and no run.
+pub async fn a_lost_commit_writes_no_dialogue_no_progress_and_no_run(f: Fixture) {
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    let v1 = f.records.load(&key).await.expect("load").expect("stored");
+    let command = f.change(&v1.state);
+    let (state, decision) = decide(&f, &key, Some(&v1), &command);
+    let chain = state
+        .session()
+        .running
+        .as_ref()
+        .map(|r| r.chain_id.clone())
+        .expect("running");
+    let lost = commit(&f, &key, Some(Version(7)), &command, &state, &decision).await;
     assert_eq!(
-        store.load(&p, "nope").await.expect_err("missing").kind,
-        ErrorKind::NotFound
+        lost.map(|_| ()).map_err(|e| e.kind),
+        Err(ErrorKind::Conflict)
+    );
+    assert_eq!(f.records.load(&key).await.expect("load"), Some(v1.clone()));
+    assert_eq!(
+        f.store.dialogue(&key).await.expect("dialogue"),
+        v1.state.dialogue()
     );
     assert_eq!(
-        store.dialogue(&p, "nope").await.expect_err("missing").kind,
-        ErrorKind::NotFound
-    );
-    assert_eq!(
-        store
-            .save(&p, &session("nope", "ask"), 1, nothing(), None, at(1))
-            .await
-            .expect_err("missing")
-            .kind,
-        ErrorKind::NotFound
-    );
-    assert_eq!(
-        store.progress(&p, "nope", "c").await.expect("progress"),
+        f.store.progress(&key, &chain).await.expect("progress"),
         None
     );
+    assert_eq!(drain(f.queue.as_ref(), 1).await, 0, "nothing was enqueued");
 }
 
-/// Another product never sees the session.
-pub async fn sessions_are_scoped_by_product(store: Subject) {
-    store
-        .create(&product("a"), &session("s1", "ask"), nothing(), at(1))
-        .await
-        .expect("create");
+/// Of commits racing on one version, one lands: the dialogue holds its
+/// elements only.
+pub async fn of_racing_commits_only_the_winners_dialogue_is_kept(f: Fixture) {
+    const RACERS: usize = 8;
+    let f = Arc::new(f);
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    let v1 = f.records.load(&key).await.expect("load").expect("stored");
+    let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
+    let mut racers = Vec::new();
+    for i in 0..RACERS {
+        let (f, key, v1, barrier) = (f.clone(), key.clone(), v1.clone(), barrier.clone());
+        racers.push(tokio::spawn(async move {
+            let command = FlowCommand::Fire {
+                event: "user_input".into(),
+                input: format!("racer {i}"),
+                fresh_id: f.fresh_id(),
+            };
+            let (state, decision) = decide(&f, &key, Some(&v1), &command);
+            barrier.wait().await;
+            commit(&f, &key, Some(v1.version), &command, &state, &decision)
+                .await
+                .map(|_| state)
+                .map_err(|e| e.kind)
+        }));
+    }
+    let mut wins = Vec::new();
+    for r in racers {
+        match r.await.expect("racer") {
+            Ok(state) => wins.push(state),
+            Err(kind) => assert_eq!(kind, ErrorKind::Conflict),
+        }
+    }
+    assert_eq!(wins.len(), 1, "exactly one commit lands");
     assert_eq!(
-        store
-            .load(&product("b"), "s1")
-            .await
-            .expect_err("other product")
-            .kind,
-        ErrorKind::NotFound
-    );
-    store
-        .create(&product("b"), &session("s1", "other"), nothing(), at(1))
-        .await
-        .expect("same id, other product");
-    assert_eq!(
-        store
-            .load(&product("a"), "s1")
-            .await
-            .expect("load")
-            .session
-            .state,
-        "ask"
+        f.store.dialogue(&key).await.expect("dialogue"),
+        wins[0].dialogue(),
+        "the winner's dialogue, and no loser's element"
     );
 }
 
-/// A chain's totals grow with each DAG that joins it; done counts tasks.
-pub async fn progress_accumulates_across_a_chain(store: Subject) {
-    let p = product("p");
-    store
-        .create(&p, &session("s1", "ask"), nothing(), at(1))
-        .await
-        .expect("create");
-    let start = |total, label: &str| ProgressUpdate {
-        chain_id: "c1".into(),
-        add_total: total,
-        add_done: 0,
-        label: Some(label.into()),
-    };
-    store
-        .save(
-            &p,
-            &session("s1", "one"),
-            1,
-            nothing(),
-            Some(&start(2, "one")),
-            at(2),
-        )
-        .await
-        .expect("save");
-    store.task_done(&p, "s1", "c1", 2, 0).await.expect("done");
-    store
-        .save(
-            &p,
-            &session("s1", "two"),
-            2,
-            nothing(),
-            Some(&start(4, "two")),
-            at(3),
-        )
-        .await
-        .expect("save");
-    store.task_done(&p, "s1", "c1", 1, 3).await.expect("done");
-    let finish = ProgressUpdate {
-        chain_id: "c1".into(),
-        add_total: 0,
-        add_done: 1,
-        label: None,
-    };
-    store
-        .save(
-            &p,
-            &session("s1", "ask"),
-            3,
-            nothing(),
-            Some(&finish),
-            at(4),
-        )
-        .await
-        .expect("save");
-    let got = store
-        .progress(&p, "s1", "c1")
+/// A chain's totals grow with each DAG that joins it, and with what
+/// workers count; its label follows the state running.
+pub async fn progress_accumulates_across_a_chain(f: Fixture) {
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    let asked = change(&f, &key).await;
+    let chain = asked
+        .state
+        .session()
+        .running
+        .as_ref()
+        .map(|r| r.chain_id.clone())
+        .expect("running");
+    // The invoke node finished; the completion counts itself in its commit.
+    f.store.task_done(&key, &chain, 1, 0).await.expect("done");
+    let hopped = change(&f, &key).await;
+    assert_eq!(
+        hopped
+            .state
+            .session()
+            .running
+            .as_ref()
+            .map(|r| r.chain_id.as_str()),
+        Some(chain.as_str()),
+        "an invoker -> invoker hop stays in its chain"
+    );
+    f.store.task_done(&key, &chain, 1, 3).await.expect("done");
+    let got = f
+        .store
+        .progress(&key, &chain)
         .await
         .expect("progress")
         .expect("exists");
-    assert_eq!((got.total, got.done, got.label.as_str()), (9, 4, "two"));
+    assert_eq!((got.total, got.done, got.label.as_str()), (7, 3, "ponder"));
     assert_eq!(
-        store
-            .task_done(&p, "s1", "other", 1, 0)
+        f.store
+            .task_done(&key, "no-such-chain", 1, 0)
             .await
             .expect_err("no chain")
             .kind,
@@ -335,275 +462,111 @@ pub async fn progress_accumulates_across_a_chain(store: Subject) {
     );
 }
 
-/// Of many saves against one version, exactly one succeeds.
-pub async fn concurrent_saves_exactly_one_wins(store: Subject) {
-    let p = product("p");
-    store
-        .create(&p, &session("s1", "ask"), nothing(), at(1))
+/// Creation and every change are audited as flow transitions with the
+/// flow's name as detail, in order.
+pub async fn each_commit_audits_its_transition_with_the_flow(f: Fixture) {
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    change(&f, &key).await;
+    change(&f, &key).await;
+    let trail: Vec<_> = f
+        .audit
+        .list(
+            &key.product_id,
+            parlance_core::EntityKind::Flow,
+            key.session_id.as_str(),
+            None,
+            100,
+        )
         .await
-        .expect("create");
-    let mut handles = Vec::new();
-    for i in 0..8 {
-        let store = store.clone();
-        let p = p.clone();
-        handles.push(tokio::spawn(async move {
-            store
-                .save(
-                    &p,
-                    &session("s1", &format!("s{i}")),
-                    1,
-                    append(&[el(Actor::User, Some("x"), i)]),
-                    None,
-                    at(i),
-                )
-                .await
-        }));
-    }
-    let mut wins = 0;
-    for h in handles {
-        match h.await.expect("join") {
-            Ok(_) => wins += 1,
-            Err(e) => assert_eq!(e.kind, ErrorKind::Conflict),
-        }
-    }
-    assert_eq!(wins, 1);
-    assert_eq!(store.dialogue(&p, "s1").await.expect("dialogue").len(), 1);
+        .expect("list")
+        .into_iter()
+        .map(|r| {
+            (
+                r.entry.from,
+                r.entry.to,
+                r.entry.cause,
+                r.entry.payload,
+                r.entry.at,
+            )
+        })
+        .collect();
+    let detail = json!({"flow": "contract"});
+    assert_eq!(
+        trail,
+        [
+            (
+                None,
+                "ask".to_owned(),
+                "start_session".to_owned(),
+                detail.clone(),
+                now()
+            ),
+            (
+                Some("ask".to_owned()),
+                "think".to_owned(),
+                "user_input".to_owned(),
+                detail.clone(),
+                now()
+            ),
+            (
+                Some("think".to_owned()),
+                "ponder".to_owned(),
+                "dag_completed".to_owned(),
+                detail,
+                now()
+            ),
+        ]
+    );
 }
 
-/// Cases of [`FlowStore::save_and_enqueue`]: the subject is the store and
-/// the task queue it enqueues on.
-pub mod enqueue {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use parlance_core::flow::Running;
-    use parlance_ports::{
-        DagSpec, DagStart, DagState, ErrorKind, FlowStore, NodeSpec, ProgressUpdate, TaskQueue,
-        WorkerId,
-    };
-    use serde_json::json;
-
-    use super::{append, at, el, nothing, product, session};
-    use parlance_core::flow::Actor;
-
-    /// The subject of these cases.
-    pub type Subject = (Arc<dyn FlowStore>, Arc<dyn TaskQueue>);
-
-    const QUEUE: &str = "flow-contract";
-
-    fn start(p: &parlance_core::ProductId) -> DagStart {
-        let mut dag = DagSpec::new(p.clone())
-            .node(NodeSpec::new("0", "test.flow", json!({"n": 0})))
-            .node(NodeSpec::new("1", "test.flow", json!({"n": 1})))
-            .edge("0", "1");
-        dag.queue = QUEUE.to_owned();
-        DagStart {
-            progress: ProgressUpdate {
-                chain_id: "think-1".into(),
-                add_total: 2,
-                add_done: 0,
-                label: Some("think".into()),
-            },
-            dag,
-        }
-    }
-
-    fn running() -> parlance_core::flow::FlowSession {
-        let mut s = session("s1", "think");
-        s.running = Some(Running {
-            invocation_id: "think-1".into(),
-            chain_id: "think-1".into(),
-            state: "think".into(),
-            dag_id: None,
-        });
-        s
-    }
-
-    /// The run, the session naming it, the dialogue and the progress are
-    /// written together.
-    pub async fn a_save_that_starts_a_dag_enqueues_it_with_the_session(subject: Subject) {
-        let (store, queue) = subject;
-        let p = product("p");
-        store
-            .create(&p, &session("s1", "ask"), nothing(), at(1))
+/// Nothing is read for a session never committed, and no chain exists.
+pub async fn unknown_sessions_and_chains_are_absent(f: Fixture) {
+    let key = key_of("p", "nope");
+    assert_eq!(f.records.load(&key).await.expect("load"), None);
+    assert_eq!(f.store.session(&key).await.expect("session"), None);
+    assert_eq!(
+        f.store.dialogue(&key).await.expect_err("missing").kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(f.store.progress(&key, "c").await.expect("progress"), None);
+    assert_eq!(
+        f.store
+            .task_done(&key, "c", 1, 0)
             .await
-            .expect("create");
-        let (version, dag) = store
-            .save_and_enqueue(
-                &p,
-                &running(),
-                1,
-                append(&[el(Actor::User, Some("q"), 2)]),
-                &start(&p),
-                at(2),
-            )
-            .await
-            .expect("save and enqueue");
-        assert_eq!(version, 2);
-        let got = store.load(&p, "s1").await.expect("load");
-        assert_eq!(got.session.running.and_then(|r| r.dag_id), Some(dag.0));
-        assert_eq!(got.dialogue_len, 1);
-        let progress = store
-            .progress(&p, "s1", "think-1")
-            .await
-            .expect("progress")
-            .expect("chain exists");
-        assert_eq!((progress.done, progress.total), (0, 2));
-        let status = queue.dag_status(dag).await.expect("status");
-        assert_eq!((status.state, status.total), (DagState::Running, 2));
-        let leases = queue
-            .claim(
-                &WorkerId(uuid::Uuid::nil()),
-                QUEUE,
-                10,
-                Duration::from_secs(30),
-            )
-            .await
-            .expect("claim");
-        assert_eq!(leases.len(), 1, "the root node is runnable");
-        assert_eq!(leases[0].payload, json!({"n": 0}));
-    }
-
-    /// A lost compare-and-swap leaves no run behind.
-    pub async fn a_stale_save_enqueues_nothing(subject: Subject) {
-        let (store, queue) = subject;
-        let p = product("p");
-        store
-            .create(&p, &session("s1", "ask"), nothing(), at(1))
-            .await
-            .expect("create");
-        let err = store
-            .save_and_enqueue(&p, &running(), 5, nothing(), &start(&p), at(2))
-            .await
-            .expect_err("stale");
-        assert_eq!(err.kind, ErrorKind::Conflict);
-        let leases = queue
-            .claim(
-                &WorkerId(uuid::Uuid::nil()),
-                QUEUE,
-                10,
-                Duration::from_secs(30),
-            )
-            .await
-            .expect("claim");
-        assert!(leases.is_empty(), "nothing was enqueued");
-        let got = store.load(&p, "s1").await.expect("load");
-        assert_eq!((got.version, got.session.running), (1, None));
-        assert_eq!(
-            store.progress(&p, "s1", "think-1").await.expect("progress"),
-            None
-        );
-    }
+            .expect_err("missing")
+            .kind,
+        ErrorKind::NotFound
+    );
 }
 
-/// Cases of the audit entries a write appends: the subject is the store and
-/// the audit log it writes to.
-pub mod audit {
-    use std::sync::Arc;
-
-    use parlance_core::flow::Actor;
-    use parlance_ports::{AuditEntry, AuditLog, ErrorKind, FlowAppend, FlowStore};
-    use serde_json::json;
-
-    use super::{at, el, product, session};
-
-    /// The subject of these cases.
-    pub type Subject = (Arc<dyn FlowStore>, Arc<dyn AuditLog>);
-
-    fn entry(from: Option<&str>, to: &str, cause: &str, t: i64) -> AuditEntry {
-        AuditEntry {
-            product_id: product("p"),
-            entity_kind: "flow".to_owned(),
-            entity_id: "s1".to_owned(),
-            from: from.map(str::to_owned),
-            to: to.to_owned(),
-            cause: cause.to_owned(),
-            at: at(t),
-            payload: json!({"flow": "qa"}),
-        }
-    }
-
-    fn audited(audit: &[AuditEntry]) -> FlowAppend<'_> {
-        FlowAppend {
-            dialogue: &[],
-            audit,
-        }
-    }
-
-    async fn trail(log: &dyn AuditLog) -> Vec<AuditEntry> {
-        log.list(&product("p"), "flow", "s1", None, 100)
-            .await
-            .expect("list audit entries")
-            .into_iter()
-            .map(|r| r.entry)
-            .collect()
-    }
-
-    /// Creation and each save append their entries, in order.
-    pub async fn each_write_appends_its_audit_entries(subject: Subject) {
-        let (store, log) = subject;
-        let p = product("p");
-        let created = [entry(None, "ask", "start_session", 1)];
-        store
-            .create(&p, &session("s1", "ask"), audited(&created), at(1))
-            .await
-            .expect("create");
-        let asked = [entry(Some("ask"), "answer", "user_input", 2)];
-        let turn = [el(Actor::User, Some("why?"), 2)];
-        let append = FlowAppend {
-            dialogue: &turn,
-            audit: &asked,
-        };
-        store
-            .save(&p, &session("s1", "answer"), 1, append, None, at(2))
-            .await
-            .expect("save");
-        let answered = [entry(Some("answer"), "ask", "dag_completed", 3)];
-        store
-            .save(
-                &p,
-                &session("s1", "ask"),
-                2,
-                audited(&answered),
-                None,
-                at(3),
-            )
-            .await
-            .expect("save");
-        assert_eq!(
-            trail(&*log).await,
-            [created[0].clone(), asked[0].clone(), answered[0].clone()]
-        );
-    }
-
-    /// A create or save that is refused appends nothing.
-    pub async fn a_write_that_fails_appends_no_audit_entry(subject: Subject) {
-        let (store, log) = subject;
-        let p = product("p");
-        let created = [entry(None, "ask", "start_session", 1)];
-        store
-            .create(&p, &session("s1", "ask"), audited(&created), at(1))
-            .await
-            .expect("create");
-        let again = [entry(None, "ask", "start_session", 2)];
-        let err = store
-            .create(&p, &session("s1", "ask"), audited(&again), at(2))
-            .await
-            .expect_err("duplicate");
-        assert_eq!(err.kind, ErrorKind::Conflict);
-        let stale = [entry(Some("ask"), "answer", "user_input", 3)];
-        let err = store
-            .save(
-                &p,
-                &session("s1", "answer"),
-                7,
-                audited(&stale),
-                None,
-                at(3),
-            )
-            .await
-            .expect_err("stale");
-        assert_eq!(err.kind, ErrorKind::Conflict);
-        assert_eq!(trail(&*log).await, created);
-    }
+/// Another product's session of the same id, its dialogue and its
+/// progress are its own.
+pub async fn reads_are_scoped_by_product(f: Fixture) {
+    let a = key_of("a", "s1");
+    let b = key_of("b", "s1");
+    start(&f, &a).await;
+    let asked = change(&f, &a).await;
+    assert_eq!(f.store.session(&b).await.expect("session"), None);
+    start(&f, &b).await;
+    let chain = asked
+        .state
+        .session()
+        .running
+        .as_ref()
+        .map(|r| r.chain_id.clone())
+        .expect("running");
+    assert_eq!(f.store.progress(&b, &chain).await.expect("progress"), None);
+    assert_eq!(f.store.dialogue(&b).await.expect("dialogue").len(), 1);
+    assert_eq!(f.store.dialogue(&a).await.expect("dialogue").len(), 2);
+    let b_session = f.store.session(&b).await.expect("session").expect("stored");
+    assert_eq!(b_session.state.state, "ask");
+    assert!(
+        asked
+            .decision
+            .effects
+            .iter()
+            .any(|e| matches!(e, FlowEffect::Dialogue(_))),
+        "the change appended to a's dialogue"
+    );
 }

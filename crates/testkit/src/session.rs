@@ -1,20 +1,81 @@
-//! Contract suite for [`SessionStore`] and [`TourCatalogStore`] adapters.
+//! Contract suites for session stores: the storage protocol through
+//! [`SessionFixture`] (run with `parlance_testkit::machine_store_suite!`),
+//! and what only sessions have (exact round trips, deletion, claims of due
+//! sessions, tour catalogs) through [`Subject`].
 //!
-//! Run it from an adapter's tests with
+//! Run the latter from an adapter's tests with
 //! `parlance_testkit::session_store_suite!(async { Some(subject) });`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use parlance_core::session::{
-    AssistState, ConversationEvent, SessionId, SessionState, TourCatalog,
+    AssistState, ConversationEvent, SessionCommand, SessionEvent, SessionId, SessionKey,
+    SessionState, TourCatalog,
 };
-use parlance_core::{ProductId, Timestamp};
+use parlance_core::{Decision, ProductId, Timestamp, Transition};
 use parlance_ports::{
-    AuditEntry, AuditLog, CLAIM_LEASE, ErrorKind, SessionSave, SessionStore, StoredSession,
-    TourCatalogStore,
+    AuditEntry, AuditLog, CLAIM_LEASE, Commit, ErrorKind, MachineStore, PortError, SessionStore,
+    Stored, TaskQueue, TourCatalogStore, Version,
 };
 use serde_json::{Value, json};
+
+use crate::store::StoreFixture;
+
+/// A session store under the storage protocol's suite
+/// ([`crate::store`]).
+#[derive(Clone)]
+pub struct SessionFixture {
+    /// The store under test.
+    pub store: Arc<dyn MachineStore<SessionState>>,
+    /// The audit log its commits write to.
+    pub audit: Arc<dyn AuditLog>,
+    /// The queue its commits enqueue on.
+    pub queue: Arc<dyn TaskQueue>,
+}
+
+impl StoreFixture for SessionFixture {
+    type M = SessionState;
+
+    fn store(&self) -> Arc<dyn MachineStore<SessionState>> {
+        self.store.clone()
+    }
+
+    fn audit(&self) -> Arc<dyn AuditLog> {
+        self.audit.clone()
+    }
+
+    fn queue(&self) -> Arc<dyn TaskQueue> {
+        self.queue.clone()
+    }
+
+    fn context(&self) -> &TourCatalog {
+        TourCatalog::none()
+    }
+
+    fn key(&self, product: &ProductId, n: u32) -> SessionKey {
+        SessionKey::new(product.clone(), sid(&format!("s-{n}")))
+    }
+
+    fn create(&self, _: &SessionKey) -> SessionCommand {
+        SessionCommand::Create
+    }
+
+    /// Opening the chat from `thinking` (a transition); a message otherwise.
+    fn change(&self, state: &SessionState) -> SessionCommand {
+        match state.current_state() {
+            AssistState::Thinking => SessionEvent::OpenChat.into(),
+            _ => SessionEvent::UserMessage.into(),
+        }
+    }
+
+    /// A session's decisions never ask for tasks (its changes here still
+    /// record a transition: the suite's changes are decided on a new
+    /// session, in `thinking`).
+    fn audits_and_enqueues(&self) -> bool {
+        false
+    }
+}
 
 /// Runs every case of this suite against the adapters the factory builds.
 #[macro_export]
@@ -24,14 +85,14 @@ macro_rules! session_store_suite {
             factory = $factory;
             suite = $crate::session;
             cases = [
-                get_of_a_missing_session_is_none,
-                get_or_create_creates_once,
-                save_is_compare_and_swap,
-                save_writes_audit_entries_only_when_it_succeeds,
+                load_of_a_missing_session_is_none,
+                create_creates_once,
+                commit_is_compare_and_swap,
+                commit_writes_audit_entries_only_when_it_succeeds,
                 states_round_trip_exactly,
                 sessions_are_scoped_by_product,
                 delete_removes,
-                concurrent_savers_lose_no_update,
+                concurrent_committers_lose_no_update,
                 claim_due_takes_what_is_due_earliest_first,
                 claimed_sessions_are_hidden_until_the_lease_ends,
                 concurrent_claimers_never_share_a_session,
@@ -41,14 +102,17 @@ macro_rules! session_store_suite {
     };
 }
 
-/// The adapters under test: the two stores and the audit log saves write to.
+/// The adapters under test: the session store through both its ports, the
+/// tour catalogs and the audit log commits write to.
 #[derive(Clone)]
 pub struct Subject {
-    /// Session states.
+    /// Session states: load and commit.
+    pub store: Arc<dyn MachineStore<SessionState>>,
+    /// The same records: deletion and claims.
     pub sessions: Arc<dyn SessionStore>,
     /// Tour catalogs.
     pub tours: Arc<dyn TourCatalogStore>,
-    /// Where `save` appends its audit entries.
+    /// Where commits append their audit entries.
     pub audit: Arc<dyn AuditLog>,
 }
 
@@ -60,31 +124,77 @@ fn sid(s: &str) -> SessionId {
     SessionId::parse(s).expect("valid session id")
 }
 
+fn key(p: &str, s: &str) -> SessionKey {
+    SessionKey::new(product(p), sid(s))
+}
+
 fn at(secs: f64) -> Timestamp {
     Timestamp::from_secs(1_767_225_600)
         .expect("in range")
         .plus_seconds(secs)
 }
 
-async fn save(
-    store: &dyn SessionStore,
+/// Commits `state` over `expected` with `transitions` at `now`, its
+/// deadline the state's own.
+async fn commit_with(
+    store: &dyn MachineStore<SessionState>,
     state: &SessionState,
-    expected_version: i64,
-) -> Result<i64, parlance_ports::PortError> {
+    expected: Option<Version>,
+    transitions: Vec<Transition>,
+    now: Timestamp,
+) -> Result<Version, PortError> {
+    let mut decision = Decision::changed();
+    for t in transitions {
+        decision.transition(t);
+    }
+    decision.next_deadline = state.next_deadline(TourCatalog::none());
+    let command = match expected {
+        None => SessionCommand::Create,
+        Some(_) => SessionCommand::Tick,
+    };
     store
-        .save(SessionSave {
+        .commit(Commit {
+            key: &state.key(),
+            expected,
+            command: &command,
             state,
-            expected_version,
-            next_deadline: state.next_deadline(TourCatalog::none()),
-            audit: &[],
+            decision: &decision,
+            now,
         })
         .await
+        .map(|c| c.version)
+}
+
+/// Commits `state` over `expected`, with no transition.
+async fn save(
+    store: &dyn MachineStore<SessionState>,
+    state: &SessionState,
+    expected: Version,
+) -> Result<Version, PortError> {
+    commit_with(store, state, Some(expected), Vec::new(), at(0.0)).await
+}
+
+/// Creates session `s` of product `p`, fresh at `now`, and returns it as
+/// stored.
+async fn create(s: &Subject, p: &str, id: &str, now: Timestamp) -> Stored<SessionState> {
+    let fresh = SessionState::new(product(p), sid(id), now);
+    let version = commit_with(&*s.store, &fresh, None, Vec::new(), now)
+        .await
+        .expect("create");
+    Stored {
+        state: fresh,
+        version,
+    }
+}
+
+async fn load(s: &Subject, p: &str, id: &str) -> Option<Stored<SessionState>> {
+    s.store.load(&key(p, id)).await.expect("load")
 }
 
 fn entry(p: &str, s: &str, to: &str) -> AuditEntry {
     AuditEntry {
         product_id: product(p),
-        entity_kind: "session".to_owned(),
+        entity_kind: parlance_core::EntityKind::Session,
         entity_id: s.to_owned(),
         from: Some("thinking".to_owned()),
         to: to.to_owned(),
@@ -94,126 +204,102 @@ fn entry(p: &str, s: &str, to: &str) -> AuditEntry {
     }
 }
 
-/// Nothing stored yet: `get` answers `None`.
-pub async fn get_of_a_missing_session_is_none(s: Subject) {
-    let got = s
-        .sessions
-        .get(&product("p"), &sid("nope"))
-        .await
-        .expect("get");
-    assert!(got.is_none());
+/// Nothing stored yet: `load` answers `None`.
+pub async fn load_of_a_missing_session_is_none(s: Subject) {
+    assert!(load(&s, "p", "nope").await.is_none());
 }
 
-/// The first call stores defaults at version 1; later calls return the
-/// stored record unchanged.
-pub async fn get_or_create_creates_once(s: Subject) {
-    let first = s
-        .sessions
-        .get_or_create(&product("p"), &sid("s1"), at(0.0))
-        .await
-        .expect("create");
-    assert_eq!(first.version, 1);
+/// A create stores the session at version 1; a second create is a
+/// conflict that leaves the stored record as it was.
+pub async fn create_creates_once(s: Subject) {
+    let first = create(&s, "p", "s1", at(0.0)).await;
+    assert_eq!(first.version, Version::FIRST);
     assert_eq!(
         first.state,
         SessionState::new(product("p"), sid("s1"), at(0.0))
     );
-    let again = s
-        .sessions
-        .get_or_create(&product("p"), &sid("s1"), at(50.0))
+    let again = SessionState::new(product("p"), sid("s1"), at(50.0));
+    let err = commit_with(&*s.store, &again, None, Vec::new(), at(50.0))
         .await
-        .expect("get");
-    assert_eq!(again, first, "a second call does not reset the session");
-    let got = s
-        .sessions
-        .get(&product("p"), &sid("s1"))
-        .await
-        .expect("get");
-    assert_eq!(got, Some(first));
+        .expect_err("a second create");
+    assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
+    assert_eq!(
+        load(&s, "p", "s1").await,
+        Some(first),
+        "a second create does not reset the session"
+    );
 }
 
-/// A save names the version it loaded; a stale version is a conflict and
+/// A commit names the version it loaded; a stale version is a conflict and
 /// changes nothing.
-pub async fn save_is_compare_and_swap(s: Subject) {
-    let loaded = s
-        .sessions
-        .get_or_create(&product("p"), &sid("s1"), at(0.0))
-        .await
-        .expect("create");
+pub async fn commit_is_compare_and_swap(s: Subject) {
+    let loaded = create(&s, "p", "s1", at(0.0)).await;
     let mut a = loaded.state.clone();
     a.transition_to_reactive(at(1.0)).expect("reactive");
-    let v2 = save(&*s.sessions, &a, loaded.version).await.expect("save");
-    assert_eq!(v2, loaded.version + 1);
+    let v2 = save(&*s.store, &a, loaded.version).await.expect("save");
+    assert_eq!(v2, loaded.version.next());
 
     let mut b = loaded.state.clone();
     b.transition_to_proactive("t", at(1.0)).expect("proactive");
-    let err = save(&*s.sessions, &b, loaded.version)
+    let err = save(&*s.store, &b, loaded.version)
         .await
         .expect_err("stale save");
     assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
-    let got = s
-        .sessions
-        .get(&product("p"), &sid("s1"))
-        .await
-        .expect("get")
-        .expect("stored");
     assert_eq!(
-        got,
-        StoredSession {
+        load(&s, "p", "s1").await,
+        Some(Stored {
             state: a,
             version: v2
-        }
+        })
     );
 
     // A session that does not exist cannot be saved.
     let ghost = SessionState::new(product("p"), sid("ghost"), at(0.0));
-    let err = save(&*s.sessions, &ghost, 1)
+    let err = save(&*s.store, &ghost, Version::FIRST)
         .await
         .expect_err("no such row");
     assert_eq!(err.kind, ErrorKind::Conflict);
+    assert!(load(&s, "p", "ghost").await.is_none());
 }
 
-/// Audit entries are appended with a successful save, never with a lost one.
-pub async fn save_writes_audit_entries_only_when_it_succeeds(s: Subject) {
-    let loaded = s
-        .sessions
-        .get_or_create(&product("p"), &sid("s1"), at(0.0))
-        .await
-        .expect("create");
+/// Audit entries are appended with a successful commit, never with a lost
+/// one.
+pub async fn commit_writes_audit_entries_only_when_it_succeeds(s: Subject) {
+    let loaded = create(&s, "p", "s1", at(0.0)).await;
     let mut st = loaded.state.clone();
     st.transition_to_proactive("t", at(1.0)).expect("proactive");
-    let entries = [entry("p", "s1", "proactive_assistance")];
-    let save_with = |version| SessionSave {
-        state: &st,
-        expected_version: version,
-        next_deadline: st.next_deadline(TourCatalog::none()),
-        audit: &entries,
+    let transition = || {
+        vec![Transition::new(
+            "thinking",
+            "proactive_assistance",
+            "transition_to_proactive",
+        )]
     };
-    s.sessions
-        .save(save_with(loaded.version))
+    commit_with(&*s.store, &st, Some(loaded.version), transition(), at(1.0))
         .await
         .expect("save");
-    let err = s
-        .sessions
-        .save(save_with(loaded.version))
+    let err = commit_with(&*s.store, &st, Some(loaded.version), transition(), at(1.0))
         .await
         .expect_err("stale");
     assert!(err.is_conflict());
     let log = s
         .audit
-        .list(&product("p"), "session", "s1", None, 10)
+        .list(
+            &product("p"),
+            parlance_core::EntityKind::Session,
+            "s1",
+            None,
+            10,
+        )
         .await
         .expect("list");
     assert_eq!(log.len(), 1, "{log:?}");
-    assert_eq!(log[0].entry, entries[0]);
+    assert_eq!(log[0].entry, entry("p", "s1", "proactive_assistance"));
 }
 
 /// Every field survives storage, microseconds and metadata included.
 pub async fn states_round_trip_exactly(s: Subject) {
-    let loaded = s
-        .sessions
-        .get_or_create(&product("p"), &sid("s ü/1"), at(0.123_457))
-        .await
-        .expect("create");
+    let loaded = create(&s, "p", "s ü/1", at(0.123_457)).await;
     let meta = json!({"user_id": "u-1", "nested": {"n": [1, 2.5, null]}});
     let mut st = loaded
         .state
@@ -229,93 +315,60 @@ pub async fn states_round_trip_exactly(s: Subject) {
         .expect("link");
     st.tick(at(20.0), TourCatalog::none());
     assert_eq!(st.current_state(), AssistState::Thinking);
-    let v = save(&*s.sessions, &st, loaded.version).await.expect("save");
-    let got = s
-        .sessions
-        .get(&product("p"), &sid("s ü/1"))
-        .await
-        .expect("get")
-        .expect("stored");
+    let v = save(&*s.store, &st, loaded.version).await.expect("save");
     assert_eq!(
-        got,
-        StoredSession {
+        load(&s, "p", "s ü/1").await,
+        Some(Stored {
             state: st,
             version: v
-        }
+        })
     );
 }
 
 /// The same session id under two products is two sessions.
 pub async fn sessions_are_scoped_by_product(s: Subject) {
-    let a = s
-        .sessions
-        .get_or_create(&product("a"), &sid("x"), at(0.0))
-        .await
-        .expect("create a");
+    let a = create(&s, "a", "x", at(0.0)).await;
     let mut st = a.state.clone();
     st.transition_to_reactive(at(1.0)).expect("reactive");
-    save(&*s.sessions, &st, a.version).await.expect("save a");
-    let b = s
-        .sessions
-        .get_or_create(&product("b"), &sid("x"), at(5.0))
-        .await
-        .expect("create b");
-    assert_eq!(b.version, 1);
+    save(&*s.store, &st, a.version).await.expect("save a");
+    assert!(load(&s, "b", "x").await.is_none(), "b's is not a's");
+    let b = create(&s, "b", "x", at(5.0)).await;
+    assert_eq!(b.version, Version::FIRST);
+    let b = load(&s, "b", "x").await.expect("b stored");
     assert_eq!(b.state.current_state(), AssistState::Thinking);
     assert_eq!(b.state.product_id(), &product("b"));
-    assert!(
-        s.sessions
-            .delete(&product("b"), &sid("x"))
-            .await
-            .expect("delete")
-    );
-    let a_again = s.sessions.get(&product("a"), &sid("x")).await.expect("get");
+    assert!(s.sessions.delete(&key("b", "x")).await.expect("delete"));
+    let a_again = load(&s, "a", "x").await;
     assert_eq!(a_again.map(|x| x.state), Some(st));
 }
 
 /// `delete` removes the record and says whether there was one.
 pub async fn delete_removes(s: Subject) {
-    s.sessions
-        .get_or_create(&product("p"), &sid("s1"), at(0.0))
-        .await
-        .expect("create");
-    assert!(
-        s.sessions
-            .delete(&product("p"), &sid("s1"))
-            .await
-            .expect("delete")
-    );
-    assert!(
-        !s.sessions
-            .delete(&product("p"), &sid("s1"))
-            .await
-            .expect("delete")
-    );
-    assert!(
-        s.sessions
-            .get(&product("p"), &sid("s1"))
-            .await
-            .expect("get")
-            .is_none()
-    );
+    create(&s, "p", "s1", at(0.0)).await;
+    assert!(s.sessions.delete(&key("p", "s1")).await.expect("delete"));
+    assert!(!s.sessions.delete(&key("p", "s1")).await.expect("delete"));
+    assert!(load(&s, "p", "s1").await.is_none());
 }
 
-/// 32 tasks incrementing one counter in the same session, each retrying on
-/// conflict: every increment lands, and the version counts every save.
-pub async fn concurrent_savers_lose_no_update(s: Subject) {
+/// 32 tasks incrementing one counter in the same session, each committing
+/// again on a conflict: every increment lands, and the version counts
+/// every commit.
+pub async fn concurrent_committers_lose_no_update(s: Subject) {
     const TASKS: usize = 32;
-    const EACH: i64 = 5;
+    const EACH: u64 = 5;
+    create(&s, "p", "hot", at(0.0)).await;
     let mut handles = Vec::new();
     for _ in 0..TASKS {
-        let store = Arc::clone(&s.sessions);
+        let store = Arc::clone(&s.store);
         handles.push(tokio::spawn(async move {
             let mut conflicts = 0u32;
             for _ in 0..EACH {
                 loop {
                     let cur = store
-                        .get_or_create(&product("p"), &sid("hot"), at(0.0))
+                        .load(&key("p", "hot"))
                         .await
-                        .expect("load");
+                        .expect("load")
+                        .expect("stored");
                     let mut meta = cur.state.metadata().clone();
                     let n = meta.get("count").and_then(Value::as_i64).unwrap_or(0);
                     meta.insert("count".into(), json!(n + 1));
@@ -334,17 +387,12 @@ pub async fn concurrent_savers_lose_no_update(s: Subject) {
         }));
     }
     for h in handles {
-        h.await.expect("saver task");
+        h.await.expect("committer task");
     }
-    let got = s
-        .sessions
-        .get(&product("p"), &sid("hot"))
-        .await
-        .expect("get")
-        .expect("stored");
-    let total = TASKS as i64 * EACH;
+    let got = load(&s, "p", "hot").await.expect("stored");
+    let total = TASKS as u64 * EACH;
     assert_eq!(got.state.metadata()["count"], json!(total));
-    assert_eq!(got.version, 1 + total);
+    assert_eq!(got.version, Version(1 + total));
 }
 
 /// Stores `n` proactive sessions of product `p` whose deadlines are
@@ -353,11 +401,7 @@ async fn due_sessions(s: &Subject, p: &str, n: usize, first: f64) -> Vec<Session
     let mut ids = Vec::new();
     for i in 0..n {
         let id = sid(&format!("due-{i:03}"));
-        let cur = s
-            .sessions
-            .get_or_create(&product(p), &id, at(0.0))
-            .await
-            .expect("create");
+        let cur = create(s, p, id.as_str(), at(0.0)).await;
         let mut st = cur
             .state
             .clone()
@@ -365,7 +409,7 @@ async fn due_sessions(s: &Subject, p: &str, n: usize, first: f64) -> Vec<Session
             .expect("settings");
         st.transition_to_proactive("t", at(first + i as f64))
             .expect("proactive");
-        save(&*s.sessions, &st, cur.version).await.expect("save");
+        save(&*s.store, &st, cur.version).await.expect("save");
         ids.push(id);
     }
     ids
@@ -375,10 +419,7 @@ async fn due_sessions(s: &Subject, p: &str, n: usize, first: f64) -> Vec<Session
 /// most `limit`; sessions without a deadline never are.
 pub async fn claim_due_takes_what_is_due_earliest_first(s: Subject) {
     due_sessions(&s, "p", 5, 10.0).await; // deadlines 10..=14
-    s.sessions
-        .get_or_create(&product("p"), &sid("idle"), at(0.0))
-        .await
-        .expect("create idle");
+    create(&s, "p", "idle", at(0.0)).await;
     assert!(
         s.sessions
             .claim_due(at(9.0), 10)
@@ -406,17 +447,17 @@ pub async fn claim_due_takes_what_is_due_earliest_first(s: Subject) {
     assert_eq!(ids, ["due-003", "due-004"], "never the idle session");
 }
 
-/// A claimed session is hidden for the lease; saving it sets its real
-/// deadline; an unsaved one comes back once the lease ends.
+/// A claimed session is hidden for the lease; committing it sets its real
+/// deadline; an uncommitted one comes back once the lease ends.
 pub async fn claimed_sessions_are_hidden_until_the_lease_ends(s: Subject) {
     due_sessions(&s, "p", 2, 10.0).await; // deadlines 10, 11
     let claimed = s.sessions.claim_due(at(20.0), 10).await.expect("claim");
     assert_eq!(claimed.len(), 2);
-    // The sweeper ticks and saves the first; the second's claimer "crashes".
+    // The sweeper ticks and commits the first; the second's claimer "crashes".
     let mut st = claimed[0].state.clone();
     let out = st.tick(at(20.0), TourCatalog::none());
     assert!(out.changed_state());
-    save(&*s.sessions, &st, claimed[0].version)
+    save(&*s.store, &st, claimed[0].version)
         .await
         .expect("save");
     let lease = CLAIM_LEASE.as_secs_f64();
@@ -438,9 +479,7 @@ pub async fn claimed_sessions_are_hidden_until_the_lease_ends(s: Subject) {
     assert_eq!(ids, ["due-001"]);
     let mut st = back[0].state.clone();
     st.tick(at(20.0 + lease), TourCatalog::none());
-    save(&*s.sessions, &st, back[0].version)
-        .await
-        .expect("save");
+    save(&*s.store, &st, back[0].version).await.expect("save");
     // The first is in a cooldown ending at 20 + 60 s: due again then.
     let later = s.sessions.claim_due(at(80.0), 10).await.expect("claim");
     let ids: Vec<_> = later

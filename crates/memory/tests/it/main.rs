@@ -1,5 +1,7 @@
 //! Contract suites run against the in-memory adapters.
 
+mod records;
+
 mod audit {
     use std::sync::Arc;
 
@@ -17,18 +19,26 @@ mod conversation {
     use parlance_ports::{QueueConfig, SystemClock};
     use parlance_testkit::conversation::Subject;
 
-    parlance_testkit::conversation_store_suite!(async {
+    fn subject() -> Subject {
         let audit = Arc::new(MemoryAuditLog::new());
         let queue = Arc::new(MemoryTaskQueue::new(
             Arc::new(SystemClock),
             QueueConfig::default(),
         ));
-        Some(Subject {
-            store: Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone())),
+        let store = Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone()));
+        Subject {
+            store: store.clone(),
+            index: store,
             audit,
             queue,
-        })
-    });
+        }
+    }
+
+    parlance_testkit::conversation_store_suite!(async { Some(subject()) });
+
+    mod protocol {
+        parlance_testkit::machine_store_suite!(async { Some(super::subject()) });
+    }
 }
 
 mod llm {
@@ -88,11 +98,27 @@ mod embedding {
 mod adoption {
     use std::sync::Arc;
 
-    use parlance_memory::MemoryAdoptionStore;
+    use parlance_memory::{MemoryAdoptionStore, MemoryAuditLog, MemoryTaskQueue};
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_testkit::adoption::Subject;
 
-    parlance_testkit::adoption_store_suite!(async {
-        Some(Arc::new(MemoryAdoptionStore::new()) as parlance_testkit::adoption::Subject)
-    });
+    async fn subject() -> Option<Subject> {
+        let audit = Arc::new(MemoryAuditLog::new());
+        let queue = Arc::new(MemoryTaskQueue::new(
+            Arc::new(SystemClock),
+            QueueConfig::default(),
+        ));
+        let store = Arc::new(MemoryAdoptionStore::new(audit.clone(), queue.clone()));
+        Some(Subject {
+            records: store.clone(),
+            store,
+            audit,
+            queue,
+        })
+    }
+
+    parlance_testkit::machine_store_suite!(subject());
+    parlance_testkit::adoption_store_suite!(subject());
 }
 
 mod queue {
@@ -112,11 +138,24 @@ mod queue {
 mod checkpoint {
     use std::sync::Arc;
 
-    use parlance_memory::MemoryCheckpointer;
+    use parlance_memory::{MemoryAuditLog, MemoryCheckpointStore, MemoryTaskQueue};
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_testkit::checkpoint::Subject;
 
-    parlance_testkit::checkpointer_suite!(async {
-        Some(Arc::new(MemoryCheckpointer::new()) as parlance_testkit::checkpoint::Subject)
-    });
+    fn subject() -> Subject {
+        let audit = Arc::new(MemoryAuditLog::new());
+        Subject {
+            store: Arc::new(MemoryCheckpointStore::new(audit.clone())),
+            audit,
+            queue: Arc::new(MemoryTaskQueue::new(
+                Arc::new(SystemClock),
+                QueueConfig::default(),
+            )),
+        }
+    }
+
+    parlance_testkit::machine_store_suite!(async { Some(subject()) });
+    parlance_testkit::checkpoint_store_suite!(async { Some(subject()) });
 }
 
 mod memory_store {
@@ -132,15 +171,37 @@ mod memory_store {
 mod session {
     use std::sync::Arc;
 
-    use parlance_memory::{MemoryAuditLog, MemorySessionStore, MemoryTourCatalogs};
-    use parlance_testkit::session::Subject;
+    use parlance_memory::{
+        MemoryAuditLog, MemorySessionStore, MemoryTaskQueue, MemoryTourCatalogs,
+    };
+    use parlance_ports::{QueueConfig, SystemClock, TaskQueue};
+    use parlance_testkit::session::{SessionFixture, Subject};
+
+    fn queue() -> Arc<dyn TaskQueue> {
+        Arc::new(MemoryTaskQueue::new(
+            Arc::new(SystemClock),
+            QueueConfig::default(),
+        ))
+    }
 
     parlance_testkit::session_store_suite!(async {
         let audit = Arc::new(MemoryAuditLog::new());
+        let store = Arc::new(MemorySessionStore::new(audit.clone(), queue()));
         Some(Subject {
-            sessions: Arc::new(MemorySessionStore::new(audit.clone())),
+            store: store.clone(),
+            sessions: store,
             tours: Arc::new(MemoryTourCatalogs::new()),
             audit,
+        })
+    });
+
+    parlance_testkit::machine_store_suite!(async {
+        let audit = Arc::new(MemoryAuditLog::new());
+        let queue = queue();
+        Some(SessionFixture {
+            store: Arc::new(MemorySessionStore::new(audit.clone(), queue.clone())),
+            audit,
+            queue,
         })
     });
 }
@@ -148,42 +209,24 @@ mod session {
 mod flow {
     use std::sync::Arc;
 
-    use parlance_memory::MemoryFlowStore;
+    use parlance_memory::{MemoryAuditLog, MemoryFlowStore, MemoryTaskQueue};
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_testkit::flow::Fixture;
 
-    parlance_testkit::flow_store_suite!(async {
-        Some(Arc::new(MemoryFlowStore::new(Arc::default())) as parlance_testkit::flow::Subject)
-    });
-
-    mod audit {
-        use std::sync::Arc;
-
-        use parlance_memory::{MemoryAuditLog, MemoryFlowStore};
-
-        parlance_testkit::flow_store_audit_suite!(async {
-            let audit = Arc::new(MemoryAuditLog::new());
-            Some((
-                Arc::new(MemoryFlowStore::new(audit.clone())) as Arc<dyn parlance_ports::FlowStore>,
-                audit as Arc<dyn parlance_ports::AuditLog>,
-            ))
-        });
+    fn fixture() -> Fixture {
+        let audit = Arc::new(MemoryAuditLog::new());
+        let config = QueueConfig::default();
+        let queue = Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), config));
+        let store = Arc::new(MemoryFlowStore::with_queue(
+            audit.clone(),
+            queue.clone(),
+            config.dag_limits,
+        ));
+        Fixture::new(store.clone(), store, audit, queue)
     }
 
-    mod enqueue {
-        use std::sync::Arc;
-
-        use parlance_memory::{MemoryFlowStore, MemoryTaskQueue};
-        use parlance_ports::{FlowStore, QueueConfig, SystemClock, TaskQueue};
-
-        parlance_testkit::flow_store_enqueue_suite!(async {
-            let queue: Arc<dyn TaskQueue> = Arc::new(MemoryTaskQueue::new(
-                Arc::new(SystemClock),
-                QueueConfig::default(),
-            ));
-            let store: Arc<dyn FlowStore> =
-                Arc::new(MemoryFlowStore::with_queue(Arc::default(), queue.clone()));
-            Some((store, queue))
-        });
-    }
+    parlance_testkit::machine_store_suite!(async { Some(fixture()) });
+    parlance_testkit::flow_store_suite!(async { Some(fixture()) });
 }
 
 mod crisis_log {

@@ -20,126 +20,222 @@ mod conversation {
     use parlance_postgres::{PgAuditLog, PgConversationStore, PgTaskQueue, testing::test_pool};
     use parlance_testkit::conversation::Subject;
 
-    parlance_testkit::conversation_store_suite!(async {
-        test_pool().await.map(|pool| {
-            let queue =
-                PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
-            Subject {
-                store: Arc::new(PgConversationStore::new(pool.clone(), queue.clone())),
-                audit: Arc::new(PgAuditLog::new(pool)),
-                queue: Arc::new(queue),
-            }
-        })
-    });
-
-    /// Two commands decided on the same read: one guarded write lands, the
-    /// other finds the instance moved, writes nothing, and is decided again
-    /// under the row lock; both replies are kept, in one version each.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_command_decided_on_a_stale_read_is_decided_again() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use std::sync::{Barrier, Mutex};
-
-        use parlance_core::conversation::{ContactId, InstanceId, NewInstance, Role};
-        use parlance_core::{ProductId, Timestamp};
-        use parlance_ports::ConversationStore as _;
-
-        let Some(pool) = test_pool().await else {
-            return;
-        };
+    async fn subject() -> Option<Subject> {
+        let pool = test_pool().await?;
         let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
-        let store = Arc::new(PgConversationStore::new(pool, queue));
-        let product = ProductId::parse("p").unwrap();
-        let id = InstanceId::from_uuid(uuid::Uuid::from_u128(1));
-        let now = Timestamp::from_secs(1_767_225_600).unwrap();
-        let new = NewInstance {
-            product_id: product.clone(),
-            instance_id: id,
-            contact_id: ContactId::parse("zoe").unwrap(),
-            channel: "loopback".into(),
-            objective: "book a demo".into(),
-            todos: vec![],
-            heartbeat_interval_s: 100,
-            max_follow_ups: 2,
-            metadata: serde_json::Map::new(),
-        };
-        let start = store.create(new, now).await.unwrap().unwrap().0;
-        // The first two decisions wait for each other, so both read the
-        // same version; later ones run straight through.
-        let barrier = Arc::new(Barrier::new(2));
-        let decisions = Arc::new(AtomicUsize::new(0));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let mut writers = Vec::new();
-        for w in 0..2 {
-            let (store, product) = (store.clone(), product.clone());
-            let (barrier, decisions, seen) = (barrier.clone(), decisions.clone(), seen.clone());
-            writers.push(tokio::spawn(async move {
-                store
-                    .apply(
-                        &product,
-                        id,
-                        now,
-                        Box::new(move |i| {
-                            seen.lock().unwrap().push(i.version);
-                            if decisions.fetch_add(1, Ordering::SeqCst) < 2 {
-                                // Hand this worker's queued tasks to another
-                                // thread while it waits.
-                                tokio::task::block_in_place(|| barrier.wait());
-                            }
-                            Ok(i.contact_reply(format!("w{w}"), now))
-                        }),
-                    )
-                    .await
-                    .unwrap()
-                    .unwrap()
-            }));
-        }
-        for w in writers {
-            w.await.unwrap();
-        }
-        assert_eq!(decisions.load(Ordering::SeqCst), 3, "one decision repeated");
-        let seen = seen.lock().unwrap().clone();
-        assert_eq!(&seen[..2], [start.version, start.version], "a shared read");
-        assert_eq!(
-            seen[2],
-            start.version + 1,
-            "decided again on the write that landed"
-        );
-        let end = store.get(&product, id).await.unwrap().unwrap();
-        assert_eq!(end.version, start.version + 2);
-        let transcript = store.transcript(&product, id).await.unwrap();
-        let mut replies: Vec<_> = transcript
-            .iter()
-            .filter(|m| m.role == Role::Contact)
-            .map(|m| m.text.clone())
-            .collect();
-        replies.sort();
-        assert_eq!(replies, ["w0", "w1"]);
+        let store = Arc::new(PgConversationStore::new(pool.clone(), queue.clone()));
+        Some(Subject {
+            store: store.clone(),
+            index: store,
+            audit: Arc::new(PgAuditLog::new(pool)),
+            queue: Arc::new(queue),
+        })
+    }
+
+    parlance_testkit::conversation_store_suite!(subject());
+
+    mod protocol {
+        parlance_testkit::machine_store_suite!(super::subject());
     }
 }
 
 mod checkpoint {
     use std::sync::Arc;
 
-    use parlance_postgres::{PgCheckpointer, testing::test_pool};
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_postgres::{
+        PgAuditLog, PgCheckpointStore, PgPool, PgTaskQueue, testing::test_pool,
+    };
+    use parlance_testkit::checkpoint::Subject;
 
-    parlance_testkit::checkpointer_suite!(async {
-        test_pool().await.map(|pool| {
-            Arc::new(PgCheckpointer::new(pool)) as parlance_testkit::checkpoint::Subject
-        })
-    });
+    fn subject(pool: PgPool) -> Subject {
+        Subject {
+            store: Arc::new(PgCheckpointStore::new(pool.clone())),
+            audit: Arc::new(PgAuditLog::new(pool.clone())),
+            queue: Arc::new(PgTaskQueue::new(
+                pool,
+                Arc::new(SystemClock),
+                QueueConfig::default(),
+            )),
+        }
+    }
+
+    parlance_testkit::machine_store_suite!(async { test_pool().await.map(subject) });
+    parlance_testkit::checkpoint_store_suite!(async { test_pool().await.map(subject) });
+
+    /// A turn writes the same bytes however long its thread is: the rows of
+    /// the 100th turn are as large as the first's, and the rows of earlier
+    /// turns are never rewritten.
+    #[tokio::test]
+    async fn a_turn_writes_the_same_bytes_at_turn_100_as_at_turn_1() {
+        use parlance_core::turn::{
+            Checkpoint, CheckpointDelta, OwnerId, ThreadId, ThreadKey, TurnCommand, TurnKey,
+        };
+        use parlance_core::{Machine as _, ProductId, Timestamp};
+        use parlance_ports::{Commit, MachineStore as _, Version};
+        use serde_json::json;
+
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let store = PgCheckpointStore::new(pool.clone());
+        let key = TurnKey::whole(ThreadKey {
+            product_id: ProductId::parse("p").unwrap(),
+            owner: OwnerId::parse("u").unwrap(),
+            thread: ThreadId::parse("long").unwrap(),
+        });
+        let now = Timestamp::from_secs(1_767_225_600).unwrap();
+        // The rows' size and the transaction that wrote them.
+        let written = async |version: i64| -> (i64, Vec<String>) {
+            let size: i64 = sqlx::query_scalar(
+                "SELECT coalesce(sum(pg_column_size(entry)), 0)::bigint FROM turn_list_entry \
+                 WHERE version = $1",
+            )
+            .bind(version)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            let writers: Vec<String> = sqlx::query_scalar(
+                "SELECT xmin::text FROM turn_list_entry WHERE version = $1 ORDER BY field, idx",
+            )
+            .bind(version)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            (size, writers)
+        };
+        let mut first = None;
+        for n in 1..=100u64 {
+            let mut delta = CheckpointDelta::default();
+            delta.appends.insert(
+                "transcript".to_owned(),
+                vec![
+                    json!({"role": "user", "content": format!("m{n:03}")}),
+                    json!({"role": "assistant", "content": format!("re: m{n:03}")}),
+                ],
+            );
+            delta.objects.insert(
+                "session_progress".to_owned(),
+                json!({"turn_count": 100 + n}),
+            );
+            let command = TurnCommand::commit(n - 1, delta);
+            let mut state = Checkpoint {
+                version: n - 1,
+                ..Checkpoint::default()
+            };
+            let decision = state.decide(&(), &command, now).unwrap();
+            store
+                .commit(Commit {
+                    key: &key,
+                    expected: (n > 1).then_some(Version(n - 1)),
+                    command: &command,
+                    state: &state,
+                    decision: &decision,
+                    now,
+                })
+                .await
+                .unwrap();
+            if n == 1 {
+                first = Some(written(1).await);
+            }
+        }
+        let (size_1, writers_1) = first.unwrap();
+        assert!(size_1 > 0);
+        assert_eq!(written(100).await.0, size_1, "turn 100 wrote more");
+        assert_eq!(
+            written(1).await,
+            (size_1, writers_1),
+            "turn 1's rows were rewritten"
+        );
+    }
 }
 
 mod adoption {
     use std::sync::Arc;
 
-    use parlance_postgres::{PgAdoptionStore, testing::test_pool};
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgTaskQueue, testing::test_pool};
+    use parlance_testkit::adoption::Subject;
 
-    parlance_testkit::adoption_store_suite!(async {
-        test_pool()
+    async fn subject() -> Option<Subject> {
+        let pool = test_pool().await?;
+        let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
+        let store = Arc::new(PgAdoptionStore::new(pool.clone(), queue.clone()));
+        Some(Subject {
+            records: store.clone(),
+            store,
+            audit: Arc::new(PgAuditLog::new(pool)),
+            queue: Arc::new(queue),
+        })
+    }
+
+    parlance_testkit::machine_store_suite!(subject());
+    parlance_testkit::adoption_store_suite!(subject());
+
+    /// A commit whose audit entry the database refuses writes nothing: the
+    /// record stays at its version, as it was.
+    #[tokio::test]
+    async fn a_refused_audit_entry_fails_the_whole_commit() {
+        use parlance_core::adoption::{
+            AdoptionCommand, AdoptionEvent, AdoptionKey, JourneyState, OnboardingPlan,
+            UserAdoptionState, UserId,
+        };
+        use parlance_core::{Machine as _, ProductId, Timestamp};
+        use parlance_ports::{Commit, MachineStore as _};
+
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
+        let store = PgAdoptionStore::new(pool.clone(), queue);
+        let key = AdoptionKey::new(ProductId::parse("p").unwrap(), UserId::parse("u").unwrap());
+        let plan = OnboardingPlan::default();
+        let now = Timestamp::from_secs(1_767_225_600).unwrap();
+        let create = AdoptionCommand::Events {
+            events: vec![],
+            metadata: None,
+        };
+        let (state, decision) = UserAdoptionState::create(&key, &plan, &create, now)
+            .unwrap()
+            .unwrap();
+        let commit = |expected, command, state, decision| Commit {
+            key: &key,
+            expected,
+            command,
+            state,
+            decision,
+            now,
+        };
+        store
+            .commit(commit(None, &create, &state, &decision))
             .await
-            .map(|pool| Arc::new(PgAdoptionStore::new(pool)) as parlance_testkit::adoption::Subject)
-    });
+            .unwrap();
+        let before = store.load(&key).await.unwrap().unwrap();
+        sqlx::raw_sql(
+            "CREATE FUNCTION refuse_adoption_audit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN IF NEW.entity_kind = 'adoption' THEN RAISE EXCEPTION 'audit refused'; \
+             END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER refuse_adoption_audit BEFORE INSERT ON audit_log \
+             FOR EACH ROW EXECUTE FUNCTION refuse_adoption_audit();",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let onboard = AdoptionCommand::Events {
+            events: vec![AdoptionEvent::SetJourneyState {
+                state: JourneyState::Onboarded,
+            }],
+            metadata: None,
+        };
+        let mut next = before.state.clone();
+        let decision = next.decide(&plan, &onboard, now).unwrap();
+        assert_eq!(decision.transitions.len(), 1);
+        let refused = store
+            .commit(commit(Some(before.version), &onboard, &next, &decision))
+            .await;
+        assert!(refused.is_err(), "{refused:?}");
+        assert_eq!(store.load(&key).await.unwrap().unwrap(), before);
+    }
 }
 
 mod queue {
@@ -172,14 +268,36 @@ mod memory_store {
 mod session {
     use std::sync::Arc;
 
-    use parlance_postgres::{PgAuditLog, PgSessionStore, PgTourCatalogs, testing::test_pool};
-    use parlance_testkit::session::Subject;
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_postgres::{
+        PgAuditLog, PgPool, PgSessionStore, PgTaskQueue, PgTourCatalogs, testing::test_pool,
+    };
+    use parlance_testkit::session::{SessionFixture, Subject};
+
+    fn queue(pool: &PgPool) -> PgTaskQueue {
+        PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default())
+    }
 
     parlance_testkit::session_store_suite!(async {
-        test_pool().await.map(|pool| Subject {
-            sessions: Arc::new(PgSessionStore::new(pool.clone())),
-            tours: Arc::new(PgTourCatalogs::new(pool.clone())),
-            audit: Arc::new(PgAuditLog::new(pool)),
+        test_pool().await.map(|pool| {
+            let store = Arc::new(PgSessionStore::new(pool.clone(), queue(&pool)));
+            Subject {
+                store: store.clone(),
+                sessions: store,
+                tours: Arc::new(PgTourCatalogs::new(pool.clone())),
+                audit: Arc::new(PgAuditLog::new(pool)),
+            }
+        })
+    });
+
+    parlance_testkit::machine_store_suite!(async {
+        test_pool().await.map(|pool| {
+            let queue = queue(&pool);
+            SessionFixture {
+                store: Arc::new(PgSessionStore::new(pool.clone(), queue.clone())),
+                audit: Arc::new(PgAuditLog::new(pool)),
+                queue: Arc::new(queue),
+            }
         })
     });
 }
@@ -187,46 +305,28 @@ mod session {
 mod flow {
     use std::sync::Arc;
 
-    use parlance_postgres::{PgFlowStore, testing::test_pool};
+    use parlance_ports::{QueueConfig, SystemClock};
+    use parlance_postgres::{PgAuditLog, PgFlowStore, PgTaskQueue, testing::test_pool};
+    use parlance_testkit::flow::Fixture;
 
-    parlance_testkit::flow_store_suite!(async {
-        test_pool()
-            .await
-            .map(|pool| Arc::new(PgFlowStore::new(pool)) as parlance_testkit::flow::Subject)
-    });
-
-    mod audit {
-        use std::sync::Arc;
-
-        use parlance_ports::{AuditLog, FlowStore};
-        use parlance_postgres::{PgAuditLog, PgFlowStore, testing::test_pool};
-
-        parlance_testkit::flow_store_audit_suite!(async {
-            let pool = test_pool().await?;
-            Some((
-                Arc::new(PgFlowStore::new(pool.clone())) as Arc<dyn FlowStore>,
-                Arc::new(PgAuditLog::new(pool)) as Arc<dyn AuditLog>,
-            ))
-        });
+    async fn fixture() -> Option<Fixture> {
+        let pool = test_pool().await?;
+        let queue = Arc::new(PgTaskQueue::new(
+            pool.clone(),
+            Arc::new(SystemClock),
+            QueueConfig::default(),
+        ));
+        let store = Arc::new(PgFlowStore::with_queue(pool.clone(), queue.clone()));
+        Some(Fixture::new(
+            store.clone(),
+            store,
+            Arc::new(PgAuditLog::new(pool)),
+            queue,
+        ))
     }
 
-    mod enqueue {
-        use std::sync::Arc;
-
-        use parlance_ports::{FlowStore, QueueConfig, SystemClock, TaskQueue};
-        use parlance_postgres::{PgFlowStore, PgTaskQueue, testing::test_pool};
-
-        parlance_testkit::flow_store_enqueue_suite!(async {
-            let pool = test_pool().await?;
-            let queue = Arc::new(PgTaskQueue::new(
-                pool.clone(),
-                Arc::new(SystemClock),
-                QueueConfig::default(),
-            ));
-            let store: Arc<dyn FlowStore> = Arc::new(PgFlowStore::with_queue(pool, queue.clone()));
-            Some((store, queue as Arc<dyn TaskQueue>))
-        });
-    }
+    parlance_testkit::machine_store_suite!(fixture());
+    parlance_testkit::flow_store_suite!(fixture());
 }
 
 mod queue_in_transaction {
