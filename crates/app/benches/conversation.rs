@@ -1,8 +1,9 @@
 //! Conversation benchmarks: `cargo xtask bench conversation [pg|timers] [--smoke]`.
 //!
-//! - pg: commands per second through the PostgreSQL store with 16 clients
-//!   (contact replies, operator sends, pauses and resumes, agent turns and
-//!   sends, each one transaction), next to `pgbench -N -c 16`.
+//! - pg: commands per second through the executor on the PostgreSQL store
+//!   with 16 clients (contact replies, operator sends, pauses and resumes,
+//!   agent turns and sends: each a load and one commit), next to
+//!   `pgbench -N -c 16`.
 //! - timers: 10,000 due heartbeats among 1,000,000 stored instances fired by
 //!   the sweeper (firings per second), and the time to find nothing due with
 //!   10,000 and with 1,000,000 instances stored (it must not grow).
@@ -17,13 +18,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parlance_app::AppState;
 use parlance_app::auth::ApiKeys;
-use parlance_app::conversation::sweeper::sweep_once;
+use parlance_app::conversation::sweep_once;
+use parlance_app::execute::Executor;
+use parlance_app::{AppState, Components};
 use parlance_core::conversation::{
-    ContactId, ConversationState as S, Instance, InstanceId, NewInstance, Outcome,
+    ContactId, ConversationCommand as C, ConversationContext, ConversationKey,
+    ConversationState as S, Instance, InstanceId, NewInstance,
 };
-use parlance_core::{ProductId, Timestamp};
+use parlance_core::{Machine as _, ProductId, Timestamp};
 use parlance_ports::ManualClock;
 use parlance_postgres::PgPool;
 
@@ -47,21 +50,30 @@ fn new_instance(product: &ProductId, n: u64, interval_s: u64) -> NewInstance {
     }
 }
 
-/// One step of the mix, chosen from the instance's state under its lock, so
-/// every command is accepted.
-fn next_command(i: &mut Instance, roll: u64, now: Timestamp) -> Outcome {
-    let r = match i.state {
-        S::Created | S::WaitingForAgent => i.begin_agent_turn(now),
-        S::Active => i.agent_send("Which day suits you?".into(), None, now),
-        S::WaitingForReply => match roll % 10 {
-            0..=4 => Ok(i.contact_reply("Maybe Tuesday?".into(), now)),
-            5..=7 => i.operator_send("A human here: Tuesday works.".into(), now),
-            _ => i.pause(now),
+/// One step of the mix, chosen from the instance's state as loaded, so
+/// every command is accepted (each client has instances of its own).
+fn next_command(i: &Instance, roll: u64) -> C {
+    let text = |t: &str| t.to_owned();
+    match i.state {
+        S::Created | S::WaitingForAgent => C::BeginAgentTurn,
+        S::Active => C::AgentSend {
+            text: text("Which day suits you?"),
+            next_heartbeat_s: None,
         },
-        S::Paused => i.resume(now),
-        _ => Ok(i.contact_reply("hello?".into(), now)),
-    };
-    r.expect("the mix only sends commands the state allows")
+        S::WaitingForReply => match roll % 10 {
+            0..=4 => C::ContactReply {
+                text: text("Maybe Tuesday?"),
+            },
+            5..=7 => C::OperatorSend {
+                text: text("A human here: Tuesday works."),
+            },
+            _ => C::Pause,
+        },
+        S::Paused => C::Resume,
+        _ => C::ContactReply {
+            text: text("hello?"),
+        },
+    }
 }
 
 async fn bench_pg(clients: usize, per_client: u64, secs: u64) {
@@ -72,11 +84,9 @@ async fn bench_pg(clients: usize, per_client: u64, secs: u64) {
     let app = AppState::postgres(pool.clone(), ApiKeys::new());
     let product = ProductId::parse("bench").expect("id");
     for n in 0..(clients as u64 * per_client) {
-        app.conversations
-            .create(new_instance(&product, n, 1800), t0())
+        parlance_app::conversation::create(&app.conversations, new_instance(&product, n, 1800))
             .await
-            .expect("create")
-            .expect("valid");
+            .expect("create");
     }
     let done = Arc::new(AtomicU64::new(0));
     let warmup = Duration::from_secs(2);
@@ -93,19 +103,21 @@ async fn bench_pg(clients: usize, per_client: u64, secs: u64) {
                     break;
                 }
                 let n = c * per_client + rng.below(per_client);
-                let id = InstanceId::from_uuid(uuid::Uuid::from_u128(u128::from(n) + 1));
+                let key = ConversationKey {
+                    product_id: product.clone(),
+                    instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(u128::from(n) + 1)),
+                };
                 let roll = rng.next();
-                let now = t0();
-                app.conversations
-                    .apply(
-                        &product,
-                        id,
-                        now,
-                        Box::new(move |i| Ok(next_command(i, roll, now))),
-                    )
+                let executor =
+                    Executor::new(app.conversations.store.as_ref(), app.shared.clock.as_ref());
+                let ctx = ConversationContext::default();
+                executor
+                    .run_with(&key, &ctx, |loaded| {
+                        let command = loaded.map(|s| next_command(&s.state, roll));
+                        async move { Ok(command) }
+                    })
                     .await
-                    .expect("store")
-                    .expect("accepted");
+                    .expect("the mix only sends commands the state allows");
                 if elapsed >= warmup {
                     done.fetch_add(1, Ordering::Relaxed);
                 }
@@ -133,13 +145,20 @@ async fn bench_pg(clients: usize, per_client: u64, secs: u64) {
 async fn seed(pool: &PgPool, app: &AppState, product: &ProductId, total: u64, due: u64) {
     // One real instance, so the stored record has exactly the shape the
     // store writes; the others are copies with their own ids and timers.
-    let mut template = Instance::create(new_instance(product, 0, 60), false, t0())
+    let new = new_instance(product, 0, 60);
+    let free = ConversationContext::default();
+    let mut template = Instance::create(&new.key(), &free, &C::Create(new), t0())
         .expect("valid")
+        .expect("created")
         .0;
-    template.begin_agent_turn(t0()).expect("begin");
     template
-        .agent_send("hello".into(), None, t0())
-        .expect("send");
+        .decide(&free, &C::BeginAgentTurn, t0())
+        .expect("begin");
+    let hello = C::AgentSend {
+        text: "hello".into(),
+        next_heartbeat_s: None,
+    };
+    template.decide(&free, &hello, t0()).expect("send");
     let record = serde_json::to_value(&template).expect("record");
     sqlx::query(
         "INSERT INTO conversation_instances (product_id, instance_id, contact_id, state, \
@@ -175,6 +194,7 @@ async fn nothing_due(app: &AppState, rounds: usize) -> Duration {
         let start = Instant::now();
         let got = app
             .conversations
+            .index
             .claim_due(t0(), 100, Duration::from_secs(30))
             .await
             .expect("claim");
@@ -188,8 +208,9 @@ async fn nothing_due(app: &AppState, rounds: usize) -> Duration {
 async fn timers_case(total: u64, due: u64) -> Option<(Duration, Duration)> {
     let pool = parlance_postgres::testing::test_pool().await?;
     let clock = Arc::new(ManualClock::at(t0()));
-    let mut app = AppState::postgres(pool.clone(), ApiKeys::new());
-    app.clock = clock.clone();
+    let mut components = Components::postgres(pool.clone(), ApiKeys::new());
+    components.clock = clock.clone();
+    let app = components.build();
     let product = ProductId::parse("bench").expect("id");
     let started = Instant::now();
     seed(&pool, &app, &product, total, due).await;
@@ -200,7 +221,7 @@ async fn timers_case(total: u64, due: u64) -> Option<(Duration, Duration)> {
     let idle = nothing_due(&app, 200).await;
     clock.advance(Duration::from_secs(61));
     let start = Instant::now();
-    let fired = sweep_once(&app).await.expect("sweep");
+    let fired = sweep_once(&app.conversations).await.expect("sweep");
     let took = start.elapsed();
     assert_eq!(fired as u64, due, "every due heartbeat fired once");
     println!(

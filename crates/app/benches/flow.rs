@@ -3,6 +3,9 @@
 //! `template` invoker, run in process), 16 sessions in parallel, and the
 //! bytes one turn writes at turn 1 and at turn 200 of one session.
 //!
+//! Every call goes through the flow service as the routes make it: each
+//! event a command run by the executor (load, decide, one commit).
+//!
 //! Run with `cargo xtask bench flow` (release, `DATABASE_URL` set).
 
 #![allow(clippy::print_stdout, missing_docs)]
@@ -10,11 +13,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parlance_app::AppState;
+use parlance_app::Components;
 use parlance_app::auth::ApiKeys;
 use parlance_app::flow::{FlowCatalog, FlowService};
 use parlance_core::ProductId;
-use parlance_core::flow::{FlowBuilder, TemplateRef};
+use parlance_core::flow::{ClientEvent, Flow, FlowBuilder, FlowKey, TemplateRef};
 use sqlx::Row as _;
 
 const SESSIONS: usize = 16;
@@ -51,22 +54,33 @@ fn catalog() -> FlowCatalog {
     c
 }
 
-async fn session(svc: &FlowService, p: &ProductId, flow: &str) -> String {
-    svc.start_session(p, flow).await.expect("start").session_id
+fn flow(svc: &FlowService, name: &str) -> Arc<Flow> {
+    svc.catalog().get(name).expect("a loaded flow")
+}
+
+/// A new session of `flow`, by its key.
+async fn session(svc: &FlowService, p: &ProductId, flow: &Arc<Flow>) -> FlowKey {
+    let id = svc.start_session(p, flow).await.expect("start").session_id;
+    FlowKey::new(p.clone(), id.parse().expect("a session id"))
+}
+
+fn user_input() -> ClientEvent {
+    ClientEvent::parse("user_input")
 }
 
 async fn user_events(svc: Arc<FlowService>, p: ProductId) -> (usize, Duration) {
-    let mut ids = Vec::new();
+    let chat = flow(&svc, "chat");
+    let mut keys = Vec::new();
     for _ in 0..SESSIONS {
-        ids.push(session(&svc, &p, "chat").await);
+        keys.push(session(&svc, &p, &chat).await);
     }
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for id in ids {
-        let (svc, p) = (svc.clone(), p.clone());
+    for key in keys {
+        let (svc, chat) = (svc.clone(), chat.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..USER_EVENTS_PER_SESSION {
-                svc.event(&p, "chat", &id, "user_input", &format!("message {i}"))
+                svc.event(&key, &chat, user_input(), &format!("message {i}"))
                     .await
                     .expect("event");
             }
@@ -79,21 +93,25 @@ async fn user_events(svc: Arc<FlowService>, p: ProductId) -> (usize, Duration) {
 }
 
 async fn round_trips(svc: Arc<FlowService>, p: ProductId) -> (usize, Duration) {
-    let mut ids = Vec::new();
+    let echo = flow(&svc, "echo");
+    let mut keys = Vec::new();
     for _ in 0..SESSIONS {
-        ids.push(session(&svc, &p, "echo").await);
+        keys.push(session(&svc, &p, &echo).await);
     }
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for id in ids {
-        let (svc, p) = (svc.clone(), p.clone());
+    for key in keys {
+        let (svc, echo) = (svc.clone(), echo.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..ROUND_TRIPS_PER_SESSION {
-                svc.event(&p, "echo", &id, "user_input", &format!("question {i}"))
+                svc.event(&key, &echo, user_input(), &format!("question {i}"))
                     .await
                     .expect("event");
                 loop {
-                    let r = svc.event(&p, "echo", &id, "poll", "").await.expect("poll");
+                    let r = svc
+                        .event(&key, &echo, ClientEvent::Poll, "")
+                        .await
+                        .expect("poll");
                     if r.next_actions != ["poll"] {
                         break;
                     }
@@ -132,11 +150,12 @@ async fn main() {
         println!("flow bench: DATABASE_URL is not set; nothing measured");
         return;
     };
-    let mut state = AppState::postgres(pool.clone(), ApiKeys::new());
-    state.flow_catalog = Arc::new(catalog());
+    let mut components = Components::postgres(pool.clone(), ApiKeys::new());
+    components.flows = catalog();
+    let state = components.build();
     // The DAGs run on the durable queue: a worker in this process runs them.
-    let worker = parlance_app::worker::EmbeddedWorker::start(&state);
-    let svc = state.flow_service();
+    let worker = state.start_worker(parlance_app::worker::WorkerConfig::default());
+    let svc = state.flows.clone();
     let p = ProductId::parse("bench").expect("product");
 
     let (n, took) = user_events(svc.clone(), p.clone()).await;
@@ -150,19 +169,14 @@ async fn main() {
         n as f64 / took.as_secs_f64()
     );
 
-    let id = session(&svc, &p, "chat").await;
+    let chat = flow(&svc, "chat");
+    let key = session(&svc, &p, &chat).await;
     let mut len = 1;
     for turn in 1..=200 {
-        svc.event(
-            &p,
-            "chat",
-            &id,
-            "user_input",
-            "a message of a steady length",
-        )
-        .await
-        .expect("event");
-        let (bytes, new_len) = turn_bytes(&pool, &id, len).await;
+        svc.event(&key, &chat, user_input(), "a message of a steady length")
+            .await
+            .expect("event");
+        let (bytes, new_len) = turn_bytes(&pool, key.session_id.as_str(), len).await;
         if turn == 1 || turn == 200 {
             println!(
                 "bytes written by turn {turn}: {bytes} (session row + {} dialogue rows)",

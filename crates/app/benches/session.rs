@@ -1,9 +1,11 @@
 //! Session machine benchmarks: `cargo xtask bench session [core|pg|sweep] [--smoke]`.
 //!
-//! - core: a fixed pseudo-random mix of events (each preceded by a tick, as
-//!   the service does) applied to one session in memory; ns per event.
-//! - pg: events per second through the service and the PostgreSQL store with
-//!   16 concurrent clients, next to `pgbench -N -c 16` on the same server.
+//! - core: a fixed pseudo-random mix of commands decided on one session in
+//!   memory (`Machine::decide`: a tick, then the event); ns per event.
+//! - pg: events per second through the service (`apply_event`, the executor
+//!   path the routes take: catalog, load, decide, commit) and the PostgreSQL
+//!   store with 16 concurrent clients, next to `pgbench -N -c 16` on the same
+//!   server.
 //! - sweep: the time to sweep 10,000 due sessions stored among 1,000,000,
 //!   against 10,000 among 10,000 (the deadline index, not a scan).
 //!
@@ -17,11 +19,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parlance_app::AppState;
 use parlance_app::auth::ApiKeys;
-use parlance_app::session::{SWEEP_BATCH, SessionEvent, apply_event, sweep_once};
-use parlance_core::session::{ConversationEvent, SessionId, SessionState, TourCatalog};
-use parlance_core::{ProductId, Timestamp};
+use parlance_app::execute::ServiceError;
+use parlance_app::session::{SWEEP_BATCH, apply_event, sweep_once};
+use parlance_app::{AppState, Components};
+use parlance_core::session::{
+    ConversationEvent, SessionCommand, SessionEvent, SessionId, SessionKey, SessionState,
+    TourCatalog,
+};
+use parlance_core::{Machine, ProductId, Timestamp};
 use parlance_ports::ManualClock;
 
 use crate::common::{Rng, drop_database, pgbench};
@@ -97,10 +103,19 @@ fn t0() -> Timestamp {
     ManualClock::START
 }
 
+/// The command the machine decides for one event of the mix.
+fn as_command(ev: &Ev) -> SessionCommand {
+    match ev {
+        Ev::Tick => SessionCommand::Tick,
+        Ev::User => SessionEvent::UserMessage.into(),
+        other => as_service_event(other).into(),
+    }
+}
+
 fn bench_core(events: usize) {
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
-    let script: Vec<(Ev, i64)> = (0..events)
-        .map(|_| (mix(&mut rng), rng.below(8_000_000) as i64)) // up to 8 s between events
+    let script: Vec<(SessionCommand, i64)> = (0..events)
+        .map(|_| (as_command(&mix(&mut rng)), rng.below(8_000_000) as i64)) // up to 8 s between events
         .collect();
     let tours = tours();
     let fresh = SessionState::new(
@@ -114,22 +129,11 @@ fn bench_core(events: usize) {
         let mut now = t0();
         let mut changes = 0u64;
         let start = Instant::now();
-        for (ev, dt) in &script {
+        for (command, dt) in &script {
             now = Timestamp::from_micros(now.as_micros() + dt).expect("in range");
-            let t = s.tick(now, &tours);
-            let r = match ev {
-                Ev::Tick => Ok(t),
-                Ev::Proactive => s.transition_to_proactive("bench", now),
-                Ev::Reactive => s.transition_to_reactive(now),
-                Ev::User => Ok(s.record_user_interaction(now)),
-                Ev::Click => Ok(s.record_option_click(now)),
-                Ev::Reaction => Ok(s.record_reaction(now)),
-                Ev::TourStep => Ok(s.record_tour_step(now)),
-                Ev::Guidance(a, tour) => Ok(s.set_visual_guidance(*a, *tour, now)),
-                Ev::Link(e, id) => s.on_conversation_linked(*e, id),
-            };
-            changes += u64::from(matches!(&r, Ok(o) if o.changed_state()));
-            std::hint::black_box(&r);
+            let d = s.decide(&tours, command, now);
+            changes += u64::from(matches!(&d, Ok(d) if !d.transitions.is_empty()));
+            std::hint::black_box(&d);
         }
         let elapsed = start.elapsed();
         std::hint::black_box((&s, changes));
@@ -137,7 +141,7 @@ fn bench_core(events: usize) {
     }
     rounds.sort_by(f64::total_cmp);
     println!(
-        "core: {events} events (tick + event each), ns/event best {:.1}, median {:.1}; {:.1} M events/s (median)",
+        "core: {events} events (decide: tick + event each), ns/event best {:.1}, median {:.1}; {:.1} M events/s (median)",
         rounds[0],
         rounds[rounds.len() / 2],
         1_000.0 / rounds[rounds.len() / 2]
@@ -151,7 +155,11 @@ async fn bench_pg(clients: usize, secs: u64) {
     };
     let app = AppState::postgres(pool.clone(), ApiKeys::new());
     let product = ProductId::parse("bench").expect("id");
-    app.tours.put(&product, &tours()).await.expect("tours");
+    app.sessions
+        .tours
+        .put(&product, &tours())
+        .await
+        .expect("tours");
     let done = Arc::new(AtomicU64::new(0));
     let refused = Arc::new(AtomicU64::new(0));
     let run_for = Duration::from_secs(secs);
@@ -169,10 +177,11 @@ async fn bench_pg(clients: usize, secs: u64) {
                     break;
                 }
                 let sid = SessionId::parse(format!("c{c}-s{}", rng.below(64))).expect("id");
+                let key = SessionKey::new(product.clone(), sid);
                 let ev = as_service_event(&mix(&mut rng));
-                let ok = match apply_event(&app, &product, &sid, &ev).await {
+                let ok = match apply_event(&app.sessions, &key, ev).await {
                     Ok(_) => true,
-                    Err(parlance_app::session::ServiceError::Machine { .. }) => false,
+                    Err(ServiceError::Refused { .. }) => false,
                     Err(e) => panic!("event failed: {e}"),
                 };
                 if elapsed >= warmup {
@@ -188,7 +197,7 @@ async fn bench_pg(clients: usize, secs: u64) {
     let n = done.load(Ordering::Relaxed);
     let ours = n as f64 / run_for.as_secs_f64();
     println!(
-        "pg: {clients} clients, {secs} s: {n} events ({} refused as invalid transitions), {ours:.0} events/s",
+        "pg: {clients} clients, {secs} s: {n} events ({} refused as not allowed), {ours:.0} events/s",
         refused.load(Ordering::Relaxed)
     );
     drop_database(pool).await;
@@ -207,8 +216,9 @@ async fn bench_pg(clients: usize, secs: u64) {
 async fn sweep_case(total: usize, due: usize) -> Option<(Duration, Duration)> {
     let pool = parlance_postgres::testing::test_pool().await?;
     let clock = Arc::new(ManualClock::at(t0()));
-    let mut app = AppState::postgres(pool.clone(), ApiKeys::new());
-    app.clock = clock.clone();
+    let mut components = Components::postgres(pool.clone(), ApiKeys::new());
+    components.clock = clock.clone();
+    let app = components.build();
     let product = ProductId::parse("bench").expect("id");
     let template = |proactive: bool| {
         let mut s = SessionState::new(product.clone(), SessionId::parse("x").expect("id"), t0());
@@ -272,7 +282,7 @@ async fn sweep_case(total: usize, due: usize) -> Option<(Duration, Duration)> {
     let start = Instant::now();
     let mut swept = 0;
     loop {
-        let r = sweep_once(&app, SWEEP_BATCH).await.expect("sweep");
+        let r = sweep_once(&app.sessions, SWEEP_BATCH).await.expect("sweep");
         assert_eq!(r.transitions, r.claimed, "every due session times out");
         if r.claimed == 0 {
             break;

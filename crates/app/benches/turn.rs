@@ -1,6 +1,9 @@
 //! Turn runtime throughput on PostgreSQL: a three-stage graph with no LLM
 //! over the seed-shaped state, 1 thread x 200 turns and 16 threads x 50
-//! turns, with the checkpoint bytes written at turn 1 and turn 200.
+//! turns, each turn committed through the executor on the PostgreSQL thread
+//! store, with the bytes written at turn 1 and turn 200 (the turn's delta as
+//! JSON, `CheckpointDelta::encoded_len`: the list entries and objects the
+//! commit writes) and the tables' growth on disk per turn.
 //!
 //! Run with `cargo xtask bench turn` (release, `DATABASE_URL` set).
 
@@ -10,13 +13,14 @@ use std::time::Instant;
 
 use parlance_app::turn::{TurnRunner, echo};
 use parlance_core::ProductId;
+use parlance_core::turn::Checkpoint;
 use parlance_core::turn::seed::{Channel, SupportInput, SupportLoaded, SupportState};
 use parlance_core::turn::{
     EpisodicEntry, LoadWindow, MemoryEntry, OwnerId, SemanticEntry, ThreadId, ThreadKey,
     TurnState as _, WorkingMemoryEntry,
 };
-use parlance_ports::Checkpointer;
-use parlance_postgres::PgCheckpointer;
+use parlance_ports::{Clock, MachineStore, SystemClock};
+use parlance_postgres::PgCheckpointStore;
 
 fn out(line: &str) {
     let _ = writeln!(std::io::stdout(), "{line}");
@@ -134,7 +138,7 @@ async fn run(
 
 fn report(label: &str, threads: usize, r: &Run) {
     out(&format!(
-        "{label:<28} {threads:>2} thread(s) x {:>3} turns: {:>7.1} turns/s  ({:.2} s, {} retries)  bytes written: turn 1 {} B, last turn {} B",
+        "{label:<28} {threads:>2} thread(s) x {:>3} turns: {:>7.1} turns/s  ({:.2} s, {} retries)  bytes written (delta as JSON): turn 1 {} B, last turn {} B",
         r.turns / threads,
         r.turns as f64 / r.seconds,
         r.seconds,
@@ -160,16 +164,18 @@ async fn main() {
         out("turn bench: DATABASE_URL is not set; nothing measured");
         return;
     };
-    let cp: Arc<dyn Checkpointer> = Arc::new(PgCheckpointer::new(pool.clone()));
+    let cp: Arc<dyn MachineStore<Checkpoint>> = Arc::new(PgCheckpointStore::new(pool.clone()));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     // The state's own window loads the last 40 transcript entries (the
     // history window); the full load reads the whole transcript every turn.
     let modes = [
         ("windowed load (default)", SupportState::load_window()),
         ("full transcript load", LoadWindow::all()),
     ];
-    out("turn bench: echo graph (gate -> reply -> finalize_turn), PostgreSQL checkpointer");
+    out("turn bench: echo graph (gate -> reply -> finalize_turn), PostgreSQL thread store");
     for (i, (label, window)) in modes.into_iter().enumerate() {
-        let runner = Arc::new(echo::runner::<()>(Arc::clone(&cp)).window(window));
+        let runner =
+            Arc::new(echo::runner::<()>(Arc::clone(&cp), Arc::clone(&clock)).window(window));
         let base = i * 1000;
         let before = disk_bytes(&pool).await;
         let one = run(Arc::clone(&runner), 1, 200, base).await;

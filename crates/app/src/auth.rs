@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -14,7 +15,6 @@ use parlance_postgres::PgApiKeys;
 use sha2::{Digest, Sha256};
 
 use crate::http::ApiError;
-use crate::state::AppState;
 
 /// A secret API key. `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -118,7 +118,7 @@ pub struct Authenticated(pub ProductId);
 
 /// Middleware for `/v1`: a valid `Authorization: Bearer <key>` or 401.
 pub async fn require_key(
-    State(state): State<AppState>,
+    State(keys): State<Arc<ApiKeys>>,
     mut req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -129,8 +129,7 @@ pub async fn require_key(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
         .ok_or_else(|| ApiError::unauthorized("missing bearer token"))?;
-    let product = state
-        .keys
+    let product = keys
         .resolve(presented)
         .await?
         .ok_or_else(|| ApiError::unauthorized("unknown API key"))?;

@@ -1,12 +1,28 @@
-//! Service configuration, as parsed from the command line and environment.
+//! One configuration for every command: defaults, then a TOML file
+//! (`--config`), then environment variables, then command-line flags, each
+//! overriding the one before. [`SETTINGS`] lists every setting once, with its
+//! file key, its environment variables and its flag; `examples/parlance.toml`
+//! documents each of them.
+//!
+//! The layers are merged with figment; [`Config::validate`] then checks what
+//! one layer alone cannot (a model needs a base URL, a worker needs a
+//! database), naming the setting in every spelling a user may have used.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use parlance_postgres::DatabaseUrl;
+use figment::Figment;
+use figment::providers::{Format as _, Serialized, Toml};
+use parlance_postgres::{DatabaseUrl, PoolOptions};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 /// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     /// Human-readable lines.
     #[default]
@@ -15,113 +31,1080 @@ pub enum LogFormat {
     Json,
 }
 
-/// Options of `parlance serve`.
-#[derive(Debug, Clone, Args)]
-pub struct ServeConfig {
+/// A value that must never reach a log: `Debug` shows `***`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself: hand it only to what needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The HTTP service.
+    pub server: ServerConfig,
+    /// Where state is kept.
+    pub database: DatabaseConfig,
+    /// The language model and the embedder.
+    pub llm: LlmConfig,
+    /// Flow definitions.
+    pub flows: FlowsConfig,
+    /// The support agent's operator files.
+    pub agent: AgentConfig,
+    /// Where outbound conversation messages go.
+    pub channel: ChannelConfig,
+    /// Task workers (the one inside `serve` and `parlance worker`).
+    pub worker: WorkerSettings,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
     pub bind: SocketAddr,
-
-    /// PostgreSQL URL; without one, state lives in memory and is lost on exit.
-    #[arg(long, env = "DATABASE_URL", value_parser = parse_database_url, hide_env_values = true)]
-    pub database_url: Option<DatabaseUrl>,
-
-    /// The API key for product `default`; when absent one is generated and
-    /// printed once at start-up.
-    #[arg(long, env = "PARLANCE_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-
+    /// The API key of product `default`; generated and printed once when
+    /// absent.
+    pub api_key: Option<Secret>,
     /// Largest accepted request body, in bytes.
-    #[arg(long, default_value_t = 1024 * 1024)]
     pub body_limit: usize,
+    /// Whether `serve` runs a task worker in its own process.
+    pub embedded_worker: bool,
+}
 
-    /// Base URL of an OpenAI-compatible API (e.g. `https://api.openai.com/v1`,
-    /// `http://127.0.0.1:11434/v1`); without one the offline, deterministic
-    /// model answers.
-    #[arg(long, env = "PARLANCE_LLM_BASE_URL")]
-    pub llm_base_url: Option<String>,
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            api_key: None,
+            body_limit: 1024 * 1024,
+            embedded_worker: true,
+        }
+    }
+}
 
-    /// The chat model (on Azure OpenAI: the deployment name); required with
-    /// `--llm-base-url`.
-    #[arg(long, env = "PARLANCE_LLM_MODEL")]
-    pub llm_model: Option<String>,
+/// `[database]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// PostgreSQL URL; without one, state lives in memory and is lost on
+    /// exit.
+    pub url: Option<Secret>,
+    /// Most connections each process holds open.
+    pub max_connections: u32,
+    /// How long a request waits for a free connection, in seconds.
+    pub acquire_timeout_secs: u64,
+}
 
-    /// Name of the environment variable holding the API key (the key itself
-    /// is never passed on the command line, nor logged).
-    #[arg(
-        long,
-        env = "PARLANCE_LLM_API_KEY_ENV",
-        default_value = "OPENAI_API_KEY"
-    )]
-    pub llm_api_key_env: String,
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        let pool = PoolOptions::default();
+        Self {
+            url: None,
+            max_connections: pool.max_connections,
+            acquire_timeout_secs: pool.acquire_timeout.as_secs(),
+        }
+    }
+}
 
+/// `[llm]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmConfig {
+    /// Base URL of an OpenAI-compatible API; without one, the offline,
+    /// deterministic model answers.
+    pub base_url: Option<String>,
+    /// The chat model (on Azure OpenAI, the deployment name).
+    pub model: Option<String>,
+    /// Name of the environment variable holding the API key.
+    pub api_key_env: String,
     /// Per-attempt timeout of a model call, in seconds.
-    #[arg(long, env = "PARLANCE_LLM_TIMEOUT", default_value_t = 60)]
-    pub llm_timeout: u64,
-
-    /// Embedding model served at `--llm-base-url`; without one the offline
-    /// feature-hashing embedder is used.
-    #[arg(long, env = "PARLANCE_EMBEDDING_MODEL")]
+    pub timeout_secs: u64,
+    /// Embedding model served at `base_url`; the offline feature-hashing
+    /// embedder without one.
     pub embedding_model: Option<String>,
-    /// Run no task worker inside the service (run `parlance worker` instead).
-    #[arg(long)]
-    pub no_worker: bool,
+}
 
+impl Default for LlmConfig {
+    fn default() -> Self {
+        Self {
+            base_url: None,
+            model: None,
+            api_key_env: "OPENAI_API_KEY".to_owned(),
+            timeout_secs: 60,
+            embedding_model: None,
+        }
+    }
+}
+
+/// `[flows]`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowsConfig {
     /// Directory of flows: one sub-directory per flow with `flow.yaml` and
-    /// a `templates/` folder. Every flow is validated at start-up.
-    #[arg(long, env = "PARLANCE_FLOWS")]
-    pub flows: Option<std::path::PathBuf>,
+    /// a `templates/` folder.
+    pub dir: Option<PathBuf>,
+}
 
-    /// The support agent's crisis resource directory (JSON: verified
-    /// hotlines by region). Without one the crisis reply gives only the
-    /// universal advice to contact local emergency services.
-    #[arg(long, env = "PARLANCE_RESOURCE_DIRECTORY")]
-    pub resource_directory: Option<std::path::PathBuf>,
+/// `[agent]`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The crisis resource directory (JSON).
+    pub resource_directory: Option<PathBuf>,
+    /// The knowledge base (JSON).
+    pub knowledge_base: Option<PathBuf>,
+}
 
-    /// The support agent's knowledge base (JSON: vetted answers). Without
-    /// one, factual questions get no answer rather than a guess.
-    #[arg(long, env = "PARLANCE_KNOWLEDGE_BASE")]
-    pub knowledge_base: Option<std::path::PathBuf>,
-
-    /// Deliver outbound conversation messages by POSTing them here (signed
-    /// with HMAC-SHA256); without it they go to the in-process loopback
-    /// channel.
-    #[arg(long, env = "PARLANCE_WEBHOOK_URL")]
+/// `[channel]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelConfig {
+    /// Deliver outbound messages by POSTing them here, signed; the
+    /// in-process loopback channel without one.
     pub webhook_url: Option<String>,
-
     /// Name of the environment variable holding the webhook signing secret.
-    #[arg(long, default_value = "PARLANCE_WEBHOOK_SECRET")]
     pub webhook_secret_env: String,
 }
 
-impl ServeConfig {
-    /// Defaults for tests and the demo: memory backend, port 0, no key, the
-    /// offline model.
-    pub fn embedded() -> Self {
+impl Default for ChannelConfig {
+    fn default() -> Self {
         Self {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            database_url: None,
-            api_key: None,
-            body_limit: 1024 * 1024,
-            llm_base_url: None,
-            llm_model: None,
-            llm_api_key_env: "OPENAI_API_KEY".to_owned(),
-            llm_timeout: 60,
-            embedding_model: None,
-            no_worker: false,
-            flows: None,
-            resource_directory: None,
-            knowledge_base: None,
             webhook_url: None,
             webhook_secret_env: "PARLANCE_WEBHOOK_SECRET".to_owned(),
         }
     }
 }
 
-fn parse_database_url(s: &str) -> Result<DatabaseUrl, String> {
-    if s.starts_with("postgres://") || s.starts_with("postgresql://") {
-        Ok(DatabaseUrl::new(s))
-    } else {
-        Err("expected a postgres:// or postgresql:// URL".to_owned())
+/// `[worker]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// The queue to claim from.
+    pub queue: String,
+    /// Tasks run at once.
+    pub slots: usize,
+    /// Deadline of an attempt whose task sets none, in seconds.
+    pub lease_secs: u64,
+    /// Heartbeat interval, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// A worker silent this long is dead and loses its tasks, in seconds.
+    pub stale_after_secs: u64,
+    /// Interval of the lease sweep, in milliseconds.
+    pub sweep_ms: u64,
+    /// Finished tasks and runs are deleted after this many hours.
+    pub retention_hours: u64,
+    /// On shutdown, how long running tasks may finish, in seconds.
+    pub grace_secs: u64,
+    /// Also run the `test.sleep` and `test.record` kinds (end-to-end
+    /// tests only).
+    pub test_handlers: bool,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            queue: parlance_ports::queue::DEFAULT_QUEUE.to_owned(),
+            slots: 4,
+            lease_secs: 300,
+            heartbeat_ms: 5_000,
+            stale_after_secs: 30,
+            sweep_ms: 5_000,
+            retention_hours: 24,
+            grace_secs: 10,
+            test_handlers: false,
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `pretty` or `json` (the filter comes from `RUST_LOG`).
+    pub format: LogFormat,
+}
+
+/// How a setting's text from the environment becomes a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Text (a URL, a name, a path).
+    Text,
+    /// A whole number.
+    Number,
+    /// `true` or `false` (also `1`/`0`, `yes`/`no`).
+    Switch,
+}
+
+/// One setting: where it lives in the file, which environment variables
+/// and flag set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The file key, `section.name`.
+    pub key: &'static str,
+    /// Environment variables that set it, the documented one first.
+    pub env: &'static [&'static str],
+    /// The command-line flag, if there is one.
+    pub flag: Option<&'static str>,
+    /// How environment text is read.
+    pub kind: Kind,
+}
+
+impl Setting {
+    /// Every spelling of the setting, for messages.
+    pub fn spellings(&self) -> String {
+        let mut s = format!("`{}`", self.key);
+        if let Some(env) = self.env.first() {
+            s.push_str(&format!(", ${env}"));
+        }
+        if let Some(flag) = self.flag {
+            s.push_str(&format!(", --{flag}"));
+        }
+        s
+    }
+}
+
+const fn setting(
+    key: &'static str,
+    env: &'static [&'static str],
+    flag: Option<&'static str>,
+    kind: Kind,
+) -> Setting {
+    Setting {
+        key,
+        env,
+        flag,
+        kind,
+    }
+}
+
+/// Every setting, in file order.
+pub const SETTINGS: &[Setting] = &[
+    setting("server.bind", &["PARLANCE_BIND"], Some("bind"), Kind::Text),
+    setting(
+        "server.api_key",
+        &["PARLANCE_API_KEY"],
+        Some("api-key"),
+        Kind::Text,
+    ),
+    setting(
+        "server.body_limit",
+        &["PARLANCE_BODY_LIMIT"],
+        Some("body-limit"),
+        Kind::Number,
+    ),
+    setting(
+        "server.embedded_worker",
+        &["PARLANCE_EMBEDDED_WORKER"],
+        Some("no-worker"),
+        Kind::Switch,
+    ),
+    setting(
+        "database.url",
+        &["DATABASE_URL", "PARLANCE_DATABASE_URL"],
+        Some("database-url"),
+        Kind::Text,
+    ),
+    setting(
+        "database.max_connections",
+        &["PARLANCE_DATABASE_MAX_CONNECTIONS"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "database.acquire_timeout_secs",
+        &["PARLANCE_DATABASE_ACQUIRE_TIMEOUT_SECS"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "llm.base_url",
+        &["PARLANCE_LLM_BASE_URL"],
+        Some("llm-base-url"),
+        Kind::Text,
+    ),
+    setting(
+        "llm.model",
+        &["PARLANCE_LLM_MODEL"],
+        Some("llm-model"),
+        Kind::Text,
+    ),
+    setting(
+        "llm.api_key_env",
+        &["PARLANCE_LLM_API_KEY_ENV"],
+        Some("llm-api-key-env"),
+        Kind::Text,
+    ),
+    setting(
+        "llm.timeout_secs",
+        &["PARLANCE_LLM_TIMEOUT_SECS", "PARLANCE_LLM_TIMEOUT"],
+        Some("llm-timeout"),
+        Kind::Number,
+    ),
+    setting(
+        "llm.embedding_model",
+        &["PARLANCE_LLM_EMBEDDING_MODEL", "PARLANCE_EMBEDDING_MODEL"],
+        Some("embedding-model"),
+        Kind::Text,
+    ),
+    setting(
+        "flows.dir",
+        &["PARLANCE_FLOWS_DIR", "PARLANCE_FLOWS"],
+        Some("flows"),
+        Kind::Text,
+    ),
+    setting(
+        "agent.resource_directory",
+        &[
+            "PARLANCE_AGENT_RESOURCE_DIRECTORY",
+            "PARLANCE_RESOURCE_DIRECTORY",
+        ],
+        Some("resource-directory"),
+        Kind::Text,
+    ),
+    setting(
+        "agent.knowledge_base",
+        &["PARLANCE_AGENT_KNOWLEDGE_BASE", "PARLANCE_KNOWLEDGE_BASE"],
+        Some("knowledge-base"),
+        Kind::Text,
+    ),
+    setting(
+        "channel.webhook_url",
+        &["PARLANCE_CHANNEL_WEBHOOK_URL", "PARLANCE_WEBHOOK_URL"],
+        Some("webhook-url"),
+        Kind::Text,
+    ),
+    setting(
+        "channel.webhook_secret_env",
+        &["PARLANCE_CHANNEL_WEBHOOK_SECRET_ENV"],
+        Some("webhook-secret-env"),
+        Kind::Text,
+    ),
+    setting(
+        "worker.queue",
+        &["PARLANCE_WORKER_QUEUE"],
+        Some("queue"),
+        Kind::Text,
+    ),
+    setting(
+        "worker.slots",
+        &["PARLANCE_WORKER_SLOTS"],
+        Some("slots"),
+        Kind::Number,
+    ),
+    setting(
+        "worker.lease_secs",
+        &["PARLANCE_WORKER_LEASE_SECS"],
+        Some("lease-secs"),
+        Kind::Number,
+    ),
+    setting(
+        "worker.heartbeat_ms",
+        &["PARLANCE_WORKER_HEARTBEAT_MS"],
+        Some("heartbeat-ms"),
+        Kind::Number,
+    ),
+    setting(
+        "worker.stale_after_secs",
+        &["PARLANCE_WORKER_STALE_AFTER_SECS"],
+        Some("stale-after-secs"),
+        Kind::Number,
+    ),
+    setting(
+        "worker.sweep_ms",
+        &["PARLANCE_WORKER_SWEEP_MS"],
+        Some("sweep-ms"),
+        Kind::Number,
+    ),
+    setting(
+        "worker.retention_hours",
+        &["PARLANCE_WORKER_RETENTION_HOURS"],
+        Some("retention-hours"),
+        Kind::Number,
+    ),
+    setting(
+        "worker.grace_secs",
+        &["PARLANCE_WORKER_GRACE_SECS"],
+        Some("grace-secs"),
+        Kind::Number,
+    ),
+    setting(
+        "worker.test_handlers",
+        &["PARLANCE_WORKER_TEST_HANDLERS"],
+        Some("test-handlers"),
+        Kind::Switch,
+    ),
+    setting(
+        "log.format",
+        &["PARLANCE_LOG_FORMAT"],
+        Some("log-format"),
+        Kind::Text,
+    ),
+];
+
+/// The setting with file key `key`.
+///
+/// # Panics
+///
+/// When `key` is not in [`SETTINGS`] (a programming error).
+pub fn setting_for(key: &str) -> &'static Setting {
+    SETTINGS
+        .iter()
+        .find(|s| s.key == key)
+        .unwrap_or_else(|| panic!("unknown setting {key}"))
+}
+
+/// Command-line flags, shared by every command that reads the
+/// configuration. Each overrides the file and the environment.
+#[derive(Debug, Clone, Default, Args)]
+pub struct Flags {
+    /// A TOML configuration file (see `examples/parlance.toml`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (`server.bind`).
+    #[arg(long)]
+    pub bind: Option<SocketAddr>,
+    /// The API key of product `default` (`server.api_key`).
+    #[arg(long, hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest accepted request body, in bytes (`server.body_limit`).
+    #[arg(long)]
+    pub body_limit: Option<usize>,
+    /// Run no task worker inside `serve` (`server.embedded_worker = false`).
+    #[arg(long)]
+    pub no_worker: bool,
+    /// PostgreSQL URL (`database.url`).
+    #[arg(long, hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Base URL of an OpenAI-compatible API (`llm.base_url`).
+    #[arg(long)]
+    pub llm_base_url: Option<String>,
+    /// The chat model (`llm.model`).
+    #[arg(long)]
+    pub llm_model: Option<String>,
+    /// Environment variable holding the model API key (`llm.api_key_env`).
+    #[arg(long)]
+    pub llm_api_key_env: Option<String>,
+    /// Per-attempt model timeout, in seconds (`llm.timeout_secs`).
+    #[arg(long)]
+    pub llm_timeout: Option<u64>,
+    /// Embedding model (`llm.embedding_model`).
+    #[arg(long)]
+    pub embedding_model: Option<String>,
+    /// Directory of flows (`flows.dir`).
+    #[arg(long)]
+    pub flows: Option<PathBuf>,
+    /// Crisis resource directory (`agent.resource_directory`).
+    #[arg(long)]
+    pub resource_directory: Option<PathBuf>,
+    /// Knowledge base (`agent.knowledge_base`).
+    #[arg(long)]
+    pub knowledge_base: Option<PathBuf>,
+    /// Webhook for outbound messages (`channel.webhook_url`).
+    #[arg(long)]
+    pub webhook_url: Option<String>,
+    /// Environment variable holding the webhook secret
+    /// (`channel.webhook_secret_env`).
+    #[arg(long)]
+    pub webhook_secret_env: Option<String>,
+    /// The queue a worker claims from (`worker.queue`).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Tasks a worker runs at once (`worker.slots`).
+    #[arg(long)]
+    pub slots: Option<usize>,
+    /// Attempt deadline, in seconds (`worker.lease_secs`).
+    #[arg(long)]
+    pub lease_secs: Option<u64>,
+    /// Heartbeat interval, in milliseconds (`worker.heartbeat_ms`).
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// Worker staleness, in seconds (`worker.stale_after_secs`).
+    #[arg(long)]
+    pub stale_after_secs: Option<u64>,
+    /// Lease sweep interval, in milliseconds (`worker.sweep_ms`).
+    #[arg(long)]
+    pub sweep_ms: Option<u64>,
+    /// Retention of finished tasks, in hours (`worker.retention_hours`).
+    #[arg(long)]
+    pub retention_hours: Option<u64>,
+    /// Shutdown grace, in seconds (`worker.grace_secs`).
+    #[arg(long)]
+    pub grace_secs: Option<u64>,
+    /// Run the end-to-end test task kinds (`worker.test_handlers`).
+    #[arg(long)]
+    pub test_handlers: bool,
+    /// Log format (`log.format`).
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+impl Flags {
+    /// The flags that were given, as `(file key, value)`.
+    fn values(&self) -> Vec<(&'static str, Value)> {
+        fn text(v: &Option<impl ToString>) -> Option<Value> {
+            v.as_ref().map(|v| Value::String(v.to_string()))
+        }
+        fn path(v: &Option<PathBuf>) -> Option<Value> {
+            v.as_ref()
+                .map(|v| Value::String(v.to_string_lossy().into_owned()))
+        }
+        fn num<T: Into<u64> + Copy>(v: Option<T>) -> Option<Value> {
+            v.map(|v| Value::from(v.into()))
+        }
+        let usize_num = |v: Option<usize>| v.map(|v| Value::from(v as u64));
+        let log = self.log_format.map(|f| {
+            Value::String(match f {
+                LogFormat::Pretty => "pretty".to_owned(),
+                LogFormat::Json => "json".to_owned(),
+            })
+        });
+        [
+            ("server.bind", text(&self.bind)),
+            ("server.api_key", text(&self.api_key)),
+            ("server.body_limit", usize_num(self.body_limit)),
+            (
+                "server.embedded_worker",
+                self.no_worker.then_some(Value::Bool(false)),
+            ),
+            ("database.url", text(&self.database_url)),
+            ("llm.base_url", text(&self.llm_base_url)),
+            ("llm.model", text(&self.llm_model)),
+            ("llm.api_key_env", text(&self.llm_api_key_env)),
+            ("llm.timeout_secs", num(self.llm_timeout)),
+            ("llm.embedding_model", text(&self.embedding_model)),
+            ("flows.dir", path(&self.flows)),
+            ("agent.resource_directory", path(&self.resource_directory)),
+            ("agent.knowledge_base", path(&self.knowledge_base)),
+            ("channel.webhook_url", text(&self.webhook_url)),
+            ("channel.webhook_secret_env", text(&self.webhook_secret_env)),
+            ("worker.queue", text(&self.queue)),
+            ("worker.slots", usize_num(self.slots)),
+            ("worker.lease_secs", num(self.lease_secs)),
+            ("worker.heartbeat_ms", num(self.heartbeat_ms)),
+            ("worker.stale_after_secs", num(self.stale_after_secs)),
+            ("worker.sweep_ms", num(self.sweep_ms)),
+            ("worker.retention_hours", num(self.retention_hours)),
+            ("worker.grace_secs", num(self.grace_secs)),
+            (
+                "worker.test_handlers",
+                self.test_handlers.then_some(Value::Bool(true)),
+            ),
+            ("log.format", log),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
+    }
+}
+
+/// A configuration that cannot be used, naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl ConfigError {
+    fn setting(key: &str, problem: impl std::fmt::Display) -> Self {
+        ConfigError(format!("{} {problem}", setting_for(key).spellings()))
+    }
+}
+
+/// Nests `(a.b, value)` pairs into `{"a": {"b": value}}`.
+fn nest(pairs: Vec<(&'static str, Value)>) -> Value {
+    let mut root = Map::new();
+    for (key, value) in pairs {
+        let (section, name) = key.split_once('.').unwrap_or(("", key));
+        let entry = root
+            .entry(section.to_owned())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(m) = entry {
+            m.insert(name.to_owned(), value);
+        }
+    }
+    Value::Object(root)
+}
+
+/// Reads one environment value as its setting's kind.
+fn env_value(s: &Setting, var: &str, raw: &str) -> Result<Value, ConfigError> {
+    let bad = |what: &str| {
+        ConfigError(format!(
+            "${var} ({}) must be {what}, not {raw:?}",
+            s.spellings()
+        ))
+    };
+    match s.kind {
+        Kind::Text => Ok(Value::String(raw.to_owned())),
+        Kind::Number => raw
+            .trim()
+            .parse::<u64>()
+            .map(Value::from)
+            .map_err(|_| bad("a whole number")),
+        Kind::Switch => match raw.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(Value::Bool(true)),
+            "0" | "false" | "no" | "off" | "" => Ok(Value::Bool(false)),
+            _ => Err(bad("true or false")),
+        },
+    }
+}
+
+impl Config {
+    /// Reads the configuration: defaults, then the file named by
+    /// `flags.config`, then the environment (through `env`), then the flags.
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read or parsed, a value of the wrong type
+    /// (naming its key), or a setting [`Config::validate`] refuses.
+    pub fn load(flags: &Flags, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = &flags.config {
+            if !path.is_file() {
+                return Err(ConfigError(format!(
+                    "--config {}: no such file",
+                    path.display()
+                )));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let mut from_env = Vec::new();
+        for s in SETTINGS {
+            // The documented variable wins over its older aliases.
+            if let Some((var, raw)) = s.env.iter().find_map(|var| env(var).map(|raw| (*var, raw))) {
+                from_env.push((s.key, env_value(s, var, &raw)?));
+            }
+        }
+        figment = figment
+            .merge(Serialized::defaults(nest(from_env)))
+            .merge(Serialized::defaults(nest(flags.values())));
+        let config: Config = figment.extract().map_err(|e| ConfigError(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads the configuration from the process environment.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load`].
+    pub fn from_env(flags: &Flags) -> Result<Self, ConfigError> {
+        Self::load(flags, |name| std::env::var(name).ok())
+    }
+
+    /// Checks what no single layer can: settings that need each other and
+    /// values out of range.
+    ///
+    /// # Errors
+    ///
+    /// The first problem, naming the setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.database.url
+            && !(url.expose().starts_with("postgres://")
+                || url.expose().starts_with("postgresql://"))
+        {
+            return Err(ConfigError::setting(
+                "database.url",
+                "must be a postgres:// or postgresql:// URL",
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(ConfigError::setting(
+                "database.max_connections",
+                "must be at least 1",
+            ));
+        }
+        let base_url = self
+            .llm
+            .base_url
+            .as_deref()
+            .filter(|u| !u.trim().is_empty());
+        match base_url {
+            Some(_) => {
+                if self
+                    .llm
+                    .model
+                    .as_deref()
+                    .is_none_or(|m| m.trim().is_empty())
+                {
+                    return Err(ConfigError(format!(
+                        "{} is required with {}",
+                        setting_for("llm.model").spellings(),
+                        setting_for("llm.base_url").spellings()
+                    )));
+                }
+            }
+            None => {
+                if self.llm.embedding_model.is_some() {
+                    return Err(ConfigError(format!(
+                        "{} needs {}",
+                        setting_for("llm.embedding_model").spellings(),
+                        setting_for("llm.base_url").spellings()
+                    )));
+                }
+            }
+        }
+        if self.llm.timeout_secs == 0 {
+            return Err(ConfigError::setting(
+                "llm.timeout_secs",
+                "must be at least 1",
+            ));
+        }
+        if self.server.body_limit == 0 {
+            return Err(ConfigError::setting(
+                "server.body_limit",
+                "must be at least 1",
+            ));
+        }
+        for (key, path) in [
+            ("flows.dir", &self.flows.dir),
+            ("agent.resource_directory", &self.agent.resource_directory),
+            ("agent.knowledge_base", &self.agent.knowledge_base),
+        ] {
+            if let Some(p) = path
+                && !p.exists()
+            {
+                return Err(ConfigError::setting(
+                    key,
+                    format!("names {}, which does not exist", p.display()),
+                ));
+            }
+        }
+        if self.worker.queue.is_empty() {
+            return Err(ConfigError::setting("worker.queue", "must not be empty"));
+        }
+        if self.worker.slots == 0 {
+            return Err(ConfigError::setting("worker.slots", "must be at least 1"));
+        }
+        for key in ["worker.heartbeat_ms", "worker.sweep_ms"] {
+            let v = match key {
+                "worker.heartbeat_ms" => self.worker.heartbeat_ms,
+                _ => self.worker.sweep_ms,
+            };
+            if v == 0 {
+                return Err(ConfigError::setting(key, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The database URL, which `command` cannot run without.
+    ///
+    /// # Errors
+    ///
+    /// When no database is configured.
+    pub fn require_database(&self, command: &str) -> Result<DatabaseUrl, ConfigError> {
+        self.database
+            .url
+            .as_ref()
+            .map(|u| DatabaseUrl::new(u.expose()))
+            .ok_or_else(|| {
+                ConfigError(format!(
+                    "{command} needs a database: set {}",
+                    setting_for("database.url").spellings()
+                ))
+            })
+    }
+
+    /// The database URL, if one is configured.
+    pub fn database_url(&self) -> Option<DatabaseUrl> {
+        self.database
+            .url
+            .as_ref()
+            .map(|u| DatabaseUrl::new(u.expose()))
+    }
+
+    /// The pool settings.
+    pub fn pool_options(&self) -> PoolOptions {
+        PoolOptions {
+            max_connections: self.database.max_connections,
+            acquire_timeout: Duration::from_secs(self.database.acquire_timeout_secs),
+        }
+    }
+
+    /// The settings that differ from the defaults, as `file key = value`
+    /// (secrets shown as `***`), for the start-up log.
+    pub fn overrides(&self) -> BTreeMap<&'static str, String> {
+        let ours = flatten(&serde_json::to_value(self).unwrap_or(Value::Null));
+        let defaults = flatten(&serde_json::to_value(Config::default()).unwrap_or(Value::Null));
+        SETTINGS
+            .iter()
+            .filter_map(|s| {
+                let v = ours.get(s.key)?;
+                if defaults.get(s.key) == Some(v) {
+                    return None;
+                }
+                let shown = if matches!(s.key, "server.api_key" | "database.url") {
+                    "***".to_owned()
+                } else {
+                    v.to_string()
+                };
+                Some((s.key, shown))
+            })
+            .collect()
+    }
+}
+
+/// `{"a": {"b": 1}}` as `{"a.b": 1}`.
+fn flatten(v: &Value) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    if let Value::Object(sections) = v {
+        for (section, fields) in sections {
+            if let Value::Object(fields) = fields {
+                for (name, value) in fields {
+                    out.insert(format!("{section}.{name}"), value.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+impl WorkerSettings {
+    /// The runtime tuning these settings describe.
+    pub fn runtime(&self) -> crate::worker::WorkerConfig {
+        crate::worker::WorkerConfig {
+            queue: self.queue.clone(),
+            slots: self.slots.max(1),
+            lease: Duration::from_secs(self.lease_secs),
+            heartbeat_every: Duration::from_millis(self.heartbeat_ms.max(1)),
+            poll_every: Duration::from_secs(1),
+            sweep_every: Duration::from_millis(self.sweep_ms.max(1)),
+            retention: Duration::from_secs(self.retention_hours * 3600),
+            shutdown_grace: Duration::from_secs(self.grace_secs),
+        }
+    }
+
+    /// The queue settings these settings describe.
+    pub fn queue_config(&self) -> parlance_ports::QueueConfig {
+        parlance_ports::QueueConfig {
+            worker_stale_after: Duration::from_secs(self.stale_after_secs),
+            ..parlance_ports::QueueConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| vars.get(k).cloned()
+    }
+
+    fn file(text: &str) -> (tempfile_path::TempFile, Flags) {
+        let f = tempfile_path::TempFile::new(text);
+        let flags = Flags {
+            config: Some(f.path.clone()),
+            ..Flags::default()
+        };
+        (f, flags)
+    }
+
+    /// A file under the target directory, removed on drop.
+    mod tempfile_path {
+        use std::path::PathBuf;
+        use std::sync::atomic::{AtomicU32, Ordering};
+
+        pub(super) struct TempFile {
+            pub(super) path: PathBuf,
+        }
+
+        impl TempFile {
+            pub(super) fn new(text: &str) -> Self {
+                static N: AtomicU32 = AtomicU32::new(0);
+                let path = std::env::temp_dir().join(format!(
+                    "parlance-config-{}-{}.toml",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::write(&path, text).unwrap();
+                Self { path }
+            }
+        }
+
+        impl Drop for TempFile {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_need_nothing() {
+        let c = Config::load(&Flags::default(), env_of(&[])).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.server.bind.to_string(), "127.0.0.1:8080");
+        assert!(c.database.url.is_none());
+        assert!(c.overrides().is_empty());
+    }
+
+    #[test]
+    fn file_then_environment_then_flags() {
+        let (_f, mut flags) = file(
+            "[server]\nbind = \"127.0.0.1:9000\"\nbody_limit = 10\n\
+             [worker]\nslots = 2\nqueue = \"q-file\"\n",
+        );
+        let env = env_of(&[
+            ("PARLANCE_WORKER_SLOTS", "3"),
+            ("PARLANCE_BODY_LIMIT", "20"),
+        ]);
+        let c = Config::load(&flags, &env).unwrap();
+        assert_eq!(c.server.bind.port(), 9000, "from the file");
+        assert_eq!(c.server.body_limit, 20, "the environment beats the file");
+        assert_eq!(c.worker.slots, 3);
+        assert_eq!(c.worker.queue, "q-file");
+        flags.slots = Some(7);
+        flags.no_worker = true;
+        let c = Config::load(&flags, &env).unwrap();
+        assert_eq!(c.worker.slots, 7, "a flag beats both");
+        assert!(!c.server.embedded_worker);
+        assert_eq!(c.server.body_limit, 20);
+    }
+
+    #[test]
+    fn documented_variables_beat_their_aliases() {
+        let c = Config::load(
+            &Flags::default(),
+            env_of(&[
+                ("PARLANCE_FLOWS", "/nonexistent-old"),
+                ("PARLANCE_FLOWS_DIR", "."),
+                ("DATABASE_URL", "postgres://u@h/db"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.flows.dir.as_deref(), Some(Path::new(".")));
+        assert_eq!(c.database_url().unwrap().expose(), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn errors_name_the_setting() {
+        let e = Config::load(
+            &Flags::default(),
+            env_of(&[("PARLANCE_LLM_BASE_URL", "http://127.0.0.1:1/v1")]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "configuration: `llm.model`, $PARLANCE_LLM_MODEL, --llm-model is required with \
+             `llm.base_url`, $PARLANCE_LLM_BASE_URL, --llm-base-url"
+        );
+        let e = Config::load(
+            &Flags::default(),
+            env_of(&[("PARLANCE_WORKER_SLOTS", "many")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("$PARLANCE_WORKER_SLOTS"), "{e}");
+        assert!(e.to_string().contains("whole number"), "{e}");
+        let (_f, flags) = file("[worker]\nslots = \"four\"\n");
+        let e = Config::load(&flags, env_of(&[])).unwrap_err();
+        assert!(e.to_string().contains("worker.slots"), "{e}");
+        let (_f, flags) = file("[server]\nbnid = \"x\"\n");
+        let e = Config::load(&flags, env_of(&[])).unwrap_err();
+        assert!(e.to_string().contains("bnid"), "{e}");
+        let e = Config::load(
+            &Flags {
+                database_url: Some("mysql://x".into()),
+                ..Flags::default()
+            },
+            env_of(&[]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--database-url"), "{e}");
+        let e = Config::default()
+            .require_database("parlance worker")
+            .unwrap_err();
+        assert!(e.to_string().contains("$DATABASE_URL"), "{e}");
+        let missing = Flags {
+            config: Some(PathBuf::from("/nonexistent/parlance.toml")),
+            ..Flags::default()
+        };
+        assert!(Config::load(&missing, env_of(&[])).is_err());
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        let c = Config::load(
+            &Flags {
+                api_key: Some("pk_secret".into()),
+                database_url: Some("postgres://u:pw@h/db".into()),
+                ..Flags::default()
+            },
+            env_of(&[]),
+        )
+        .unwrap();
+        let shown = format!("{c:?} {:?}", c.overrides());
+        assert!(
+            !shown.contains("pk_secret") && !shown.contains("pw@"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn every_field_is_a_setting_and_every_setting_a_field() {
+        let fields: Vec<String> = flatten(&serde_json::to_value(Config::default()).unwrap())
+            .into_keys()
+            .collect();
+        let keys: Vec<String> = SETTINGS.iter().map(|s| s.key.to_owned()).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        let mut fields_sorted = fields;
+        fields_sorted.sort();
+        assert_eq!(fields_sorted, sorted);
+    }
+
+    #[test]
+    fn the_example_file_documents_every_setting() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/parlance.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let flags = Flags {
+            config: Some(path),
+            ..Flags::default()
+        };
+        // Parses as it is (commented-out settings take their defaults).
+        Config::load(&flags, env_of(&[])).unwrap();
+        for s in SETTINGS {
+            let (section, name) = s.key.split_once('.').unwrap();
+            assert!(
+                text.contains(&format!("[{section}]")),
+                "section [{section}] is not in the example"
+            );
+            assert!(
+                text.lines().any(|l| {
+                    let l = l.trim_start_matches(['#', ' ']);
+                    l.starts_with(&format!("{name} ="))
+                }),
+                "{} is not documented in examples/parlance.toml",
+                s.key
+            );
+            for var in s.env {
+                assert!(text.contains(var), "{var} is not named in the example");
+            }
+            if let Some(flag) = s.flag {
+                assert!(text.contains(&format!("--{flag}")), "--{flag} is not named");
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use parlance_memory::{HashingEmbedder, OfflineLlm};
 use parlance_openai::{ApiSecret, OpenAiClient, OpenAiConfig, OpenAiEmbedder};
 use parlance_ports::{EmbeddingProvider, LlmClient};
 
-use crate::config::ServeConfig;
+use crate::config::{LlmConfig, setting_for};
 
 /// The model and embedder the service uses.
 pub struct Models {
@@ -36,7 +36,7 @@ impl Models {
     ///
     /// A base URL without a model, an embedding model without a base URL,
     /// or a base URL or key that cannot be used.
-    pub fn from_config(config: &ServeConfig) -> anyhow::Result<Self> {
+    pub fn from_config(config: &LlmConfig) -> anyhow::Result<Self> {
         Self::from_config_with(config, |name| std::env::var(name).ok())
     }
 
@@ -47,34 +47,41 @@ impl Models {
     ///
     /// As [`from_config`](Self::from_config).
     pub fn from_config_with(
-        config: &ServeConfig,
+        config: &LlmConfig,
         env: impl Fn(&str) -> Option<String>,
     ) -> anyhow::Result<Self> {
-        let Some(base_url) = config
-            .llm_base_url
-            .as_deref()
-            .filter(|u| !u.trim().is_empty())
-        else {
+        let Some(base_url) = config.base_url.as_deref().filter(|u| !u.trim().is_empty()) else {
             if config.embedding_model.is_some() {
-                bail!("--embedding-model needs --llm-base-url");
+                bail!(
+                    "{} needs {}",
+                    setting_for("llm.embedding_model").spellings(),
+                    setting_for("llm.base_url").spellings()
+                );
             }
             return Ok(Self::offline());
         };
         let model = config
-            .llm_model
+            .model
             .as_deref()
             .filter(|m| !m.trim().is_empty())
-            .context("--llm-model is required with --llm-base-url")?;
+            .with_context(|| {
+                format!(
+                    "{} is required with {}",
+                    setting_for("llm.model").spellings(),
+                    setting_for("llm.base_url").spellings()
+                )
+            })?;
         let mut endpoint = OpenAiConfig::new(base_url.trim(), model.trim())
-            .with_timeout(Duration::from_secs(config.llm_timeout.max(1)));
-        match env(&config.llm_api_key_env).filter(|k| !k.trim().is_empty()) {
+            .with_timeout(Duration::from_secs(config.timeout_secs.max(1)));
+        match env(&config.api_key_env).filter(|k| !k.trim().is_empty()) {
             Some(key) => endpoint = endpoint.with_api_key(ApiSecret::new(key.trim())),
             None => tracing::info!(
-                variable = %config.llm_api_key_env,
+                variable = %config.api_key_env,
                 "no API key in the environment; calling the model without one"
             ),
         }
-        let llm = OpenAiClient::new(endpoint.clone()).context("configure the language model")?;
+        let llm = OpenAiClient::new(endpoint.clone())
+            .with_context(|| setting_for("llm.base_url").spellings())?;
         let embedder: Arc<dyn EmbeddingProvider> = match &config.embedding_model {
             Some(m) => Arc::new(
                 OpenAiEmbedder::new(endpoint, m.trim(), None).context("configure the embedder")?,
@@ -98,7 +105,7 @@ mod tests {
 
     #[test]
     fn offline_without_a_base_url() {
-        let m = Models::from_config_with(&ServeConfig::embedded(), no_env).unwrap();
+        let m = Models::from_config_with(&LlmConfig::default(), no_env).unwrap();
         assert!(m.llm.describe().starts_with("offline"));
         assert_eq!(m.llm.default_model(), "offline");
         assert_eq!(m.embedder.model(), "feature-hash-256");
@@ -106,11 +113,13 @@ mod tests {
 
     #[test]
     fn an_endpoint_with_a_key_from_the_named_variable() {
-        let mut c = ServeConfig::embedded();
-        c.llm_base_url = Some("http://127.0.0.1:11434/v1".into());
-        c.llm_model = Some("llama3.1".into());
-        c.llm_api_key_env = "MY_KEY".into();
-        c.embedding_model = Some("nomic-embed-text".into());
+        let c = LlmConfig {
+            base_url: Some("http://127.0.0.1:11434/v1".into()),
+            model: Some("llama3.1".into()),
+            api_key_env: "MY_KEY".into(),
+            embedding_model: Some("nomic-embed-text".into()),
+            ..LlmConfig::default()
+        };
         let asked = std::sync::Mutex::new(Vec::new());
         let m = Models::from_config_with(&c, |name| {
             asked.lock().unwrap().push(name.to_owned());
@@ -129,16 +138,26 @@ mod tests {
 
     #[test]
     fn incomplete_settings_are_refused() {
-        let mut c = ServeConfig::embedded();
-        c.llm_base_url = Some("https://api.openai.com/v1".into());
+        let c = LlmConfig {
+            base_url: Some("https://api.openai.com/v1".into()),
+            ..LlmConfig::default()
+        };
         let e = Models::from_config_with(&c, no_env).err().unwrap();
-        assert_eq!(e.to_string(), "--llm-model is required with --llm-base-url");
-        let mut c = ServeConfig::embedded();
-        c.embedding_model = Some("text-embedding-3-small".into());
+        assert_eq!(
+            e.to_string(),
+            "`llm.model`, $PARLANCE_LLM_MODEL, --llm-model is required with \
+             `llm.base_url`, $PARLANCE_LLM_BASE_URL, --llm-base-url"
+        );
+        let c = LlmConfig {
+            embedding_model: Some("text-embedding-3-small".into()),
+            ..LlmConfig::default()
+        };
         assert!(Models::from_config_with(&c, no_env).is_err());
-        let mut c = ServeConfig::embedded();
-        c.llm_base_url = Some("not a url".into());
-        c.llm_model = Some("m".into());
+        let c = LlmConfig {
+            base_url: Some("not a url".into()),
+            model: Some("m".into()),
+            ..LlmConfig::default()
+        };
         assert!(Models::from_config_with(&c, no_env).is_err());
     }
 }

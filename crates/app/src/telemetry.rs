@@ -7,7 +7,7 @@ use crate::config::LogFormat;
 /// Installs the global subscriber writing to stderr. The filter comes from
 /// `RUST_LOG` (default `info`, with sqlx's notices at `warn`). Message text and secrets are never logged at
 /// info level; adapters log ids and kinds only.
-pub fn init(format: LogFormat) {
+pub(crate) fn init(format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let builder = tracing_subscriber::fmt()

@@ -1,4 +1,7 @@
 //! HTTP routes of the adoption state under `/v1/products/{product_id}`.
+//!
+//! Handlers parse the request into a command, call the service or a
+//! runner, and alone turn their typed errors into answers.
 
 use axum::Router;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -6,23 +9,24 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use parlance_core::Timestamp;
 use parlance_core::adoption::{
-    Activity, DecodeError, ExplorationGateConfig, JourneyState, MasteryLevel, OnboardingPlan,
-    SessionIndexEntry, UserAdoptionState, UserId, WorkflowStatus, evaluate_hard_gate, tour,
+    Activity, AdoptionCommand, AdoptionEffect, AdoptionEvent, AdoptionKey, ExplorationGateConfig,
+    OnboardingPlan, OrderedValue, UserAdoptionState, UserId, evaluate_hard_gate, tour,
 };
-use parlance_ports::StoredAdoption;
+use parlance_core::{ProductId, Timestamp};
+use parlance_ports::{LlmError, Stored, Version};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::runners::{self, RunReport};
-use super::service::{self, Detected};
+use super::Adoptions;
+use super::runners::{self, MAX_QUERY_CHARS, RunError, RunReport, TourQuery};
+use super::service;
 use crate::auth::Tenant;
+use crate::execute::ServiceError;
 use crate::http::{ApiError, ApiJson};
-use crate::state::AppState;
 
 /// The adoption routes.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Adoptions> {
     Router::new()
         .route(
             "/products/{product_id}/users/{user_id}/adoption",
@@ -71,17 +75,63 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-/// The `{user_id}` path segment, validated.
-fn user_id(path: Result<Path<(String, String)>, PathRejection>) -> Result<UserId, ApiError> {
+/// The record the `{user_id}` path segment names, validated, in the
+/// caller's product.
+fn record_key(
+    product: ProductId,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<AdoptionKey, ApiError> {
     let Path((_, raw)) = path.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    UserId::parse(raw).map_err(|e| ApiError::unprocessable(e.to_string()))
+    let user = UserId::parse(raw).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    Ok(AdoptionKey::new(product, user))
 }
 
-fn decode_error(e: &DecodeError) -> ApiError {
-    ApiError::unprocessable(format!("snapshot rejected: {e}")).with("field", e.path.clone())
+/// 404 for a user without a record.
+fn no_record() -> ApiError {
+    ApiError::not_found("no adoption record for this user")
 }
 
-fn body(stored: &StoredAdoption) -> Value {
+/// A runner's failure as an answer: the service's errors as every machine
+/// answers them; a model that is down 503 `llm-unavailable`, one that
+/// refused the request 502 `llm-failed` (with `llm_error` and `prompt`); a
+/// prompt of the registry that does not render, 500.
+impl From<RunError> for ApiError {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Service(e) => e.into(),
+            RunError::Model { prompt, error } => llm_failure(prompt, &error),
+            RunError::Prompt(e) => ApiError::internal(&e),
+        }
+    }
+}
+
+fn llm_failure(prompt: &str, e: &LlmError) -> ApiError {
+    tracing::warn!(prompt, error = %e, "language model call failed; state unchanged");
+    let code = match e {
+        LlmError::RateLimited { .. } => "rate_limited",
+        LlmError::Unavailable { .. } => "unavailable",
+        LlmError::Timeout { .. } => "timeout",
+        LlmError::Invalid { .. } => "invalid",
+        _ => "other",
+    };
+    let err = if e.is_retryable() {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "llm-unavailable",
+            "the language model is unavailable; nothing was changed, retry later",
+        )
+    } else {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "llm-failed",
+            "the language model refused the request; nothing was changed (see the server log)",
+        )
+    };
+    err.with("llm_error", code)
+        .with("prompt", prompt.to_owned())
+}
+
+fn body(stored: &Stored<UserAdoptionState>) -> Value {
     json!({
         "user_id": stored.state.user_id,
         "version": stored.version,
@@ -90,112 +140,71 @@ fn body(stored: &StoredAdoption) -> Value {
 }
 
 async fn get_state(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
-    Ok(ApiJson(body(&service::get(&app, &product, &user).await?)))
+    let key = record_key(product, path)?;
+    let stored = service::find(&app, &key).await?.ok_or_else(no_record)?;
+    Ok(ApiJson(body(&stored)))
 }
 
 /// `PUT .../adoption`: replace the whole state with a snapshot.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PutState {
-    /// The snapshot (`_v: 1`, the reference layout).
-    state: Value,
+    /// The snapshot (`_v: 1`, the reference layout), maps in document order.
+    state: OrderedValue,
     /// The version being replaced; absent to create.
     #[serde(default)]
     expected_version: Option<i64>,
 }
 
 async fn put_state(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PutState>,
 ) -> Result<Response, ApiError> {
-    let user = user_id(path)?;
-    let now = app.clock.now();
-    let state = UserAdoptionState::from_snapshot(&req.state, now).map_err(|e| decode_error(&e))?;
-    if state.user_id != user.as_str() {
-        return Err(
-            ApiError::unprocessable("state.user_id does not match the path")
-                .with("field", "$.user_id"),
-        );
-    }
-    let version = app
-        .adoption
-        .save(&product, &state, req.expected_version)
-        .await?;
-    let status = if req.expected_version.is_none() {
+    let key = record_key(product, path)?;
+    let expected = req.expected_version.map(Version::from_i64);
+    let command = AdoptionCommand::PutState { state: req.state };
+    let replaced = match service::replace(&app, &key, &command, expected).await {
+        Ok(r) => r,
+        Err(ServiceError::NotFound) => return Err(no_record()),
+        // The client named the version it replaces: a record that moved (or
+        // exists, on a create) is its conflict, not a race to retry.
+        Err(ServiceError::Port(e)) if e.is_conflict() => {
+            return Err(ApiError::conflict(
+                "conflict",
+                if expected.is_none() {
+                    "adoption record already exists"
+                } else {
+                    "adoption record version is stale"
+                },
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let status = if replaced.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, ApiJson(body(&StoredAdoption { state, version }))).into_response())
+    Ok((status, ApiJson(body(&replaced.stored))).into_response())
 }
 
 async fn delete_state(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let user = user_id(path)?;
-    if app.adoption.delete(&product, &user).await? {
+    let key = record_key(product, path)?;
+    if app.store.delete(&key).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::not_found("no adoption record for this user"))
+        Err(no_record())
     }
-}
-
-/// One change to a user's adoption state.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-enum AdoptionEvent {
-    SetJourneyState {
-        state: JourneyState,
-    },
-    SetMastery {
-        rating: f64,
-        level: MasteryLevel,
-        #[serde(default)]
-        description: String,
-    },
-    RecordDiscoveredFeatures {
-        features: Vec<String>,
-    },
-    UpsertWorkflowProgress {
-        workflow_id: String,
-        status: WorkflowStatus,
-        confidence: f64,
-        #[serde(default)]
-        evidence: String,
-        #[serde(default)]
-        source: Option<String>,
-    },
-    UpsertStepProgress {
-        workflow_id: String,
-        step_id: String,
-        status: WorkflowStatus,
-        confidence: f64,
-        #[serde(default)]
-        evidence: String,
-    },
-    MarkWelcomed,
-    MarkJudged,
-    MarkOnboardingComplete,
-    SetCurrentSession {
-        session_id: String,
-    },
-    RecordSession {
-        session_id: String,
-        session_number: u64,
-        started_at: f64,
-    },
-    SetMetadata {
-        metadata: Map<String, Value>,
-    },
 }
 
 /// `POST .../adoption/events`: changes applied in order, all or nothing.
@@ -208,132 +217,24 @@ struct PostEvents {
     metadata: Option<Map<String, Value>>,
 }
 
-fn nonblank(field: &str, v: &str) -> Result<(), ApiError> {
-    if v.trim().is_empty() {
-        Err(ApiError::unprocessable(format!("{field} must not be blank")).with("field", field))
-    } else {
-        Ok(())
-    }
-}
-
-fn apply_event(
-    state: &mut UserAdoptionState,
-    i: usize,
-    ev: &AdoptionEvent,
-    now: Timestamp,
-) -> Result<(), ApiError> {
-    let refuse = |e: parlance_core::adoption::AdoptionError| {
-        ApiError::unprocessable(format!("events[{i}]: {e}"))
-    };
-    match ev {
-        AdoptionEvent::SetJourneyState { state: j } => {
-            state.set_journey_state(*j, now);
-        }
-        AdoptionEvent::SetMastery {
-            rating,
-            level,
-            description,
-        } => state
-            .set_mastery(*rating, *level, description, now)
-            .map_err(refuse)?,
-        AdoptionEvent::RecordDiscoveredFeatures { features } => {
-            state.record_discovered_features(features.iter().map(String::as_str), now);
-        }
-        AdoptionEvent::UpsertWorkflowProgress {
-            workflow_id,
-            status,
-            confidence,
-            evidence,
-            source,
-        } => {
-            nonblank("workflow_id", workflow_id)?;
-            state
-                .onboarding
-                .upsert_workflow_progress(
-                    workflow_id,
-                    *status,
-                    *confidence,
-                    evidence,
-                    source.as_deref().or(Some("manual")),
-                    now,
-                )
-                .map_err(refuse)?;
-        }
-        AdoptionEvent::UpsertStepProgress {
-            workflow_id,
-            step_id,
-            status,
-            confidence,
-            evidence,
-        } => {
-            nonblank("step_id", step_id)?;
-            let wp = state
-                .onboarding
-                .workflow_progress
-                .get_mut(workflow_id)
-                .ok_or_else(|| {
-                    ApiError::unprocessable(format!(
-                        "events[{i}]: no progress for workflow {workflow_id}"
-                    ))
-                })?;
-            wp.upsert_step_progress(step_id, *status, *confidence, evidence, now)
-                .map_err(refuse)?;
-        }
-        AdoptionEvent::MarkWelcomed => state.mark_welcomed(now),
-        AdoptionEvent::MarkJudged => state.mark_judged(now),
-        AdoptionEvent::MarkOnboardingComplete => {
-            state.onboarding.mark_onboarding_complete(now);
-        }
-        AdoptionEvent::SetCurrentSession { session_id } => {
-            state.set_current_session(session_id, now);
-        }
-        AdoptionEvent::RecordSession {
-            session_id,
-            session_number,
-            started_at,
-        } => {
-            nonblank("session_id", session_id)?;
-            let started_at = Timestamp::from_epoch_seconds(*started_at)
-                .map_err(|e| ApiError::unprocessable(format!("events[{i}].started_at: {e}")))?;
-            state.record_session(
-                SessionIndexEntry {
-                    session_id: session_id.clone(),
-                    session_number: *session_number,
-                    started_at,
-                    captured_at: now,
-                },
-                now,
-            );
-        }
-        AdoptionEvent::SetMetadata { metadata } => {
-            state.metadata = metadata.clone();
-        }
-    }
-    Ok(())
-}
-
 async fn post_events(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PostEvents>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
+    let key = record_key(product, path)?;
     crate::http::check_items("events", req.events.len())?;
-    let (stored, ()) = service::update(
-        &app,
-        &product,
-        &user,
-        req.metadata.as_ref(),
-        |state, now| {
-            for (i, ev) in req.events.iter().enumerate() {
-                apply_event(state, i, ev, now)?;
-            }
-            Ok(())
-        },
-    )
-    .await?;
-    Ok(ApiJson(body(&stored)))
+    let command = AdoptionCommand::Events {
+        events: req.events,
+        metadata: req.metadata,
+    };
+    // Field events read no plan.
+    let done = service::run(&app, &key, &OnboardingPlan::default(), &command).await?;
+    Ok(ApiJson(body(&Stored {
+        state: done.state,
+        version: done.version,
+    })))
 }
 
 /// `POST .../adoption/activity`: a batch of the user's actions.
@@ -350,17 +251,17 @@ struct PostActivity {
 }
 
 async fn post_activity(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PostActivity>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
+    let key = record_key(product, path)?;
     crate::http::check_items("actions", req.actions.len())?;
     crate::http::check_items("discovered_features", req.discovered_features.len())?;
     // The role decides the plan; read it from the stored record (or the
     // metadata of a first call).
-    let role = match app.adoption.load(&product, &user).await? {
+    let role = match service::find(&app, &key).await? {
         Some(s) => s.state.role().map(str::to_owned),
         None => req
             .metadata
@@ -369,24 +270,21 @@ async fn post_activity(
             .and_then(Value::as_str)
             .map(str::to_owned),
     };
-    let plan = service::effective_plan(&app, &product, role.as_deref()).await?;
-    let (stored, detected): (_, Detected) = service::update(
-        &app,
-        &product,
-        &user,
-        req.metadata.as_ref(),
-        |state, now| {
-            Ok(service::apply_activity(
-                state,
-                &plan,
-                &req.actions,
-                &req.discovered_features,
-                now,
-            ))
-        },
-    )
-    .await?;
-    let mut out = body(&stored);
+    let plan = service::effective_plan(&app, &key.product_id, role.as_deref()).await?;
+    let command = AdoptionCommand::Activity {
+        actions: req.actions,
+        discovered_features: req.discovered_features,
+        metadata: req.metadata,
+    };
+    let done = service::run(&app, &key, &plan, &command).await?;
+    let detected = done.decision.effects.into_iter().find_map(|e| match e {
+        AdoptionEffect::Detected(d) => Some(d),
+        _ => None,
+    });
+    let mut out = body(&Stored {
+        state: done.state,
+        version: done.version,
+    });
     out["detected"] = serde_json::to_value(detected).unwrap_or(Value::Null);
     Ok(ApiJson(out))
 }
@@ -405,12 +303,12 @@ struct PostGate {
 }
 
 async fn post_gate(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<PostGate>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
+    let key = record_key(product, path)?;
     if req.seconds_on_app < 0.0 {
         return Err(
             ApiError::unprocessable("seconds_on_app must not be negative")
@@ -423,12 +321,16 @@ async fn post_gate(
             "config durations must not be negative",
         ));
     }
-    let now = app.clock.now();
-    let stored = service::get_or_fresh(&app, &product, &user, now).await?;
+    let now = app.shared.clock.now();
+    // An unknown user is judged as a fresh one; nothing is saved.
+    let state = match service::find(&app, &key).await? {
+        Some(s) => s.state,
+        None => UserAdoptionState::new(key.user_id.clone(), Map::new(), now),
+    };
     let distinct = req
         .distinct_features_seen
-        .unwrap_or(stored.state.discovered_features.len() as u64);
-    let d = evaluate_hard_gate(&stored.state, now, req.seconds_on_app, distinct, &cfg);
+        .unwrap_or(state.discovered_features.len() as u64);
+    let d = evaluate_hard_gate(&state, now, req.seconds_on_app, distinct, &cfg);
     Ok(ApiJson(json!({
         "passed": d.passed,
         "code": d.reason.code(),
@@ -437,12 +339,12 @@ async fn post_gate(
 }
 
 async fn get_prompt_block(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
-    let stored = service::get(&app, &product, &user).await?;
+    let key = record_key(product, path)?;
+    let stored = service::find(&app, &key).await?.ok_or_else(no_record)?;
     Ok(ApiJson(
         json!({ "prompt_block": stored.state.to_prompt_block() }),
     ))
@@ -472,7 +374,7 @@ fn role_of(r: &Option<String>) -> Option<&str> {
 }
 
 async fn put_plan(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     ApiJson(req): ApiJson<PutPlan>,
 ) -> Result<ApiJson<Value>, ApiError> {
@@ -494,7 +396,7 @@ async fn put_plan(
             ApiError::unprocessable(format!("plan rejected: {detail}")).with("errors", errors)
         );
     }
-    app.adoption
+    app.store
         .put_plan(&product, role_of(&req.role), &load.plan)
         .await?;
     Ok(ApiJson(json!({
@@ -505,13 +407,13 @@ async fn put_plan(
 }
 
 async fn get_plan(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     q: Result<Query<RoleQuery>, QueryRejection>,
 ) -> Result<ApiJson<Value>, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let plan = app
-        .adoption
+        .store
         .get_plan(&product, role_of(&q.role))
         .await?
         .ok_or_else(|| ApiError::not_found("no onboarding plan for this role"))?;
@@ -533,7 +435,7 @@ struct PutCatalog {
 }
 
 async fn put_catalog(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     ApiJson(req): ApiJson<PutCatalog>,
 ) -> Result<ApiJson<Value>, ApiError> {
@@ -541,7 +443,7 @@ async fn put_catalog(
         return Err(ApiError::unprocessable("tours must be an array").with("field", "tours"));
     }
     let (catalog, skipped) = tour::catalog_from_value(&req.tours);
-    app.adoption
+    app.store
         .put_tour_catalog(&product, role_of(&req.role), &catalog)
         .await?;
     Ok(ApiJson(json!({
@@ -552,13 +454,13 @@ async fn put_catalog(
 }
 
 async fn get_catalog(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     q: Result<Query<RoleQuery>, QueryRejection>,
 ) -> Result<ApiJson<Value>, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let catalog = app
-        .adoption
+        .store
         .get_tour_catalog(&product, role_of(&q.role))
         .await?
         .ok_or_else(|| ApiError::not_found("no tour catalog for this role"))?;
@@ -578,53 +480,77 @@ fn run_body<A: serde::Serialize>(report: &RunReport<A>) -> Value {
 }
 
 async fn post_judge(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<runners::JudgeRequest>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
-    let report = runners::judge_adoption(&app, &product, &user, &req).await?;
+    let key = record_key(product, path)?;
+    let report = runners::judge_adoption(&app, &key, &req).await?;
     Ok(ApiJson(run_body(&report)))
 }
 
 async fn post_welcome(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<runners::WelcomeRequest>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
-    let report = runners::onboarding_welcome(&app, &product, &user, &req).await?;
+    let key = record_key(product, path)?;
+    let report = runners::onboarding_welcome(&app, &key, &req).await?;
     Ok(ApiJson(run_body(&report)))
 }
 
 async fn post_followup(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<runners::FollowupRequest>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
-    let report = runners::onboarding_followup(&app, &product, &user, &req).await?;
+    let key = record_key(product, path)?;
+    let report = runners::onboarding_followup(&app, &key, &req).await?;
     Ok(ApiJson(run_body(&report)))
 }
 
 async fn post_session_summary(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(req): ApiJson<runners::SummaryRequest>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let user = user_id(path)?;
-    let report = runners::session_summary(&app, &product, &user, &req).await?;
+    let key = record_key(product, path)?;
+    // Epoch seconds that are no instant are refused here; a session that
+    // starts after now is the machine's to refuse.
+    let started_at = Timestamp::from_epoch_seconds(req.started_at).map_err(|e| {
+        ApiError::unprocessable(format!("started_at: {e}")).with("field", "started_at")
+    })?;
+    let report = runners::session_summary(&app, &key, &req, started_at).await?;
     Ok(ApiJson(run_body(&report)))
 }
 
 async fn post_tour_match(
-    State(app): State<AppState>,
+    State(app): State<Adoptions>,
     Tenant(product): Tenant,
     ApiJson(req): ApiJson<runners::TourMatchRequest>,
 ) -> Result<ApiJson<runners::TourMatchReport>, ApiError> {
-    Ok(ApiJson(runners::match_tour(&app, &product, &req).await?))
+    let text = req.query.trim();
+    if text.is_empty() || text.chars().count() > MAX_QUERY_CHARS {
+        return Err(ApiError::unprocessable(format!(
+            "query must not be blank and at most {MAX_QUERY_CHARS} characters"
+        ))
+        .with("field", "query"));
+    }
+    let user = req
+        .user_id
+        .clone()
+        .map(UserId::parse)
+        .transpose()
+        .map_err(|e| ApiError::unprocessable(e.to_string()).with("field", "user_id"))?;
+    let query = TourQuery {
+        text: text.to_owned(),
+        user,
+    };
+    Ok(ApiJson(
+        runners::match_tour(&app, &product, &query, &req).await?,
+    ))
 }

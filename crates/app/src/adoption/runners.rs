@@ -3,33 +3,33 @@
 //!
 //! Each runner is: build the prompt (pure core) -> call the model on the LLM
 //! port, asking for the prompt's JSON schema -> parse the answer (pure,
-//! never fails) -> apply it (pure) -> save by compare-and-swap, re-applying
-//! on a lost race, with journey changes written to the audit log. A model
-//! failure is an error (503 or 502) and an unusable answer is reported by
-//! its [`ParseStatus`]; in both cases nothing is saved.
+//! never fails) -> send the answer's [`AdoptionCommand`] through the
+//! executor, which decides it on the record as it then is and commits it
+//! with the audit entries of its journey changes. A model failure is a
+//! [`RunError::Model`] and an unusable answer is reported by its
+//! [`ParseStatus`]; in both cases nothing is saved.
 
-use axum::http::StatusCode;
 use parlance_core::adoption::prompts::{
-    FollowupOutput, JudgeOutput, WelcomeOutput, parse_followup_output, parse_judge_output,
-    parse_welcome_output,
+    FollowupOutput, JudgeOutput, PromptError, WelcomeOutput, parse_followup_output,
+    parse_judge_output, parse_welcome_output,
 };
 use parlance_core::adoption::{
-    Activity, AdoptionEffect, AdoptionOutcome, CompletionRateDenominator, ExplorationGateConfig,
-    GateDecision, JourneyState, ParseStatus, PromptScope, RenderedPrompt, SessionIndexEntry,
-    SessionSnapshot, SummaryOutput, TourEvent, TourMatchResult, UserAdoptionState, UserId,
-    apply_followup_output, apply_judge_output, apply_summary_output, apply_welcome_output,
-    build_followup_prompt, build_judge_prompt, build_summary_prompt, build_tour_match_input,
-    build_tour_match_prompt, build_welcome_prompt, evaluate_hard_gate, one_line,
-    parse_summary_output, parse_tour_match_output, record_gate, record_tour_outcome,
+    Activity, AdoptionCommand, AdoptionEffect, AdoptionError, AdoptionKey,
+    CompletionRateDenominator, ExplorationGateConfig, GateDecision, OnboardingPlan, ParseStatus,
+    PromptScope, RenderedPrompt, SessionIndexEntry, SessionSnapshot, SummaryOutput, TourEvent,
+    TourMatchResult, UserAdoptionState, UserId, build_followup_prompt, build_judge_prompt,
+    build_summary_prompt, build_tour_match_input, build_tour_match_prompt, build_welcome_prompt,
+    one_line, parse_summary_output, parse_tour_match_output, with_tour_outcome,
 };
-use parlance_core::{ProductId, StructuredError, Timestamp, Transition};
-use parlance_ports::{CompletionRequest, LlmError, Message, ResponseFormat, StoredAdoption};
+use parlance_core::machine::Name;
+use parlance_core::{ErrorClass, MachineError, ProductId, StructuredError, Timestamp, Transition};
+use parlance_ports::{CompletionRequest, LlmError, Message, PortError, ResponseFormat, Stored};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::service::{self, Missing, Step};
-use crate::http::ApiError;
-use crate::state::AppState;
+use super::Adoptions;
+use super::service;
+use crate::execute::ServiceError;
 
 /// Longest accepted tour-match query, in characters.
 pub const MAX_QUERY_CHARS: usize = 2000;
@@ -87,16 +87,76 @@ pub struct RunReport<A> {
     /// True when the answer changed the state and it was saved.
     pub applied: bool,
     /// Journey changes made by the answer.
-    pub transitions: Vec<Transition<JourneyState>>,
+    pub transitions: Vec<JourneyChange>,
     /// What to deliver to the user.
     pub effects: Vec<AdoptionEffect>,
     /// The record after the run (unchanged unless `applied`).
     #[serde(skip)]
-    pub stored: StoredAdoption,
+    pub stored: Stored<UserAdoptionState>,
+}
+
+/// A journey change an answer made, as a report shows it (the audit log
+/// holds the same change).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JourneyChange {
+    /// The journey before.
+    pub from: Option<Name>,
+    /// The journey after.
+    pub to: Name,
+    /// The answer's command.
+    pub cause: Name,
+}
+
+impl From<&Transition> for JourneyChange {
+    fn from(t: &Transition) -> Self {
+        Self {
+            from: t.from.clone(),
+            to: t.to.clone(),
+            cause: t.cause.clone(),
+        }
+    }
+}
+
+/// Why a runner did not finish; nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The record could not be read or changed: no record, the machine
+    /// refused the answer's command, every commit lost its race, or a port
+    /// failed.
+    #[error(transparent)]
+    Service(#[from] ServiceError<UserAdoptionState>),
+    /// The model call failed.
+    #[error("the language model failed on prompt {prompt}")]
+    Model {
+        /// The prompt's registry name.
+        prompt: &'static str,
+        /// The model's error.
+        #[source]
+        error: LlmError,
+    },
+    /// One of the registry's own prompts did not render (a bug).
+    #[error("a registry prompt does not render")]
+    Prompt(#[source] PromptError),
+}
+
+impl From<PortError> for RunError {
+    fn from(e: PortError) -> Self {
+        RunError::Service(e.into())
+    }
+}
+
+/// The machine's refusal of a request, on the record it was checked
+/// against.
+fn refused(error: AdoptionError, stored: &Stored<UserAdoptionState>) -> RunError {
+    ServiceError::refused(error, Some(stored.clone())).into()
 }
 
 impl<A> RunReport<A> {
-    fn unchanged(stored: StoredAdoption, llm: Option<LlmCall>, answer: Option<A>) -> Self {
+    fn unchanged(
+        stored: Stored<UserAdoptionState>,
+        llm: Option<LlmCall>,
+        answer: Option<A>,
+    ) -> Self {
         Self {
             gate: None,
             llm,
@@ -125,37 +185,6 @@ fn wire_schema(schema: &Value) -> Value {
     s
 }
 
-fn llm_failure(prompt: &str, e: &LlmError) -> ApiError {
-    tracing::warn!(prompt, error = %e, "language model call failed; state unchanged");
-    let code = match e {
-        LlmError::RateLimited { .. } => "rate_limited",
-        LlmError::Unavailable { .. } => "unavailable",
-        LlmError::Timeout { .. } => "timeout",
-        LlmError::Invalid { .. } => "invalid",
-        _ => "other",
-    };
-    let err = if e.is_retryable() {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "llm-unavailable",
-            "the language model is unavailable; nothing was changed, retry later",
-        )
-    } else {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "llm-failed",
-            "the language model refused the request; nothing was changed (see the server log)",
-        )
-    };
-    err.with("llm_error", code)
-        .with("prompt", prompt.to_owned())
-}
-
-fn prompt_failure(e: &parlance_core::adoption::prompts::PromptError) -> ApiError {
-    // The registry's own prompts always render; this is a programming error.
-    ApiError::internal(e)
-}
-
 /// Finds the JSON in a raw answer: the first value valid against the schema
 /// (bare, fenced or inside prose), else the first object found (with the
 /// schema violations), else the raw text for the parser to classify.
@@ -177,7 +206,7 @@ fn normalise(raw: &str, schema: &Value) -> (String, Vec<String>) {
 /// their schema, not strictly, since strict mode restricts the schema
 /// language) and normalises the answer. The parse status is filled in by
 /// the caller.
-async fn ask(app: &AppState, prompt: &RenderedPrompt) -> Result<Answer, ApiError> {
+async fn ask(app: &Adoptions, prompt: &RenderedPrompt) -> Result<Answer, RunError> {
     let mut request = CompletionRequest::new(vec![Message::user(prompt.text.clone())])
         .with_prompt_name(prompt.name);
     if let Some(schema) = &prompt.schema {
@@ -188,10 +217,14 @@ async fn ask(app: &AppState, prompt: &RenderedPrompt) -> Result<Answer, ApiError
         });
     }
     let response = app
+        .shared
         .llm
         .complete(&request)
         .await
-        .map_err(|e| llm_failure(prompt.name, &e))?;
+        .map_err(|error| RunError::Model {
+            prompt: prompt.name,
+            error,
+        })?;
     tracing::debug!(
         prompt = prompt.name,
         version = prompt.version,
@@ -215,41 +248,44 @@ async fn ask(app: &AppState, prompt: &RenderedPrompt) -> Result<Answer, ApiError
     })
 }
 
-/// Saves a usable answer: `apply` runs on the freshly loaded state inside
-/// the compare-and-swap loop (it may run more than once); `None` from it
-/// means "nothing to apply any more" and saves nothing.
+/// Sends a usable answer's command: it is decided on the record as it is
+/// when committed (again after a lost race), and commits with the audit
+/// entries of its journey changes. A welcome the gate no longer allows on
+/// that record is not an error: the report says nothing was applied.
 async fn save_answer<A>(
-    app: &AppState,
-    product: &ProductId,
-    user: &UserId,
-    cause: &'static str,
+    app: &Adoptions,
+    key: &AdoptionKey,
+    plan: &OnboardingPlan,
     call: LlmCall,
     answer: A,
-    mut apply: impl FnMut(&mut UserAdoptionState, Timestamp) -> Option<AdoptionOutcome>,
-) -> Result<RunReport<A>, ApiError> {
-    let (stored, outcome, saved) = service::update_as(
-        app,
-        product,
-        user,
-        Missing::NotFound,
-        cause,
-        |state, now| {
-            Ok(match apply(state, now) {
-                Some(o) => Step::Save(o),
-                None => Step::Keep(AdoptionOutcome::none()),
-            })
-        },
-    )
-    .await?;
-    Ok(RunReport {
-        gate: None,
-        llm: Some(call),
-        answer: Some(answer),
-        applied: saved,
-        transitions: outcome.transitions,
-        effects: outcome.effects,
-        stored,
-    })
+    command: AdoptionCommand,
+) -> Result<RunReport<A>, RunError> {
+    match service::run(app, key, plan, &command).await {
+        Ok(done) => Ok(RunReport {
+            gate: None,
+            llm: Some(call),
+            answer: Some(answer),
+            applied: done.committed,
+            transitions: done
+                .decision
+                .transitions
+                .iter()
+                .map(JourneyChange::from)
+                .collect(),
+            effects: done.decision.effects,
+            stored: Stored {
+                state: done.state,
+                version: done.version,
+            },
+        }),
+        Err(ServiceError::Refused {
+            error,
+            current: Some(current),
+        }) if error.class() == ErrorClass::NotAllowed => {
+            Ok(RunReport::unchanged(*current, Some(call), Some(answer)))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `POST .../adoption/judge`: what the judge is shown besides the state.
@@ -266,31 +302,25 @@ pub struct JudgeRequest {
 
 /// Runs the adoption judge and applies journey and mastery.
 pub async fn judge_adoption(
-    app: &AppState,
-    product: &ProductId,
-    user: &UserId,
+    app: &Adoptions,
+    key: &AdoptionKey,
     req: &JudgeRequest,
-) -> Result<RunReport<JudgeOutput>, ApiError> {
-    let stored = service::get(app, product, user).await?;
-    let prompt = build_judge_prompt(&stored.state, &req.activity, &req.signals)
-        .map_err(|e| prompt_failure(&e))?;
+) -> Result<RunReport<JudgeOutput>, RunError> {
+    let stored = service::get(app, key).await?;
+    let prompt =
+        build_judge_prompt(&stored.state, &req.activity, &req.signals).map_err(RunError::Prompt)?;
     let Answer { text, mut call } = ask(app, &prompt).await?;
     let out = parse_judge_output(Some(&text));
     call.parse_status = out.status;
     if out.status != ParseStatus::Parsed {
         return Ok(RunReport::unchanged(stored, Some(call), Some(out)));
     }
-    let applied = out.clone();
-    save_answer(
-        app,
-        product,
-        user,
-        "judge_adoption",
-        call,
-        out,
-        |state, now| Some(apply_judge_output(state, &applied, now)),
-    )
-    .await
+    let command = AdoptionCommand::JudgeAdoption {
+        answer: out.clone(),
+    };
+    // The judge reads no plan.
+    let plan = OnboardingPlan::default();
+    save_answer(app, key, &plan, call, out, command).await
 }
 
 /// `POST .../adoption/welcome`: the gate's inputs and the recent activity.
@@ -311,63 +341,28 @@ pub struct WelcomeRequest {
     pub recent_activity: Vec<Activity>,
 }
 
-impl WelcomeRequest {
-    /// Refuses unusable numbers (422 naming the field).
-    pub fn validate(&self) -> Result<(), ApiError> {
-        if !self.seconds_on_app.is_finite() || self.seconds_on_app < 0.0 {
-            return Err(ApiError::unprocessable(
-                "seconds_on_app must be a finite number, not negative",
-            )
-            .with("field", "seconds_on_app"));
-        }
-        if let Some(cfg) = &self.config {
-            for (field, v) in [
-                ("config.min_seconds_on_app", cfg.min_seconds_on_app),
-                ("config.welcome_cooldown_s", cfg.welcome_cooldown_s),
-            ] {
-                if !v.is_finite() || v < 0.0 {
-                    return Err(ApiError::unprocessable(format!(
-                        "{field} must be a finite number, not negative"
-                    ))
-                    .with("field", field));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-fn distinct_seen(state: &UserAdoptionState, given: Option<u64>) -> u64 {
-    given.unwrap_or_else(|| {
-        state
-            .onboarding
-            .distinct_features_seen
-            .max(state.discovered_features.len() as u64)
-    })
-}
-
 /// Runs the explore-first gate and, only when it passes, the onboarding
 /// welcome: workflow progress, the step-in assessment and, when a message
 /// is sent, `mark_welcomed`. The gate is checked again on the state being
 /// saved, so two concurrent welcomes cannot both be sent.
 pub async fn onboarding_welcome(
-    app: &AppState,
-    product: &ProductId,
-    user: &UserId,
+    app: &Adoptions,
+    key: &AdoptionKey,
     req: &WelcomeRequest,
-) -> Result<RunReport<WelcomeOutput>, ApiError> {
-    req.validate()?;
-    let stored = service::get(app, product, user).await?;
+) -> Result<RunReport<WelcomeOutput>, RunError> {
+    let stored = service::get(app, key).await?;
     let cfg = req.config.clone().unwrap_or_default();
-    let distinct = distinct_seen(&stored.state, req.distinct_features_seen);
-    let now = app.clock.now();
-    let gate = evaluate_hard_gate(&stored.state, now, req.seconds_on_app, distinct, &cfg);
+    let now = app.shared.clock.now();
+    let (gate, distinct) = stored
+        .state
+        .welcome_gate(req.seconds_on_app, req.distinct_features_seen, &cfg, now)
+        .map_err(|e| refused(e, &stored))?;
     if !gate.passed {
         let mut report = RunReport::unchanged(stored, None, None);
         report.gate = Some(GateView::from(&gate));
         return Ok(report);
     }
-    let plan = service::effective_plan(app, product, stored.state.role()).await?;
+    let plan = service::effective_plan(app, &key.product_id, stored.state.role()).await?;
     let (prompt, scope) = build_welcome_prompt(
         &stored.state,
         &plan,
@@ -375,7 +370,7 @@ pub async fn onboarding_welcome(
         distinct,
         &req.recent_activity,
     )
-    .map_err(|e| prompt_failure(&e))?;
+    .map_err(RunError::Prompt)?;
     let Answer { text, mut call } = ask(app, &prompt).await?;
     let out = parse_welcome_output(Some(&text), &scope.plan_refs(), &scope.eligible_refs());
     call.parse_status = out.status;
@@ -384,30 +379,13 @@ pub async fn onboarding_welcome(
         report.gate = Some(GateView::from(&gate));
         return Ok(report);
     }
-    let applied = out.clone();
-    let mut report = save_answer(
-        app,
-        product,
-        user,
-        "onboarding_welcome",
-        call,
-        out,
-        |state, now| {
-            let distinct = distinct_seen(state, req.distinct_features_seen);
-            let again = evaluate_hard_gate(state, now, req.seconds_on_app, distinct, &cfg);
-            if !again.passed {
-                return None;
-            }
-            // The recorded figure is never lowered.
-            record_gate(
-                state,
-                &again,
-                distinct.max(state.onboarding.distinct_features_seen),
-            );
-            Some(apply_welcome_output(state, &applied, &plan, now))
-        },
-    )
-    .await?;
+    let command = AdoptionCommand::OnboardingWelcome {
+        seconds_on_app: req.seconds_on_app,
+        distinct_features_seen: req.distinct_features_seen,
+        config: cfg,
+        answer: out.clone(),
+    };
+    let mut report = save_answer(app, key, &plan, call, out, command).await?;
     report.gate = Some(GateView::from(&gate));
     Ok(report)
 }
@@ -432,28 +410,25 @@ pub struct FollowupRequest {
 /// recorded together with a usable answer (and onboarding stamped complete
 /// when nothing is outstanding and the model agrees).
 pub async fn onboarding_followup(
-    app: &AppState,
-    product: &ProductId,
-    user: &UserId,
+    app: &Adoptions,
+    key: &AdoptionKey,
     req: &FollowupRequest,
-) -> Result<RunReport<FollowupOutput>, ApiError> {
-    let stored = service::get(app, product, user).await?;
-    let plan = service::effective_plan(app, product, stored.state.role()).await?;
+) -> Result<RunReport<FollowupOutput>, RunError> {
+    let stored = service::get(app, key).await?;
+    let plan = service::effective_plan(app, &key.product_id, stored.state.role()).await?;
     let Some(workflow) = plan.get(&req.workflow_id).cloned() else {
-        return Err(ApiError::unprocessable(format!(
-            "workflow {} is not in this user's onboarding plan",
-            one_line(&req.workflow_id)
-        ))
-        .with("field", "workflow_id"));
+        let error = AdoptionError::NotInPlan {
+            workflow_id: req.workflow_id.clone(),
+        };
+        return Err(refused(error, &stored));
     };
     let step = req.abandoned_at_step.as_deref();
-    let mut projected = stored.state.clone();
-    record_tour_outcome(
-        &mut projected,
+    let projected = with_tour_outcome(
+        &stored.state,
         &req.workflow_id,
         req.event,
         step,
-        app.clock.now(),
+        app.shared.clock.now(),
     );
     let (prompt, scope): (RenderedPrompt, PromptScope) = build_followup_prompt(
         &projected,
@@ -463,7 +438,7 @@ pub async fn onboarding_followup(
         step,
         &req.recent_activity,
     )
-    .map_err(|e| prompt_failure(&e))?;
+    .map_err(RunError::Prompt)?;
     let Answer { text, mut call } = ask(app, &prompt).await?;
     let out = parse_followup_output(
         Some(&text),
@@ -474,27 +449,13 @@ pub async fn onboarding_followup(
     if out.status != ParseStatus::Parsed {
         return Ok(RunReport::unchanged(stored, Some(call), Some(out)));
     }
-    let applied = out.clone();
-    save_answer(
-        app,
-        product,
-        user,
-        "onboarding_followup",
-        call,
-        out,
-        |state, now| {
-            Some(apply_followup_output(
-                state,
-                &plan,
-                &req.workflow_id,
-                req.event,
-                step,
-                &applied,
-                now,
-            ))
-        },
-    )
-    .await
+    let command = AdoptionCommand::OnboardingFollowup {
+        workflow_id: req.workflow_id.clone(),
+        event: req.event,
+        abandoned_at_step: req.abandoned_at_step.clone(),
+        answer: out.clone(),
+    };
+    save_answer(app, key, &plan, call, out, command).await
 }
 
 /// `POST .../adoption/session-summary`: the session being summarised.
@@ -524,27 +485,27 @@ pub struct SummaryAnswer {
 /// Captures a session snapshot, asks for a handover summary and stores it
 /// (recording the session in the index when it is not there yet).
 pub async fn session_summary(
-    app: &AppState,
-    product: &ProductId,
-    user: &UserId,
+    app: &Adoptions,
+    key: &AdoptionKey,
     req: &SummaryRequest,
-) -> Result<RunReport<SummaryAnswer>, ApiError> {
+    started_at: Timestamp,
+) -> Result<RunReport<SummaryAnswer>, RunError> {
+    let stored = service::get(app, key).await?;
     let session_id = req.session_id.trim().to_owned();
     if session_id.is_empty() {
-        return Err(
-            ApiError::unprocessable("session_id must not be blank").with("field", "session_id")
-        );
+        let error = AdoptionError::Blank {
+            field: "session_id",
+        };
+        return Err(refused(error, &stored));
     }
-    let now = app.clock.now();
-    let started_at = Timestamp::from_epoch_seconds(req.started_at)
-        .ok()
-        .filter(|t| *t <= now)
-        .ok_or_else(|| {
-            ApiError::unprocessable("started_at must be epoch seconds, not after now")
-                .with("field", "started_at")
-        })?;
-    let stored = service::get(app, product, user).await?;
-    let plan = service::effective_plan(app, product, stored.state.role()).await?;
+    let now = app.shared.clock.now();
+    if started_at > now {
+        let error = AdoptionError::InTheFuture {
+            field: "started_at",
+        };
+        return Err(refused(error, &stored));
+    }
+    let plan = service::effective_plan(app, &key.product_id, stored.state.role()).await?;
     let number = req.session_number.unwrap_or_else(|| {
         stored
             .state
@@ -564,7 +525,7 @@ pub async fn session_summary(
         CompletionRateDenominator::AllCatalogWorkflows,
         now,
     );
-    let prompt = build_summary_prompt(&snapshot.summary_input()).map_err(|e| prompt_failure(&e))?;
+    let prompt = build_summary_prompt(&snapshot.summary_input()).map_err(RunError::Prompt)?;
     let Answer { text, mut call } = ask(app, &prompt).await?;
     let output = parse_summary_output(Some(&text));
     call.parse_status = output.status;
@@ -575,25 +536,16 @@ pub async fn session_summary(
     if output.status != ParseStatus::Parsed {
         return Ok(RunReport::unchanged(stored, Some(call), Some(answer)));
     }
-    let entry = SessionIndexEntry {
-        session_id,
-        session_number: number,
-        started_at,
-        captured_at: now,
-    };
-    save_answer(
-        app,
-        product,
-        user,
-        "session_summary",
-        call,
-        answer,
-        |state, now| {
-            apply_summary_output(state, entry.clone(), &output, now);
-            Some(AdoptionOutcome::none())
+    let command = AdoptionCommand::SessionSummary {
+        session: SessionIndexEntry {
+            session_id,
+            session_number: number,
+            started_at,
+            captured_at: now,
         },
-    )
-    .await
+        answer: output,
+    };
+    save_answer(app, key, &plan, call, answer, command).await
 }
 
 /// `POST .../tours/match`: a user's question.
@@ -618,6 +570,16 @@ pub struct TourMatchRequest {
     pub history: Vec<String>,
 }
 
+/// A tour-match question as read from a [`TourMatchRequest`]: the query
+/// trimmed, the user's id parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TourQuery {
+    /// The question (trimmed, not blank, at most [`MAX_QUERY_CHARS`]).
+    pub text: String,
+    /// The user asking, whose record gives the role when none is given.
+    pub user: Option<UserId>,
+}
+
 /// Tour matching's answer, with what the prompt allowed.
 #[derive(Debug, Clone, Serialize)]
 pub struct TourMatchReport {
@@ -636,23 +598,16 @@ pub struct TourMatchReport {
 /// Picks the tours for a question from the role-filtered catalog. Nothing
 /// is saved.
 pub async fn match_tour(
-    app: &AppState,
+    app: &Adoptions,
     product: &ProductId,
+    query: &TourQuery,
     req: &TourMatchRequest,
-) -> Result<TourMatchReport, ApiError> {
-    let query = req.query.trim();
-    if query.is_empty() || query.chars().count() > MAX_QUERY_CHARS {
-        return Err(ApiError::unprocessable(format!(
-            "query must not be blank and at most {MAX_QUERY_CHARS} characters"
-        ))
-        .with("field", "query"));
-    }
-    let role = match (&req.role, &req.user_id) {
+) -> Result<TourMatchReport, RunError> {
+    let role = match (&req.role, &query.user) {
         (Some(r), _) => Some(r.clone()),
-        (None, Some(u)) => {
-            let user = UserId::parse(u.clone())
-                .map_err(|e| ApiError::unprocessable(e.to_string()).with("field", "user_id"))?;
-            service::get(app, product, &user)
+        (None, Some(user)) => {
+            let key = AdoptionKey::new(product.clone(), user.clone());
+            service::get(app, &key)
                 .await?
                 .state
                 .role()
@@ -665,7 +620,7 @@ pub async fn match_tour(
     let skip = req.history.len().saturating_sub(MAX_HISTORY_TURNS);
     let history: Vec<String> = req.history.iter().skip(skip).map(|h| one_line(h)).collect();
     let input = build_tour_match_input(
-        query,
+        &query.text,
         &history.join("\n"),
         role.as_deref(),
         req.current_page.as_deref(),
@@ -685,7 +640,7 @@ pub async fn match_tour(
             allowed_tour_ids: Vec::new(),
         });
     }
-    let prompt = build_tour_match_prompt(&input).map_err(|e| prompt_failure(&e))?;
+    let prompt = build_tour_match_prompt(&input).map_err(RunError::Prompt)?;
     let Answer { text, mut call } = ask(app, &prompt).await?;
     let result = parse_tour_match_output(Some(&text), &catalog, role.as_deref());
     call.parse_status = result.status;

@@ -4,12 +4,33 @@
 //! demo scene. Pure decisions live in `parlance_core::agent`.
 
 mod data;
-pub mod demo;
 mod routes;
-pub mod service;
-pub mod stages;
+mod service;
+mod stages;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
+use parlance_core::turn::Checkpoint;
+use parlance_ports::{CrisisLog, MachineStore, MemoryStore};
+
 pub use data::{AgentData, EXAMPLE_DIRECTORY, EXAMPLE_KNOWLEDGE};
 pub use routes::routes;
+
+use crate::state::Shared;
+
+/// What the agent's routes and turns share.
+#[derive(Clone)]
+pub struct Agent {
+    /// Time, ids, the model and the embedder.
+    pub shared: Shared,
+    /// The threads: one checkpoint per thread, committed once per turn.
+    pub threads: Arc<dyn MachineStore<Checkpoint>>,
+    /// Long-term memory per owner.
+    pub memory_store: Arc<dyn MemoryStore>,
+    /// Every crisis-gate assessment.
+    pub crisis_log: Arc<dyn CrisisLog>,
+    /// The resource directory and knowledge base.
+    pub agent_data: Arc<AgentData>,
+}

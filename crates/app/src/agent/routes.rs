@@ -1,23 +1,26 @@
 //! HTTP routes under `/v1/products/{product_id}/agent`: turns, threads and
-//! the owner's memory.
+//! the owner's memory. The agent's errors become answers here, and only
+//! here ([`answer`]).
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use parlance_core::turn::seed::SupportOutput;
-use parlance_core::turn::{MemoryEntry, MemoryId, MemoryKind, OwnerId};
+use parlance_core::turn::{Checkpoint, MemoryEntry, MemoryId, MemoryKind, OwnerId};
 use parlance_ports::CrisisLogRecord;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::service::{self, AgentInput, MemoryView, ThreadView};
+use super::Agent;
+use super::service::{self, AgentError, AgentInput, MemoryView, ThreadView};
 use crate::auth::Tenant;
+use crate::execute::ServiceError;
 use crate::http::{ApiError, ApiJson};
-use crate::state::AppState;
+use crate::turn::TurnRunError;
 
 /// The agent routes.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Agent> {
     Router::new()
         .route("/products/{product_id}/agent/turns", post(turn))
         .route("/products/{product_id}/agent/threads/{id}", get(thread))
@@ -36,14 +39,42 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
+/// The answer to an agent error: 422 for a request without a usable owner
+/// or message, 404 for a thread with no turn, 503 when a stage or the model
+/// failed (the turn could not be planned; nothing was changed), the
+/// executor's answers for the thread's store (503 `contended` when every
+/// attempt lost its commit), 500 for a graph or state that cannot run.
+pub(super) fn answer(e: AgentError) -> ApiError {
+    match e {
+        AgentError::NoOwner | AgentError::BadId(_) | AgentError::EmptyMessage => {
+            ApiError::unprocessable(e.to_string())
+        }
+        AgentError::NoThread => ApiError::not_found(e.to_string()),
+        AgentError::Turn(TurnRunError::Service(e)) => e.into(),
+        AgentError::Turn(stage @ TurnRunError::Stage { .. }) => {
+            // The answer names the stage; what made it fail is logged here.
+            let cause = std::error::Error::source(&stage);
+            tracing::warn!(error = %stage, cause = ?cause, "agent stage failed");
+            ServiceError::<Checkpoint>::Planning(Box::new(stage)).into()
+        }
+        AgentError::Turn(broken) => ApiError::internal(&broken),
+        AgentError::Model(_) | AgentError::Malformed(_) => {
+            tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "episodic summary failed");
+            ApiError::unavailable(format!("{e}; retry later"))
+        }
+        AgentError::Port(p) => p.into(),
+    }
+}
+
 async fn turn(
-    State(state): State<AppState>,
+    State(state): State<Agent>,
     tenant: Tenant,
     ApiJson(input): ApiJson<AgentInput>,
 ) -> Result<axum::Json<SupportOutput>, ApiError> {
-    Ok(axum::Json(
-        service::run_turn(&state, &tenant.0, input).await?,
-    ))
+    let output = service::run_turn(&state, &tenant.0, input)
+        .await
+        .map_err(answer)?;
+    Ok(axum::Json(output))
 }
 
 /// Whose thread: `user_id`, else the thread id itself (a session owner).
@@ -54,15 +85,16 @@ struct OwnerQuery {
 }
 
 async fn thread(
-    State(state): State<AppState>,
+    State(state): State<Agent>,
     tenant: Tenant,
     Path((_, id)): Path<(String, String)>,
     Query(q): Query<OwnerQuery>,
 ) -> Result<axum::Json<ThreadView>, ApiError> {
-    let (owner, thread) = service::resolve(q.user_id.as_deref(), Some(&id))?;
-    Ok(axum::Json(
-        service::thread(&state, &tenant.0, owner, thread).await?,
-    ))
+    let (owner, thread) = service::resolve(q.user_id.as_deref(), Some(&id)).map_err(answer)?;
+    let view = service::thread(&state, &tenant.0, owner, thread)
+        .await
+        .map_err(answer)?;
+    Ok(axum::Json(view))
 }
 
 /// `POST .../end` body.
@@ -74,13 +106,15 @@ struct EndBody {
 }
 
 async fn end(
-    State(state): State<AppState>,
+    State(state): State<Agent>,
     tenant: Tenant,
     Path((_, id)): Path<(String, String)>,
     ApiJson(body): ApiJson<EndBody>,
 ) -> Result<(StatusCode, axum::Json<MemoryView>), ApiError> {
-    let (owner, thread) = service::resolve(body.user_id.as_deref(), Some(&id))?;
-    let view = service::end_session(&state, &tenant.0, owner, thread).await?;
+    let (owner, thread) = service::resolve(body.user_id.as_deref(), Some(&id)).map_err(answer)?;
+    let view = service::end_session(&state, &tenant.0, owner, thread)
+        .await
+        .map_err(answer)?;
     Ok((StatusCode::CREATED, axum::Json(view)))
 }
 
@@ -100,7 +134,7 @@ struct MemoryList {
 }
 
 async fn list_memory(
-    State(state): State<AppState>,
+    State(state): State<Agent>,
     tenant: Tenant,
     Path((_, owner)): Path<(String, String)>,
     Query(q): Query<KindQuery>,
@@ -120,18 +154,20 @@ struct AddBody {
 }
 
 async fn add_memory(
-    State(state): State<AppState>,
+    State(state): State<Agent>,
     tenant: Tenant,
     Path((_, owner)): Path<(String, String)>,
     ApiJson(body): ApiJson<AddBody>,
 ) -> Result<(StatusCode, axum::Json<MemoryView>), ApiError> {
     let owner = owner_id(&owner)?;
-    let view = service::add_memory(&state, &tenant.0, owner, body.entry).await?;
+    let view = service::add_memory(&state, &tenant.0, owner, body.entry)
+        .await
+        .map_err(answer)?;
     Ok((StatusCode::CREATED, axum::Json(view)))
 }
 
 async fn delete_memory(
-    State(state): State<AppState>,
+    State(state): State<Agent>,
     tenant: Tenant,
     Path((_, owner, id)): Path<(String, String, String)>,
 ) -> Result<StatusCode, ApiError> {
@@ -157,7 +193,7 @@ struct CrisisLogPage {
 }
 
 async fn crisis_log(
-    State(state): State<AppState>,
+    State(state): State<Agent>,
     tenant: Tenant,
     Path((_, owner)): Path<(String, String)>,
     Query(q): Query<PageQuery>,

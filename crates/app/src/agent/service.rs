@@ -1,31 +1,59 @@
 //! The agent's use cases: run a turn (AgentInput -> AgentOutput), read a
 //! thread, end a session with an episodic summary, and the owner's memory.
+//! Each answers a typed [`AgentError`]; the routes turn it into an answer.
 
-use parlance_core::ProductId;
-use parlance_core::parse_structured;
 use parlance_core::turn::seed::{
     Channel, Message, Role, SupportInput, SupportLoaded, SupportOutput,
 };
 use parlance_core::turn::{
-    EpisodicEntry, LoadWindow, MemoryEntry, MemoryId, MemoryRecord, OwnerId, ThreadId, ThreadKey,
+    EpisodicEntry, MemoryEntry, MemoryId, MemoryRecord, OwnerId, ThreadId, ThreadKey, TurnKey,
     WorkingMemoryEntry,
 };
-use parlance_ports::{CompletionRequest, Message as LlmMessage};
+use parlance_core::{IdError, ProductId, StructuredError, parse_structured};
+use parlance_ports::{CompletionRequest, LlmError, Message as LlmMessage, PortError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use super::Agent;
 use super::stages::{AgentContext, embed, runner};
-use crate::http::ApiError;
-use crate::state::AppState;
 use crate::turn::TurnRunError;
 
 /// The thread used when a caller gives a user id but no session id.
-pub const DEFAULT_THREAD: &str = "default";
+pub(super) const DEFAULT_THREAD: &str = "default";
+
+/// Why an agent request did not complete.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AgentError {
+    /// Neither a user id nor a session id was given.
+    #[error("user_id or session_id is required")]
+    NoOwner,
+    /// An owner or thread id is not a valid id.
+    #[error(transparent)]
+    BadId(#[from] IdError),
+    /// The turn's message is empty.
+    #[error("message must not be empty")]
+    EmptyMessage,
+    /// The thread has no turn.
+    #[error("no such thread")]
+    NoThread,
+    /// The turn did not complete and committed nothing.
+    #[error(transparent)]
+    Turn(#[from] TurnRunError),
+    /// The model could not summarise the session.
+    #[error("the language model is unavailable")]
+    Model(#[source] LlmError),
+    /// The model's summary is not the JSON asked for.
+    #[error("the language model answered malformed JSON")]
+    Malformed(#[source] StructuredError),
+    /// A store failed.
+    #[error(transparent)]
+    Port(#[from] PortError),
+}
 
 /// The public input of a turn.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AgentInput {
+pub(super) struct AgentInput {
     /// The user's message.
     pub message: String,
     /// Transport surface.
@@ -54,28 +82,26 @@ pub struct AgentInput {
 ///
 /// # Errors
 ///
-/// 422 when neither is given or one is not a valid id.
-pub fn resolve(
+/// [`AgentError::NoOwner`] when neither is given, [`AgentError::BadId`]
+/// when one is not a valid id.
+pub(super) fn resolve(
     user_id: Option<&str>,
     session_id: Option<&str>,
-) -> Result<(OwnerId, ThreadId), ApiError> {
+) -> Result<(OwnerId, ThreadId), AgentError> {
     let user = user_id.filter(|s| !s.trim().is_empty());
     let session = session_id.filter(|s| !s.trim().is_empty());
     let owner = match (user, session) {
         (Some(u), _) => u,
         (None, Some(s)) => s,
-        (None, None) => {
-            return Err(ApiError::unprocessable("user_id or session_id is required"));
-        }
+        (None, None) => return Err(AgentError::NoOwner),
     };
-    let owner = OwnerId::parse(owner).map_err(|e| ApiError::unprocessable(e.to_string()))?;
-    let thread = ThreadId::parse(session.unwrap_or(DEFAULT_THREAD))
-        .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    let owner = OwnerId::parse(owner)?;
+    let thread = ThreadId::parse(session.unwrap_or(DEFAULT_THREAD))?;
     Ok((owner, thread))
 }
 
 fn context(
-    state: &AppState,
+    state: &Agent,
     product_id: &ProductId,
     owner: OwnerId,
     thread: ThreadId,
@@ -85,29 +111,15 @@ fn context(
         product_id: product_id.clone(),
         owner,
         thread,
-        llm: state.llm.clone(),
+        llm: state.shared.llm.clone(),
         response_llm: None,
         memory_store: state.memory_store.clone(),
         crisis_log: state.crisis_log.clone(),
-        embedder: Some(state.embedder.clone()),
+        embedder: Some(state.shared.embedder.clone()),
         data: state.agent_data.clone(),
-        clock: state.clock.clone(),
-        ids: state.ids.clone(),
+        clock: state.shared.clock.clone(),
+        ids: state.shared.ids.clone(),
         caller_history: history,
-    }
-}
-
-fn run_error(e: TurnRunError) -> ApiError {
-    match e {
-        TurnRunError::Port(p) => p.into(),
-        TurnRunError::Stage { stage, source } => {
-            tracing::warn!(stage, error = %source, "agent stage failed");
-            ApiError::unavailable(format!("stage {stage} failed; retry later"))
-        }
-        TurnRunError::Contended { .. } => {
-            ApiError::conflict("contended", "the thread is busy; retry")
-        }
-        other => ApiError::internal(&other),
     }
 }
 
@@ -115,15 +127,16 @@ fn run_error(e: TurnRunError) -> ApiError {
 ///
 /// # Errors
 ///
-/// 422 for a missing owner or an empty message; 503 when storage fails.
-pub async fn run_turn(
-    state: &AppState,
+/// As [`resolve`] for the owner, [`AgentError::EmptyMessage`], or
+/// [`AgentError::Turn`] when the turn did not complete.
+pub(super) async fn run_turn(
+    state: &Agent,
     product_id: &ProductId,
     input: AgentInput,
-) -> Result<SupportOutput, ApiError> {
+) -> Result<SupportOutput, AgentError> {
     let (owner, thread) = resolve(input.user_id.as_deref(), input.session_id.as_deref())?;
     if input.message.trim().is_empty() {
-        return Err(ApiError::unprocessable("message must not be empty"));
+        return Err(AgentError::EmptyMessage);
     }
     let ctx = context(
         state,
@@ -148,16 +161,15 @@ pub async fn run_turn(
         working_memory: input.working_memory,
         ..SupportLoaded::default()
     };
-    let report = runner(state.checkpointer.clone())
+    let report = runner(state.threads.clone(), state.shared.clock.clone())
         .run(&ctx, &key, turn_input, loaded)
-        .await
-        .map_err(run_error)?;
+        .await?;
     Ok(report.output)
 }
 
 /// A thread as stored: its transcript and persisted reducer fields.
 #[derive(Debug, Clone, Serialize)]
-pub struct ThreadView {
+pub(super) struct ThreadView {
     /// The thread.
     pub thread_id: ThreadId,
     /// Its owner.
@@ -174,22 +186,24 @@ pub struct ThreadView {
 ///
 /// # Errors
 ///
-/// 404 for a thread with no turn; 503 when storage fails.
-pub async fn thread(
-    state: &AppState,
+/// [`AgentError::NoThread`] for a thread with no turn, or a store failure.
+pub(super) async fn thread(
+    state: &Agent,
     product_id: &ProductId,
     owner: OwnerId,
     thread: ThreadId,
-) -> Result<ThreadView, ApiError> {
-    let key = ThreadKey {
+) -> Result<ThreadView, AgentError> {
+    let key = TurnKey::whole(ThreadKey {
         product_id: product_id.clone(),
         owner: owner.clone(),
         thread: thread.clone(),
-    };
-    let cp = state.checkpointer.load(&key, &LoadWindow::all()).await?;
-    if cp.version == 0 {
-        return Err(ApiError::not_found("no such thread"));
-    }
+    });
+    let cp = state
+        .threads
+        .load(&key)
+        .await?
+        .ok_or(AgentError::NoThread)?
+        .state;
     Ok(ThreadView {
         thread_id: thread,
         owner,
@@ -221,7 +235,7 @@ fn summary_schema() -> Value {
 
 /// A stored memory entry as the API shows it (without its vector).
 #[derive(Debug, Clone, Serialize)]
-pub struct MemoryView {
+pub(super) struct MemoryView {
     /// Its id.
     pub id: MemoryId,
     /// Whose it is.
@@ -249,13 +263,15 @@ impl From<MemoryRecord> for MemoryView {
 ///
 /// # Errors
 ///
-/// 404 for a thread with no turn; 503 when the model or storage fails.
-pub async fn end_session(
-    state: &AppState,
+/// [`AgentError::NoThread`] for a thread with no turn,
+/// [`AgentError::Model`] or [`AgentError::Malformed`] when the model fails,
+/// or a store failure.
+pub(super) async fn end_session(
+    state: &Agent,
     product_id: &ProductId,
     owner: OwnerId,
     thread_id: ThreadId,
-) -> Result<MemoryView, ApiError> {
+) -> Result<MemoryView, AgentError> {
     let view = thread(state, product_id, owner.clone(), thread_id.clone()).await?;
     let transcript: Vec<Message> = view
         .transcript
@@ -288,14 +304,13 @@ pub async fn end_session(
     .with_prompt_name("episodic_summary")
     .with_temperature(0.0)
     .with_json_schema("episodic_summary", schema.clone());
-    let answer = state.llm.complete(&request).await.map_err(|e| {
-        tracing::warn!(error = %e, "episodic summary failed");
-        ApiError::unavailable("the language model is unavailable; retry later")
-    })?;
-    let s: Summary = parse_structured(&answer.content, &schema).map_err(|e| {
-        tracing::warn!(error = %e, "episodic summary answered malformed JSON");
-        ApiError::unavailable("the language model answered malformed JSON; retry later")
-    })?;
+    let answer = state
+        .shared
+        .llm
+        .complete(&request)
+        .await
+        .map_err(AgentError::Model)?;
+    let s: Summary = parse_structured(&answer.content, &schema).map_err(AgentError::Malformed)?;
     let entry = MemoryEntry::Episodic(EpisodicEntry {
         summary: s.summary.clone(),
         primary_themes: s.primary_themes,
@@ -311,11 +326,11 @@ pub async fn end_session(
         Vec::new(),
     );
     let record = MemoryRecord {
-        id: MemoryId::from_uuid(state.ids.new_uuid()),
+        id: MemoryId::from_uuid(state.shared.ids.new_uuid()),
         owner: owner.clone(),
         embedding: embed(&ctx, &entry.search_text()).await,
         entry,
-        at: state.clock.now(),
+        at: state.shared.clock.now(),
     };
     state.memory_store.add(product_id, &record).await?;
     let mut memory = state
@@ -336,26 +351,26 @@ pub async fn end_session(
 ///
 /// # Errors
 ///
-/// 503 when storage fails.
-pub async fn add_memory(
-    state: &AppState,
+/// A store failure.
+pub(super) async fn add_memory(
+    state: &Agent,
     product_id: &ProductId,
     owner: OwnerId,
     entry: MemoryEntry,
-) -> Result<MemoryView, ApiError> {
+) -> Result<MemoryView, AgentError> {
     let ctx = context(
         state,
         product_id,
         owner.clone(),
-        ThreadId::parse(DEFAULT_THREAD).map_err(|e| ApiError::internal(&e))?,
+        ThreadId::parse(DEFAULT_THREAD)?,
         Vec::new(),
     );
     let record = MemoryRecord {
-        id: MemoryId::from_uuid(state.ids.new_uuid()),
+        id: MemoryId::from_uuid(state.shared.ids.new_uuid()),
         owner,
         embedding: embed(&ctx, &entry.search_text()).await,
         entry,
-        at: state.clock.now(),
+        at: state.shared.clock.now(),
     };
     state.memory_store.add(product_id, &record).await?;
     Ok(record.into())

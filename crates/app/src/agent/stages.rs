@@ -18,28 +18,28 @@ use parlance_core::agent::triage::{
 use parlance_core::parse_structured;
 use parlance_core::turn::seed::{Message, Role, Route, SessionMemory, SupportDelta, SupportState};
 use parlance_core::turn::{
-    END, Graph, MemoryEntry, MemoryId, MemoryKind, MemoryRecord, OwnerId, SemanticEntry, ThreadId,
-    WorkingMemoryEntry, format_working_memory_entries,
+    Checkpoint, END, Graph, MemoryEntry, MemoryId, MemoryKind, MemoryRecord, OwnerId,
+    SemanticEntry, ThreadId, WorkingMemoryEntry, format_working_memory_entries,
 };
 use parlance_ports::{
     Clock, CompletionRequest, CrisisLog, CrisisLogEntry, EmbeddingProvider, IdGen, LlmClient,
-    MemoryStore, Message as LlmMessage, PortError,
+    MachineStore, MemoryStore, Message as LlmMessage, PortError,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::data::AgentData;
-use crate::turn::{QueryEmbedder, Stage, StageError, TurnRunner, retrieve_hybrid};
+use crate::turn::{Dependency, QueryEmbedder, Stage, StageError, TurnRunner, retrieve_hybrid};
 
 /// How many memory entries a turn retrieves.
-pub const RETRIEVE_K: usize = 5;
+pub(super) const RETRIEVE_K: usize = 5;
 
 /// How many recent messages the model prompts see.
 const PROMPT_WINDOW: usize = 12;
 
 /// The runtime dependencies of one turn (never in the state).
 #[derive(Clone)]
-pub struct AgentContext {
+pub(super) struct AgentContext {
     /// The tenant.
     pub product_id: ProductId,
     /// Whose memory.
@@ -86,7 +86,7 @@ impl AgentContext {
 }
 
 /// An embedding provider as the retrieval seam wants it.
-pub struct ProviderEmbedder(pub Arc<dyn EmbeddingProvider>);
+pub(super) struct ProviderEmbedder(pub Arc<dyn EmbeddingProvider>);
 
 #[async_trait]
 impl QueryEmbedder for ProviderEmbedder {
@@ -133,7 +133,7 @@ fn after_dispatch(s: &SupportState) -> &'static str {
 }
 
 /// The reference agent's graph.
-pub fn graph() -> Graph<SupportState> {
+pub(super) fn graph() -> Graph<SupportState> {
     const REPLIES: [&str; 5] = [
         "therapeutic_reply",
         "safety_check",
@@ -170,11 +170,13 @@ pub fn graph() -> Graph<SupportState> {
         .expect("the support agent graph is valid")
 }
 
-/// A runner of the agent's graph with every stage.
-pub fn runner(
-    checkpointer: Arc<dyn parlance_ports::Checkpointer>,
+/// A runner of the agent's graph with every stage, on the threads in
+/// `store`, committing at `clock`'s time.
+pub(super) fn runner(
+    store: Arc<dyn MachineStore<Checkpoint>>,
+    clock: Arc<dyn Clock>,
 ) -> TurnRunner<SupportState, AgentContext> {
-    TurnRunner::new(graph(), checkpointer)
+    TurnRunner::new(graph(), store, clock)
         .stage("turn_memory_context", TurnMemoryContext)
         .stage("crisis_gate", CrisisGate)
         .stage("crisis_response", CrisisResponse)
@@ -191,7 +193,7 @@ pub fn runner(
 /// Loads `working_memory` by hybrid retrieval, the procedural profile and
 /// the session memory; records `load_memory_ms` and `retrieval_path`. A
 /// failing store is recorded and the turn goes on (the gate must run).
-pub struct TurnMemoryContext;
+pub(super) struct TurnMemoryContext;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for TurnMemoryContext {
@@ -254,7 +256,7 @@ impl Stage<SupportState, AgentContext> for TurnMemoryContext {
 
 /// The model classifier first; the keyword classifier when it fails or
 /// answers malformed JSON, and as a floor otherwise. Logs every assessment.
-pub struct CrisisGate;
+pub(super) struct CrisisGate;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for CrisisGate {
@@ -314,7 +316,7 @@ impl Stage<SupportState, AgentContext> for CrisisGate {
 
 /// The crisis response: the universal advice, and only the directory's
 /// resources for the inferred location.
-pub struct CrisisResponse;
+pub(super) struct CrisisResponse;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for CrisisResponse {
@@ -367,7 +369,7 @@ impl Stage<SupportState, AgentContext> for CrisisResponse {
 
 /// Triage by rule: safety check, memory control, the exercise, a factual
 /// question, or a therapeutic reply.
-pub struct TurnDispatch;
+pub(super) struct TurnDispatch;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for TurnDispatch {
@@ -502,7 +504,7 @@ fn therapeutic_prompt(s: &SupportState) -> String {
 /// The therapeutic reply via the response model, with a style and an
 /// approach from the seed's lists; a plain supportive reply when the model
 /// fails.
-pub struct TherapeuticReply;
+pub(super) struct TherapeuticReply;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for TherapeuticReply {
@@ -542,7 +544,7 @@ impl Stage<SupportState, AgentContext> for TherapeuticReply {
 }
 
 /// The gate was unsure: ask about safety, without the model.
-pub struct SafetyCheck;
+pub(super) struct SafetyCheck;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for SafetyCheck {
@@ -559,7 +561,7 @@ impl Stage<SupportState, AgentContext> for SafetyCheck {
 }
 
 /// The 5-4-3-2-1 grounding exercise, one step per turn, approach pinned.
-pub struct GuidedExercise;
+pub(super) struct GuidedExercise;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for GuidedExercise {
@@ -591,20 +593,23 @@ impl Stage<SupportState, AgentContext> for GuidedExercise {
 
 /// Memory commands: recall lists, forgetting asks first, and the next turn
 /// confirms (deletes) or cancels, by rule.
-pub struct MemoryControl;
+pub(super) struct MemoryControl;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for MemoryControl {
     async fn run(&self, s: &SupportState, c: &AgentContext) -> Result<SupportDelta, StageError> {
         let action = s.memory_action.clone().unwrap_or(Value::Null);
         let kind = action.get("kind").and_then(Value::as_str).unwrap_or("");
-        let store_err = |e: PortError| StageError::new(format!("memory store: {e}"));
+        let store_err = StageError::port(Dependency::MemoryStore);
         let reply = match kind {
             "confirm" | "cancel" => {
                 let pending = action
                     .get("pending")
                     .and_then(PendingAction::from_value)
-                    .ok_or_else(|| StageError::new("memory action without its pending action"))?;
+                    .ok_or(StageError::State {
+                        field: "memory_control.action",
+                        problem: "a confirmation without its pending action",
+                    })?;
                 let answer = if kind == "confirm" {
                     Confirmation::Confirm
                 } else {
@@ -613,8 +618,13 @@ impl Stage<SupportState, AgentContext> for MemoryControl {
                 triage::confirmation_reply(&pending, answer)
             }
             _ => {
-                let command: MemoryCommand = serde_json::from_value(action.clone())
-                    .map_err(|e| StageError::new(format!("memory action: {e}")))?;
+                let command: MemoryCommand =
+                    serde_json::from_value(action.clone()).map_err(|source| {
+                        StageError::Decode {
+                            field: "memory_control.action",
+                            source,
+                        }
+                    })?;
                 let records = c
                     .memory_store
                     .list(&c.product_id, &c.owner, None)
@@ -642,7 +652,7 @@ impl Stage<SupportState, AgentContext> for MemoryControl {
 }
 
 /// A factual question answered only from the operator's knowledge base.
-pub struct GroundedLookup;
+pub(super) struct GroundedLookup;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for GroundedLookup {
@@ -665,7 +675,7 @@ impl Stage<SupportState, AgentContext> for GroundedLookup {
 
 /// The assistant turn appended to the transcript (and so to the history
 /// window), stamped with the reply's style.
-pub struct FinalizeTurn;
+pub(super) struct FinalizeTurn;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for FinalizeTurn {
@@ -727,7 +737,7 @@ user's exact words)}]}. No facts: an empty list.";
 /// an evidence quote that must be the user's own words (others are dropped),
 /// none stored twice. Skipped on the crisis and memory-control routes and
 /// for safety checks.
-pub struct MemoryExtraction;
+pub(super) struct MemoryExtraction;
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for MemoryExtraction {
@@ -771,7 +781,7 @@ impl Stage<SupportState, AgentContext> for MemoryExtraction {
                 });
             }
         };
-        let store_err = |e: PortError| StageError::new(format!("memory store: {e}"));
+        let store_err = StageError::port(Dependency::MemoryStore);
         let existing = c
             .memory_store
             .list(&c.product_id, &c.owner, Some(MemoryKind::Semantic))
@@ -867,7 +877,7 @@ async fn note_concerns(
 
 /// The embedding of `text`, or `None` without a provider or when it fails
 /// (token recall still finds the entry).
-pub async fn embed(c: &AgentContext, text: &str) -> Option<Vec<f32>> {
+pub(super) async fn embed(c: &AgentContext, text: &str) -> Option<Vec<f32>> {
     let e = c.embedder.as_ref()?;
     match e.embed(&[text.to_owned()]).await {
         Ok(out) => out.vectors.into_iter().next(),

@@ -7,15 +7,15 @@ use parlance_core::ProductId;
 use parlance_core::agent::crisis::UNIVERSAL_ADVICE;
 use parlance_core::turn::seed::{SupportInput, SupportLoaded, SupportOutput};
 use parlance_core::turn::{
-    LoadWindow, MemoryEntry, MemoryId, MemoryKind, MemoryRecord, OwnerId, ProceduralProfile,
-    SemanticEntry, ThreadId, ThreadKey,
+    Checkpoint, MemoryEntry, MemoryId, MemoryKind, MemoryRecord, OwnerId, ProceduralProfile,
+    SemanticEntry, ThreadId, ThreadKey, TurnKey,
 };
 use parlance_memory::{
-    HashingEmbedder, MemoryCheckpointer, MemoryCrisisLog, MemoryMemoryStore, OfflineLlm, Reply,
-    When,
+    HashingEmbedder, MemoryAuditLog, MemoryCheckpointStore, MemoryCrisisLog, MemoryMemoryStore,
+    OfflineLlm, Reply, When,
 };
 use parlance_ports::{
-    Checkpointer, CrisisLog, IdGen, LlmError, ManualClock, MemoryStore, SequentialIds,
+    CrisisLog, IdGen, LlmError, MachineStore, ManualClock, MemoryStore, SequentialIds,
 };
 use serde_json::{Value, json};
 
@@ -26,7 +26,7 @@ struct Harness {
     llm: Arc<OfflineLlm>,
     store: Arc<MemoryMemoryStore>,
     log: Arc<MemoryCrisisLog>,
-    checkpointer: Arc<MemoryCheckpointer>,
+    threads: Arc<MemoryCheckpointStore>,
     ids: Arc<SequentialIds>,
     product: ProductId,
 }
@@ -37,7 +37,7 @@ impl Harness {
             llm: Arc::new(llm),
             store: Arc::new(MemoryMemoryStore::new()),
             log: Arc::new(MemoryCrisisLog::new()),
-            checkpointer: Arc::new(MemoryCheckpointer::new()),
+            threads: Arc::new(MemoryCheckpointStore::new(Arc::new(MemoryAuditLog::new()))),
             ids: Arc::new(SequentialIds::new()),
             product: ProductId::parse("p").unwrap(),
         }
@@ -73,7 +73,7 @@ impl Harness {
             session_id: Some(session.to_owned()),
             ..SupportInput::default()
         };
-        runner(self.checkpointer.clone())
+        runner(self.threads.clone(), Arc::new(ManualClock::new()))
             .run(&ctx, &key, input, SupportLoaded::default())
             .await
             .unwrap()
@@ -82,6 +82,16 @@ impl Harness {
 
     async fn turn(&self, message: &str) -> SupportOutput {
         self.turn_in("u1", "s1", message).await
+    }
+
+    /// The whole thread at `key`, which must exist.
+    async fn thread(&self, key: &ThreadKey) -> Checkpoint {
+        self.threads
+            .load(&TurnKey::whole(key.clone()))
+            .await
+            .unwrap()
+            .expect("the thread exists")
+            .state
     }
 
     async fn add_fact(&self, object: &str, quote: &str) {
@@ -371,14 +381,14 @@ async fn guided_exercise_advances_one_step_per_turn_and_completes() {
         owner: OwnerId::parse("u1").unwrap(),
         thread: ThreadId::parse("s1").unwrap(),
     };
-    let cp = h.checkpointer.load(&key, &LoadWindow::all()).await.unwrap();
+    let cp = h.thread(&key).await;
     assert_eq!(cp.objects["exercise_state.exercise_type"], Value::Null);
     assert_eq!(cp.lists["transcript"].len(), 12);
     // Exit on request.
     h.turn("grounding please").await;
     let out = h.turn("I want to stop").await;
     assert!(out.response_text.contains("stop the exercise here"));
-    let cp = h.checkpointer.load(&key, &LoadWindow::all()).await.unwrap();
+    let cp = h.thread(&key).await;
     assert_eq!(cp.objects["exercise_state.exercise_step"], Value::Null);
 }
 
@@ -436,7 +446,7 @@ async fn finalization_records_history_transcript_and_turn_count() {
         owner: OwnerId::parse("u1").unwrap(),
         thread: ThreadId::parse("s1").unwrap(),
     };
-    let cp = h.checkpointer.load(&key, &LoadWindow::all()).await.unwrap();
+    let cp = h.thread(&key).await;
     assert_eq!(cp.version, 2);
     let t = &cp.lists["transcript"];
     assert_eq!(t.len(), 4);
@@ -543,7 +553,7 @@ async fn a_crisis_drops_a_pending_deletion_and_ends_an_exercise() {
         owner: OwnerId::parse("u1").unwrap(),
         thread: ThreadId::parse("s1").unwrap(),
     };
-    let cp = h.checkpointer.load(&key, &LoadWindow::all()).await.unwrap();
+    let cp = h.thread(&key).await;
     assert_eq!(cp.objects["exercise_state.exercise_type"], Value::Null);
 }
 
@@ -612,4 +622,47 @@ fn operator_files_load_from_paths_and_bad_ones_are_refused() {
     assert!(format!("{err:#}").contains("unknown field"), "{err:#}");
     assert!(AgentData::load(Some(&dir.join("missing.json")), None).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The problem an agent error answers with: status, `Retry-After` and type.
+async fn problem(e: super::service::AgentError) -> (u16, Option<String>, Value) {
+    use axum::response::IntoResponse as _;
+    let res = super::routes::answer(e).into_response();
+    let status = res.status().as_u16();
+    let retry = res
+        .headers()
+        .get(axum::http::header::RETRY_AFTER)
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+        .await
+        .unwrap();
+    (status, retry, serde_json::from_slice(&body).unwrap())
+}
+
+#[tokio::test]
+async fn a_contended_turn_and_a_failed_stage_are_503s_that_changed_nothing() {
+    use super::service::AgentError;
+    use crate::execute::ServiceError;
+    use crate::turn::{Dependency, StageError, TurnRunError};
+
+    let contended = AgentError::Turn(TurnRunError::Service(ServiceError::Contended {
+        attempts: 16,
+    }));
+    let (status, retry, body) = problem(contended).await;
+    assert_eq!((status, retry.as_deref()), (503, Some("1")));
+    assert_eq!(body["type"], "urn:parlance:problem:contended");
+
+    let stage = AgentError::Turn(TurnRunError::Stage {
+        stage: "memory_control",
+        source: StageError::port(Dependency::MemoryStore)(parlance_ports::PortError::unavailable(
+            "database unreachable",
+        )),
+    });
+    let (status, retry, body) = problem(stage).await;
+    assert_eq!((status, retry.as_deref()), (503, Some("1")));
+    assert_eq!(body["type"], "urn:parlance:problem:unavailable");
+    assert_eq!(
+        body["detail"],
+        "stage memory_control failed; nothing was changed, retry later"
+    );
 }

@@ -2,10 +2,10 @@
 //! transcript, asks the model for exactly one action and applies it.
 
 use parlance_core::conversation::{
-    ConversationError, ConversationState, Instance, InstanceId, Message, Outcome, Role, Todo,
+    ConversationCommand, ConversationError, ConversationKey, ConversationState, Instance, Message,
+    Role, Todo,
 };
 use parlance_core::structured;
-use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     CompletionRequest, CompletionResponse, Lease, LlmError, Message as LlmMessage, PortError,
     ToolChoice, ToolDefinition,
@@ -13,8 +13,9 @@ use parlance_ports::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::Conversations;
 use super::service;
-use crate::state::AppState;
+use crate::execute::ServiceError;
 use crate::worker::{Handlers, TaskError, TaskHandler};
 
 /// How many `update_todos` calls one turn may make before it must act.
@@ -24,7 +25,7 @@ const TRANSCRIPT_WINDOW: usize = 40;
 
 /// What the model chose.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(super) enum Action {
     /// Send a message and wait for a reply (optionally with the next
     /// follow-up delay in seconds).
     SendMessage {
@@ -52,7 +53,7 @@ pub enum Action {
 
 /// Why a turn could not finish.
 #[derive(Debug, thiserror::Error)]
-pub enum AgentError {
+pub(super) enum AgentError {
     /// The model failed; retry later.
     #[error("model call failed")]
     Model(#[from] LlmError),
@@ -62,11 +63,15 @@ pub enum AgentError {
     /// The store failed.
     #[error("conversation store failed")]
     Store(#[from] PortError),
+    /// The action could not be committed (the store failed, or every
+    /// attempt lost its race).
+    #[error("conversation command failed")]
+    Command(#[source] ServiceError<Instance>),
 }
 
 /// What a turn did.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TurnResult {
+pub(super) enum TurnResult {
     /// The action was applied; the instance is now in this state.
     Applied(ConversationState),
     /// There was nothing to do (the instance moved on, was paused or ended).
@@ -142,7 +147,7 @@ fn tools(follow_up: bool) -> Vec<ToolDefinition> {
 }
 
 /// The request for one decision.
-pub fn request_for(
+pub(super) fn request_for(
     instance: &Instance,
     transcript: &[Message],
     follow_up: bool,
@@ -225,7 +230,7 @@ struct TodoArgs {
 
 /// The action in an answer: its first tool call, or, from a model that
 /// answers in JSON instead, `{"action": name, ...arguments}`.
-pub fn parse_action(response: &CompletionResponse) -> Result<Action, AgentError> {
+pub(super) fn parse_action(response: &CompletionResponse) -> Result<Action, AgentError> {
     let (name, args) = match response.tool_calls.first() {
         Some(call) => (call.name.clone(), call.arguments.clone()),
         None => {
@@ -266,19 +271,28 @@ pub fn parse_action(response: &CompletionResponse) -> Result<Action, AgentError>
 
 /// Applies an action; a refusal means the instance moved on meanwhile.
 async fn act(
-    state: &AppState,
-    product: &ProductId,
-    id: InstanceId,
-    command: impl Fn(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>
-    + Send
-    + Sync
-    + 'static,
+    state: &Conversations,
+    key: &ConversationKey,
+    command: ConversationCommand,
 ) -> Result<TurnResult, AgentError> {
-    Ok(match service::apply(state, product, id, command).await? {
-        Ok(applied) => TurnResult::Applied(applied.instance.state),
-        Err(ConversationError::NotAllowed { state, .. }) => TurnResult::Skipped(state),
-        Err(other) => return Err(AgentError::Unusable(other.to_string())),
-    })
+    match service::run(state, key, command).await {
+        Ok(executed) => Ok(TurnResult::Applied(executed.state.state)),
+        Err(ServiceError::Refused {
+            error: ConversationError::NotAllowed(_),
+            current: Some(current),
+        }) => Ok(TurnResult::Skipped(current.state.state)),
+        Err(ServiceError::Refused { error, .. }) => Err(AgentError::Unusable(error.to_string())),
+        Err(ServiceError::NotFound) => Ok(TurnResult::Skipped(ConversationState::Failed)),
+        Err(other) => Err(AgentError::Command(other)),
+    }
+}
+
+/// The instance at `key` as stored, if it exists.
+async fn load(
+    state: &Conversations,
+    key: &ConversationKey,
+) -> Result<Option<Instance>, AgentError> {
+    Ok(state.store.load(key).await?.map(|s| s.state))
 }
 
 /// Runs one agent turn on an instance: starts the turn when the instance
@@ -288,18 +302,17 @@ async fn act(
 ///
 /// A model failure or an unusable answer (the task retries), or a store
 /// failure.
-pub async fn run_turn(
-    state: &AppState,
-    product: &ProductId,
-    id: InstanceId,
+pub(super) async fn run_turn(
+    state: &Conversations,
+    key: &ConversationKey,
 ) -> Result<TurnResult, AgentError> {
-    let Some(instance) = state.conversations.get(product, id).await? else {
+    let Some(instance) = load(state, key).await? else {
         return Ok(TurnResult::Skipped(ConversationState::Failed));
     };
     match instance.state {
         ConversationState::Created | ConversationState::WaitingForAgent => {
             if let TurnResult::Skipped(other) =
-                act(state, product, id, |i, now| i.begin_agent_turn(now)).await?
+                act(state, key, ConversationCommand::BeginAgentTurn).await?
             {
                 return Ok(TurnResult::Skipped(other));
             }
@@ -308,24 +321,21 @@ pub async fn run_turn(
         other => return Ok(TurnResult::Skipped(other)),
     }
     for _ in 0..=MAX_TODO_UPDATES {
-        let Some(instance) = state.conversations.get(product, id).await? else {
+        let Some(instance) = load(state, key).await? else {
             return Ok(TurnResult::Skipped(ConversationState::Failed));
         };
         if instance.state != ConversationState::Active {
             return Ok(TurnResult::Skipped(instance.state));
         }
-        let transcript = state.conversations.transcript(product, id).await?;
+        let transcript = state.index.transcript(key).await?;
         let response = state
+            .shared
             .llm
             .complete(&request_for(&instance, &transcript, false))
             .await?;
         return match parse_action(&response)? {
             Action::UpdateTodos { todos } => {
-                match act(state, product, id, move |i, now| {
-                    i.update_todos(todos.clone(), now)
-                })
-                .await?
-                {
+                match act(state, key, ConversationCommand::UpdateTodos { todos }).await? {
                     TurnResult::Applied(_) => continue,
                     skipped => Ok(skipped),
                 }
@@ -334,22 +344,17 @@ pub async fn run_turn(
                 text,
                 next_heartbeat_s,
             } => {
-                act(state, product, id, move |i, now| {
-                    i.agent_send(text.clone(), next_heartbeat_s, now)
-                })
-                .await
+                let command = ConversationCommand::AgentSend {
+                    text,
+                    next_heartbeat_s,
+                };
+                act(state, key, command).await
             }
             Action::EndConversation { outcome } => {
-                act(state, product, id, move |i, now| {
-                    i.end_conversation(outcome.clone(), now)
-                })
-                .await
+                act(state, key, ConversationCommand::EndConversation { outcome }).await
             }
             Action::RequestHuman { reason } => {
-                act(state, product, id, move |i, now| {
-                    i.request_human(reason.clone(), now)
-                })
-                .await
+                act(state, key, ConversationCommand::RequestHuman { reason }).await
             }
         };
     }
@@ -365,19 +370,19 @@ pub async fn run_turn(
 ///
 /// A model failure or an unusable answer (the task retries), or a store
 /// failure.
-pub async fn run_follow_up(
-    state: &AppState,
-    product: &ProductId,
-    id: InstanceId,
+pub(super) async fn run_follow_up(
+    state: &Conversations,
+    key: &ConversationKey,
 ) -> Result<TurnResult, AgentError> {
-    let Some(instance) = state.conversations.get(product, id).await? else {
+    let Some(instance) = load(state, key).await? else {
         return Ok(TurnResult::Skipped(ConversationState::Failed));
     };
     if instance.state != ConversationState::HeartbeatScheduled {
         return Ok(TurnResult::Skipped(instance.state));
     }
-    let transcript = state.conversations.transcript(product, id).await?;
+    let transcript = state.index.transcript(key).await?;
     let response = state
+        .shared
         .llm
         .complete(&request_for(&instance, &transcript, true))
         .await?;
@@ -388,25 +393,26 @@ pub async fn run_follow_up(
     else {
         return Err(AgentError::Unusable("a follow-up must be a message".into()));
     };
-    act(state, product, id, move |i, now| {
-        i.send_follow_up(text.clone(), next_heartbeat_s, now)
-    })
-    .await
+    let command = ConversationCommand::SendFollowUp {
+        text,
+        next_heartbeat_s,
+    };
+    act(state, key, command).await
 }
 
-pub use parlance_ports::conversation::{FOLLOW_UP_KIND, TURN_KIND};
+pub(super) use parlance_ports::conversation::{FOLLOW_UP_KIND, TURN_KIND};
 
 /// Runs agent turns or follow-ups from the queue. A task whose last attempt
 /// fails applies `fail(error)` to its instance.
-pub struct AgentTaskHandler {
-    state: AppState,
+pub(super) struct AgentTaskHandler {
+    state: Conversations,
     follow_up: bool,
 }
 
 impl AgentTaskHandler {
     /// The handler of [`TURN_KIND`] (`follow_up = false`) or
     /// [`FOLLOW_UP_KIND`].
-    pub fn new(state: AppState, follow_up: bool) -> Self {
+    pub(super) fn new(state: Conversations, follow_up: bool) -> Self {
         Self { state, follow_up }
     }
 }
@@ -414,12 +420,11 @@ impl AgentTaskHandler {
 #[async_trait::async_trait]
 impl TaskHandler for AgentTaskHandler {
     async fn run(&self, task: &Lease) -> Result<Value, TaskError> {
-        let id = service::task_instance(task)?;
-        let product = &task.product_id;
+        let key = service::task_key(task)?;
         let result = if self.follow_up {
-            run_follow_up(&self.state, product, id).await
+            run_follow_up(&self.state, &key).await
         } else {
-            run_turn(&self.state, product, id).await
+            run_turn(&self.state, &key).await
         };
         match result {
             Ok(TurnResult::Applied(s)) => Ok(json!({ "applied": s })),
@@ -430,15 +435,18 @@ impl TaskHandler for AgentTaskHandler {
                     other => other.to_string(),
                 };
                 if task.attempt >= task.max_attempts {
-                    let reason = message.clone();
-                    let failed = service::apply(&self.state, product, id, move |i, now| {
-                        i.fail(reason.clone(), now)
-                    })
-                    .await;
-                    if let Err(store) = failed {
-                        return Err(TaskError::retryable(format!(
-                            "{message}; marking the conversation failed: {store}"
-                        )));
+                    let command = ConversationCommand::Fail {
+                        error: message.clone(),
+                    };
+                    match service::run(&self.state, &key, command).await {
+                        // Failed now, or ended (or gone) before: either way
+                        // the task is done.
+                        Ok(_) | Err(ServiceError::Refused { .. } | ServiceError::NotFound) => {}
+                        Err(e) => {
+                            return Err(TaskError::retryable(format!(
+                                "{message}; marking the conversation failed: {e}"
+                            )));
+                        }
                     }
                     return Err(TaskError::permanent(message));
                 }
@@ -449,7 +457,7 @@ impl TaskHandler for AgentTaskHandler {
 }
 
 /// Registers the conversation agent's task kinds and deliveries.
-pub fn register(handlers: &mut Handlers, state: &AppState) {
+pub fn register(handlers: &mut Handlers, state: &Conversations) {
     handlers.register(
         parlance_ports::conversation::DELIVER_KIND,
         std::sync::Arc::new(service::DeliveryHandler::new(state.clone())),

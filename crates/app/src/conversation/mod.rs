@@ -1,12 +1,34 @@
-//! Conversation instances as a service: commands through the store, effects
-//! through the channel and the task queue, and the HTTP routes.
+//! Conversation instances as a service: commands through the executor,
+//! effects through the channel and the task queue, and the HTTP routes.
 
-pub mod agent;
-pub mod cli;
-pub mod demo;
-pub mod routes;
-pub mod service;
-pub mod sweeper;
-pub mod webhook;
+mod agent;
+mod routes;
+mod service;
+mod sweeper;
+mod webhook;
 
+use std::sync::Arc;
+
+use parlance_core::conversation::Instance;
+use parlance_ports::{Channel, ConversationStore, MachineStore};
+
+pub use agent::register as register_handlers;
 pub use routes::routes;
+pub use service::{create, run};
+pub use sweeper::{spawn as spawn_sweeper, sweep_once};
+pub use webhook::{IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WebhookChannel, signature};
+
+use crate::state::Shared;
+
+/// What the conversation routes, task handlers and sweeper share.
+#[derive(Clone)]
+pub struct Conversations {
+    /// Time, ids, the audit log, the queue, the model.
+    pub shared: Shared,
+    /// Conversation instances: every command is committed here.
+    pub store: Arc<dyn MachineStore<Instance>>,
+    /// Listings, transcripts, due heartbeats and delivery keys.
+    pub index: Arc<dyn ConversationStore>,
+    /// Where outbound messages go.
+    pub channel: Arc<dyn Channel>,
+}

@@ -5,23 +5,25 @@ use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
+use parlance_core::ProductId;
 use parlance_core::conversation::{
-    ContactId, ConversationError, ConversationState, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_FOLLOW_UPS,
-    Instance, InstanceId, Message, NewInstance, Outcome, Todo,
+    ContactId, ConversationCommand, ConversationKey, ConversationState, DEFAULT_HEARTBEAT_S,
+    DEFAULT_MAX_FOLLOW_UPS, Instance, InstanceId, Message, NewInstance, Todo,
 };
-use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{Applied, AuditRecord, ListFilter};
+use parlance_core::machine::Name;
+use parlance_ports::{AuditRecord, ListFilter, Stored};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use super::Conversations;
 use super::service;
 use crate::auth::Tenant;
+use crate::execute::Executed;
 use crate::http::{ApiError, ApiJson};
-use crate::state::AppState;
 
 /// The conversation routes.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Conversations> {
     Router::new()
         .route(
             "/products/{product_id}/conversations",
@@ -99,51 +101,81 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
+/// An instance as stored: the record and its version.
+#[derive(Debug, Serialize)]
+struct InstanceView {
+    #[serde(flatten)]
+    instance: Instance,
+    version: u64,
+}
+
+impl From<Stored<Instance>> for InstanceView {
+    fn from(s: Stored<Instance>) -> Self {
+        Self {
+            instance: s.state,
+            version: s.version.0,
+        }
+    }
+}
+
 /// An instance with its transcript.
 #[derive(Debug, Serialize)]
 struct View {
-    conversation: Instance,
+    conversation: InstanceView,
     transcript: Vec<Message>,
 }
 
 /// What a command did.
 #[derive(Debug, Serialize)]
 struct CommandView {
-    conversation: Instance,
+    conversation: InstanceView,
     transitions: Vec<TransitionView>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    promoted: Option<Instance>,
+    promoted: Option<InstanceView>,
 }
 
 #[derive(Debug, Serialize)]
 struct TransitionView {
-    from: ConversationState,
-    to: ConversationState,
-    cause: &'static str,
+    from: Name,
+    to: Name,
+    cause: Name,
 }
 
-impl From<Applied> for CommandView {
-    fn from(a: Applied) -> Self {
+impl From<Executed<Instance>> for CommandView {
+    fn from(e: Executed<Instance>) -> Self {
         Self {
-            transitions: a
-                .outcome
+            // State changes only: a late reply, from and to the terminal
+            // state, is audited, not shown here.
+            transitions: e
+                .decision
                 .transitions
-                .iter()
-                .map(|t| TransitionView {
-                    from: t.from,
-                    to: t.to,
-                    cause: t.cause,
+                .into_iter()
+                .filter_map(|t| {
+                    let from = t.from.filter(|from| *from != t.to)?;
+                    Some(TransitionView {
+                        from,
+                        to: t.to,
+                        cause: t.cause,
+                    })
                 })
                 .collect(),
-            conversation: a.instance,
-            promoted: a.promoted.map(|(p, _)| p),
+            conversation: InstanceView {
+                instance: e.state,
+                version: e.version.0,
+            },
+            promoted: e.also.into_iter().next().map(|(p, _)| p.into()),
         }
     }
 }
 
-fn parse_id(raw: &str) -> Result<InstanceId, ApiError> {
-    raw.parse()
-        .map_err(|_| ApiError::not_found(format!("no conversation {raw}")))
+fn parse_key(product: &ProductId, raw: &str) -> Result<ConversationKey, ApiError> {
+    let instance_id: InstanceId = raw
+        .parse()
+        .map_err(|_| ApiError::not_found(format!("no conversation {raw}")))?;
+    Ok(ConversationKey {
+        product_id: product.clone(),
+        instance_id,
+    })
 }
 
 fn parse_contact(raw: String) -> Result<ContactId, ApiError> {
@@ -151,13 +183,15 @@ fn parse_contact(raw: String) -> Result<ContactId, ApiError> {
 }
 
 async fn create(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     ApiJson(body): ApiJson<CreateBody>,
 ) -> Result<(StatusCode, ApiJson<View>), ApiError> {
     crate::http::check_items("todos", body.todos.len())?;
-    let instance_id =
-        InstanceId::from_uuid(body.instance_id.unwrap_or_else(|| state.ids.new_uuid()));
+    let instance_id = InstanceId::from_uuid(
+        body.instance_id
+            .unwrap_or_else(|| state.shared.ids.new_uuid()),
+    );
     let new = NewInstance {
         product_id: product,
         instance_id,
@@ -176,19 +210,21 @@ async fn create(
         max_follow_ups: body.max_follow_ups.unwrap_or(DEFAULT_MAX_FOLLOW_UPS),
         metadata: body.metadata.unwrap_or_default(),
     };
-    let instance = service::create(&state, new).await?;
-    let transcript = Vec::new();
+    let created = service::create(&state, new).await?;
     Ok((
         StatusCode::CREATED,
         ApiJson(View {
-            conversation: instance,
-            transcript,
+            conversation: InstanceView {
+                instance: created.state,
+                version: created.version.0,
+            },
+            transcript: Vec::new(),
         }),
     ))
 }
 
 async fn list(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Query(q): Query<ListQuery>,
 ) -> Result<ApiJson<Value>, ApiError> {
@@ -203,47 +239,50 @@ async fn list(
             .transpose()?,
         limit: q.limit,
     };
-    let items = state.conversations.list(&product, &filter).await?;
+    let items: Vec<InstanceView> = state
+        .index
+        .list(&product, &filter)
+        .await?
+        .into_iter()
+        .map(InstanceView::from)
+        .collect();
     Ok(ApiJson(serde_json::json!({ "items": items })))
 }
 
 async fn fetch(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<View>, ApiError> {
-    let id = parse_id(&id)?;
+    let key = parse_key(&product, &id)?;
     let conversation = state
-        .conversations
-        .get(&product, id)
+        .store
+        .load(&key)
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("no conversation {id}")))?;
-    let transcript = state.conversations.transcript(&product, id).await?;
+        .ok_or_else(|| ApiError::not_found(format!("no conversation {}", key.instance_id)))?;
+    let transcript = state.index.transcript(&key).await?;
     Ok(ApiJson(View {
-        conversation,
+        conversation: conversation.into(),
         transcript,
     }))
 }
 
 async fn reply(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
     ApiJson(body): ApiJson<TextBody>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    let id = parse_id(&id)?;
+    let key = parse_key(&product, &id)?;
     check_text(&body.text)?;
-    let applied = service::run(&state, &product, id, move |i, now| {
-        Ok(i.contact_reply(body.text.clone(), now))
-    })
-    .await?;
-    Ok(ApiJson(applied.into()))
+    let command = ConversationCommand::ContactReply { text: body.text };
+    Ok(ApiJson(service::run(&state, &key, command).await?.into()))
 }
 
 /// A reply addressed to a contact goes to the instance holding it, else to
 /// the contact's newest instance.
 async fn contact_reply(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, contact)): Path<(String, String)>,
     ApiJson(body): ApiJson<TextBody>,
@@ -254,18 +293,15 @@ async fn contact_reply(
         contact_id: Some(contact.clone()),
         ..ListFilter::default()
     };
-    let instances = state.conversations.list(&product, &filter).await?;
+    let instances = state.index.list(&product, &filter).await?;
     let target = instances
         .iter()
-        .find(|i| i.holds_contact())
+        .find(|i| i.state.holds_contact())
         .or_else(|| instances.last())
         .ok_or_else(|| ApiError::not_found(format!("no conversation with contact {contact}")))?;
-    let id = target.instance_id;
-    let applied = service::run(&state, &product, id, move |i, now| {
-        Ok(i.contact_reply(body.text.clone(), now))
-    })
-    .await?;
-    Ok(ApiJson(applied.into()))
+    let key = target.state.key();
+    let command = ConversationCommand::ContactReply { text: body.text };
+    Ok(ApiJson(service::run(&state, &key, command).await?.into()))
 }
 
 fn check_text(text: &str) -> Result<(), ApiError> {
@@ -277,84 +313,94 @@ fn check_text(text: &str) -> Result<(), ApiError> {
 
 /// A body-less operator command on one instance.
 async fn operator(
-    state: &AppState,
+    state: &Conversations,
     product: &ProductId,
     raw_id: &str,
-    command: fn(&mut Instance, Timestamp) -> Result<Outcome, ConversationError>,
+    command: ConversationCommand,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    let id = parse_id(raw_id)?;
-    Ok(ApiJson(
-        service::run(state, product, id, command).await?.into(),
-    ))
+    let key = parse_key(product, raw_id)?;
+    Ok(ApiJson(service::run(state, &key, command).await?.into()))
 }
 
 async fn pause(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    operator(&state, &product, &id, |i, now| i.pause(now)).await
+    operator(&state, &product, &id, ConversationCommand::Pause).await
 }
 
 async fn resume(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    operator(&state, &product, &id, |i, now| i.resume(now)).await
+    operator(&state, &product, &id, ConversationCommand::Resume).await
 }
 
 async fn cancel(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    operator(&state, &product, &id, |i, now| i.cancel(now)).await
+    operator(&state, &product, &id, ConversationCommand::Cancel).await
 }
 
 async fn send(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
     ApiJson(body): ApiJson<TextBody>,
 ) -> Result<ApiJson<CommandView>, ApiError> {
-    let id = parse_id(&id)?;
-    let applied = service::run(&state, &product, id, move |i, now| {
-        i.operator_send(body.text.clone(), now)
-    })
-    .await?;
-    Ok(ApiJson(applied.into()))
+    let key = parse_key(&product, &id)?;
+    let command = ConversationCommand::OperatorSend { text: body.text };
+    Ok(ApiJson(service::run(&state, &key, command).await?.into()))
 }
 
 async fn audit(
-    State(state): State<AppState>,
+    State(state): State<Conversations>,
     Tenant(product): Tenant,
     Path((_, id)): Path<(String, String)>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let id = parse_id(&id)?;
-    if state.conversations.get(&product, id).await?.is_none() {
+    let key = parse_key(&product, &id)?;
+    let id = key.instance_id;
+    if state.store.load(&key).await?.is_none() {
         return Err(ApiError::not_found(format!("no conversation {id}")));
     }
     let items: Vec<AuditRecord> = state
+        .shared
         .audit
-        .list(&product, "conversation", &id.to_string(), None, 1000)
+        .list(
+            &product,
+            parlance_core::EntityKind::Conversation,
+            &id.to_string(),
+            None,
+            1000,
+        )
         .await?;
     Ok(ApiJson(serde_json::json!({ "items": items })))
 }
 
 #[cfg(test)]
 mod tests {
+    use parlance_core::NotAllowed;
+    use parlance_core::conversation::ConversationError;
+
     use super::*;
+    use crate::execute::ServiceError;
+
+    fn answer(e: ConversationError) -> ApiError {
+        ServiceError::<Instance>::refused(e, None).into()
+    }
 
     #[test]
     fn refusals_map_to_409_and_422() {
-        use parlance_core::conversation::ConversationError;
-        let e = service::refusal(ConversationError::NotAllowed {
-            command: "pause",
-            state: ConversationState::Paused,
-        });
+        let e = answer(ConversationError::NotAllowed(NotAllowed::new(
+            "pause",
+            ConversationState::Paused.as_str(),
+        )));
         assert_eq!(e.status(), StatusCode::CONFLICT);
-        let e = service::refusal(ConversationError::Invalid {
+        let e = answer(ConversationError::Invalid {
             field: "text",
             reason: "must not be empty".into(),
         });

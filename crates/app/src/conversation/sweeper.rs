@@ -4,9 +4,11 @@
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use parlance_core::conversation::ConversationCommand;
 
+use super::Conversations;
 use super::service;
-use crate::state::AppState;
+use crate::execute::ServiceError;
 
 /// Instances claimed per sweep.
 const BATCH: usize = 100;
@@ -17,35 +19,40 @@ const LEASE: Duration = Duration::from_secs(30);
 
 /// Fires every heartbeat due now; returns how many fired. Concurrent
 /// sweepers (in other processes too) never fire one heartbeat twice: claims
-/// skip each other's rows and firing re-checks the deadline under the row's
-/// lock.
+/// skip each other's rows, and a firing is a command like any other, a
+/// compare-and-swap on the version decided again on a fresh load when it
+/// loses, where the fired heartbeat is no longer armed.
 ///
 /// # Errors
 ///
 /// When the store cannot be reached.
-pub async fn sweep_once(state: &AppState) -> parlance_ports::PortResult<usize> {
+pub async fn sweep_once(state: &Conversations) -> parlance_ports::PortResult<usize> {
     let mut fired = 0;
     loop {
-        let now = state.clock.now();
-        let due = state.conversations.claim_due(now, BATCH, LEASE).await?;
+        let now = state.shared.clock.now();
+        let due = state.index.claim_due(now, BATCH, LEASE).await?;
         let claimed = due.len();
         // Each firing is its own transaction: run several at once so the
         // batch costs a few commit latencies, not one per instance.
-        let results: Vec<_> = futures::stream::iter(due)
-            .map(|instance| async move {
-                service::apply(
-                    state,
-                    &instance.product_id,
-                    instance.instance_id,
-                    |i, now| i.fire_heartbeat(now),
-                )
-                .await
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        for applied in results {
-            fired += usize::from(applied?.is_ok());
+        let results: Vec<_> =
+            futures::stream::iter(due)
+                .map(|key| async move {
+                    service::run(state, &key, ConversationCommand::TimerFired).await
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+        for result in results {
+            match result {
+                Ok(_) => fired += 1,
+                Err(ServiceError::Port(e)) => return Err(e),
+                Err(e @ ServiceError::Contended { .. }) => {
+                    // A later sweep fires it if it is still due.
+                    tracing::warn!(error = %e, "a heartbeat lost every race to other writers");
+                }
+                // Not due any more, or moved on: nothing to fire.
+                Err(_) => {}
+            }
         }
         if claimed < BATCH {
             return Ok(fired);
@@ -54,7 +61,7 @@ pub async fn sweep_once(state: &AppState) -> parlance_ports::PortResult<usize> {
 }
 
 /// Sweeps every second until the task is aborted.
-pub fn spawn(state: AppState) -> tokio::task::JoinHandle<()> {
+pub fn spawn(state: Conversations) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -89,7 +89,7 @@ impl FlowCatalog {
 
 /// Validates one flow file, invokers included; every problem as a
 /// `location: message` line.
-pub fn load_flow(
+pub(super) fn load_flow(
     text: &str,
     templates: BTreeMap<String, String>,
     known: &dyn Fn(&str) -> bool,

@@ -1,18 +1,23 @@
-//! Flows as a service: the catalog loaded from `--flows`, invokers, the DAG
-//! runner on the task queue and its task handlers, the service and the
+//! Flows as a service: the catalog loaded from `--flows`, invokers, the
+//! runs of DAGs on the task queue and their task handlers, the service
+//! (every change a `FlowCommand` through the executor) and the
 //! reference-compatible HTTP routes.
 
-pub mod catalog;
+mod catalog;
 mod examples;
-pub mod executor;
-pub mod invoker;
+mod executor;
+mod invoker;
 mod routes;
-pub mod service;
-pub mod tasks;
+mod service;
+mod tasks;
 
-pub use catalog::FlowCatalog;
+pub use catalog::{FlowCatalog, read_templates};
 pub use examples::example_catalog;
-pub use executor::{DagJob, DagRunner, QueueRunner, RunnerOptions};
+pub use executor::{DagRunner, QueueRunner};
 pub use invoker::{Invoker, Invokers, LlmInvoker, TemplateInvoker};
 pub use routes::routes;
-pub use service::{AiProgress, AiResponse, FlowDeps, FlowService, FlowServiceError};
+pub use service::{AiProgress, AiResponse, FlowDeps, FlowService, TaskState};
+pub use tasks::register as register_handlers;
+
+/// What the flow routes and task handlers share: the one flow service.
+pub type Flows = std::sync::Arc<FlowService>;

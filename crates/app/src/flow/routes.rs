@@ -1,22 +1,26 @@
 //! The reference-compatible flow routes under `/v1/ai/{flow}`, and the list
 //! of loaded flows.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::routing::{get, post};
-use parlance_core::flow::FlowError;
+use parlance_core::ProductId;
+use parlance_core::flow::{ClientEvent, Flow, FlowError, FlowKey, FlowRecord, FlowSessionId};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::service::{AiResponse, FlowServiceError};
+use super::Flows;
+use super::service::{AiResponse, TaskState};
 use crate::auth::Tenant;
+use crate::execute::ServiceError;
 use crate::http::{ApiError, ApiJson};
-use crate::state::AppState;
 
 /// The flow routes.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Flows> {
     Router::new()
         .route("/ai/{flow}/start_session", get(start_get).post(start_post))
         .route("/ai/{flow}/event", post(event))
@@ -25,52 +29,47 @@ pub fn routes() -> Router<AppState> {
         .route("/products/{product_id}/flows", get(list))
 }
 
-impl From<FlowServiceError> for ApiError {
-    fn from(e: FlowServiceError) -> Self {
-        match e {
-            FlowServiceError::UnknownFlow(_) | FlowServiceError::UnknownSession(_) => {
-                ApiError::not_found(e.to_string())
-            }
-            FlowServiceError::Port(p) => p.into(),
-            FlowServiceError::Flow(f) => flow_error(f),
+/// The answer to a flow call that failed: one answer per meaning, as for
+/// every machine ([`ApiError::from`]), keeping what only a flow knows: a
+/// validator's name and message, the template and limit of a render over
+/// its budget, the length of a full dialogue, and which session or flow
+/// does not exist.
+fn answer(e: ServiceError<FlowRecord>, session: Option<&FlowSessionId>) -> ApiError {
+    match (e, session) {
+        (ServiceError::NotFound, Some(session)) => {
+            ApiError::not_found(format!("no session `{session}` in this flow"))
         }
+        (ServiceError::Refused { error, .. }, _) => {
+            let api = ApiError::refused(&error);
+            match error {
+                FlowError::Validator { validator, message } => {
+                    api.with("validator", validator).with("message", message)
+                }
+                FlowError::RenderLimit { what, limit } => {
+                    api.with("template", what).with("limit", limit)
+                }
+                FlowError::DialogueFull { len } => api.with("len", len),
+                _ => api,
+            }
+        }
+        (other, _) => other.into(),
     }
 }
 
-fn flow_error(e: FlowError) -> ApiError {
-    let detail = e.to_string();
-    match e {
-        FlowError::TransitionNotAllowed { event, state } => {
-            ApiError::conflict("transition-not-allowed", detail)
-                .with("event", event)
-                .with("state", state)
-        }
-        FlowError::Validator { validator, message } => ApiError::unprocessable(detail)
-            .with("validator", validator)
-            .with("message", message),
-        FlowError::EventReservedForEngine { event } => {
-            ApiError::conflict("event-reserved-for-engine", detail).with("event", event)
-        }
-        FlowError::DagRunning { state } => {
-            ApiError::conflict("dag-running", detail).with("state", state)
-        }
-        FlowError::RetryNotOffered { state } => {
-            ApiError::conflict("retry-not-offered", detail).with("state", state)
-        }
-        FlowError::StaleInvocation { .. } => ApiError::conflict("nothing-running", detail),
-        FlowError::Hook { .. } => ApiError::unprocessable(detail),
-        FlowError::RenderLimit { what, limit } => ApiError::new(
-            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-            "render-limit",
-            detail,
-        )
-        .with("template", what)
-        .with("limit", limit),
-        FlowError::DialogueFull { len } => {
-            ApiError::conflict("dialogue-full", detail).with("len", len)
-        }
-        FlowError::Render { .. } | FlowError::Invalid(_) => ApiError::internal(&e),
-    }
+/// The flow named `name`, or the answer that there is none.
+fn flow(flows: &Flows, name: &str) -> Result<Arc<Flow>, ApiError> {
+    flows
+        .catalog()
+        .get(name)
+        .ok_or_else(|| ApiError::not_found(format!("no flow named `{name}`")))
+}
+
+/// The session `id` of `product`, or the answer that there is none (an id
+/// the service cannot have issued names no session).
+fn key(product: ProductId, id: &str) -> Result<FlowKey, ApiError> {
+    FlowSessionId::parse(id)
+        .map(|session_id| FlowKey::new(product, session_id))
+        .map_err(|_| ApiError::not_found(format!("no session `{id}` in this flow")))
 }
 
 /// The optional body of `start_session`.
@@ -83,17 +82,20 @@ struct StartBody {
 }
 
 async fn start_get(
-    State(state): State<AppState>,
+    State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path(flow): Path<String>,
+    Path(name): Path<String>,
 ) -> Result<Json<AiResponse>, ApiError> {
-    Ok(Json(
-        state.flow_service().start_session(&product, &flow).await?,
-    ))
+    let flow = flow(&state, &name)?;
+    state
+        .start_session(&product, &flow)
+        .await
+        .map(Json)
+        .map_err(|e| answer(e, None))
 }
 
 async fn start_post(
-    State(state): State<AppState>,
+    State(state): State<Flows>,
     Tenant(product): Tenant,
     Path(flow): Path<String>,
     body: Bytes,
@@ -114,54 +116,56 @@ struct EventBody {
 }
 
 async fn event(
-    State(state): State<AppState>,
+    State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path(flow): Path<String>,
+    Path(name): Path<String>,
     ApiJson(body): ApiJson<EventBody>,
 ) -> Result<Json<AiResponse>, ApiError> {
-    Ok(Json(
-        state
-            .flow_service()
-            .event(
-                &product,
-                &flow,
-                &body.session_id,
-                &body.event,
-                &body.event_input,
-            )
-            .await?,
-    ))
+    let flow = flow(&state, &name)?;
+    let key = key(product, &body.session_id)?;
+    state
+        .event(
+            &key,
+            &flow,
+            ClientEvent::parse(&body.event),
+            &body.event_input,
+        )
+        .await
+        .map(Json)
+        .map_err(|e| answer(e, Some(&key.session_id)))
 }
 
 async fn task_state(
-    State(state): State<AppState>,
+    State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path((flow, session_id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(
-        state
-            .flow_service()
-            .task_state(&product, &flow, &session_id)
-            .await?,
-    ))
+    Path((name, session_id)): Path<(String, String)>,
+) -> Result<Json<TaskState>, ApiError> {
+    let flow = flow(&state, &name)?;
+    let key = key(product, &session_id)?;
+    state
+        .task_state(&key, &flow)
+        .await
+        .map(Json)
+        .map_err(|e| answer(e, Some(&key.session_id)))
 }
 
 async fn model(
-    State(state): State<AppState>,
+    State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path((flow, session_id)): Path<(String, String)>,
+    Path((name, session_id)): Path<(String, String)>,
 ) -> Result<Json<AiResponse>, ApiError> {
-    Ok(Json(
-        state
-            .flow_service()
-            .model(&product, &flow, &session_id)
-            .await?,
-    ))
+    let flow = flow(&state, &name)?;
+    let key = key(product, &session_id)?;
+    state
+        .model(&key, &flow)
+        .await
+        .map(Json)
+        .map_err(|e| answer(e, Some(&key.session_id)))
 }
 
-async fn list(State(state): State<AppState>, Tenant(_product): Tenant) -> Json<Value> {
+async fn list(State(state): State<Flows>, Tenant(_product): Tenant) -> Json<Value> {
     let flows: Vec<Value> = state
-        .flow_catalog
+        .catalog()
         .iter()
         .map(|f| {
             let def = f.def();

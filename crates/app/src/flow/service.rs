@@ -1,25 +1,29 @@
-//! The flow service: sessions, events, polls and DAG completions, each
-//! loaded and saved with compare-and-swap; a transition's audit entry is
-//! written in the commit that saves it.
+//! The flow service: sessions, client events, polls and DAG outcomes.
+//!
+//! Every change of a session is a [`FlowCommand`] run through the
+//! [`Executor`]: loaded, decided with the flow's [`FlowContext`] and
+//! committed with its dialogue, progress, audit entry and DAG in one
+//! commit, decided again when a compare-and-swap is lost. Answers come from
+//! the decision's effects. Polls and the other reads write nothing, except
+//! that a poll that finds the session's run ended without reaching it
+//! decides the failure.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parlance_core::ProductId;
-use parlance_core::flow::{Actor, DialogueElement, Fired, Flow, FlowError, FlowSession, TaskError};
-use parlance_ports::{
-    AuditEntry, Clock, DagStart, ErrorKind, FlowAppend, FlowStore, IdGen, LlmClient, PortError,
-    ProgressUpdate, StoredFlowSession,
+use parlance_core::flow::{
+    Actor, ClientEvent, DialogueElement, Flow, FlowCommand, FlowContext, FlowEffect, FlowKey,
+    FlowRecord, FlowSession, FlowSessionId, RunnerOptions, TaskError, reason,
 };
+use parlance_ports::{Clock, FlowStore, IdGen, LlmClient, MachineStore, Stored};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::catalog::FlowCatalog;
-use super::executor::{DagJob, DagRunner};
+use super::executor::DagRunner;
 use super::invoker::{Invoker, Invokers};
-
-/// How many times a lost compare-and-swap is retried.
-const CAS_ATTEMPTS: usize = 8;
+use crate::execute::{Executed, Executor, ServiceError};
 
 /// Progress as the reference's clients read it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -49,28 +53,24 @@ pub struct AiResponse {
     pub progress: Option<AiProgress>,
 }
 
-/// What can go wrong in the service.
-#[derive(Debug, thiserror::Error)]
-pub enum FlowServiceError {
-    /// No such flow is loaded.
-    #[error("no flow named `{0}`")]
-    UnknownFlow(String),
-    /// No such session in this flow for this product.
-    #[error("no session `{0}` in this flow")]
-    UnknownSession(String),
-    /// The engine refused.
-    #[error(transparent)]
-    Flow(#[from] FlowError),
-    /// Storage failed (or lost too many races).
-    #[error(transparent)]
-    Port(#[from] PortError),
+/// The reference's `task_state` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TaskState {
+    /// What the client may send next (empty while a DAG runs).
+    pub next_actions: Vec<String>,
+    /// Whether no DAG runs.
+    pub ready: bool,
+    /// The session.
+    pub session_id: String,
 }
 
-/// The flow service over a store, a runner and a catalog.
+/// The flow service over its stores, a runner and a catalog.
 pub struct FlowService {
     catalog: Arc<FlowCatalog>,
+    records: Arc<dyn MachineStore<FlowRecord>>,
     store: Arc<dyn FlowStore>,
     runner: Arc<dyn DagRunner>,
+    options: RunnerOptions,
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdGen>,
     invokers: Invokers,
@@ -80,10 +80,14 @@ pub struct FlowService {
 pub struct FlowDeps {
     /// Loaded flows.
     pub catalog: Arc<FlowCatalog>,
-    /// Session storage.
+    /// Sessions with their dialogue, loaded and committed.
+    pub records: Arc<dyn MachineStore<FlowRecord>>,
+    /// The flow store's own reads and progress counts.
     pub store: Arc<dyn FlowStore>,
-    /// Runs DAG plans.
+    /// Stops runs and reports how they ended.
     pub runner: Arc<dyn DagRunner>,
+    /// Attempts and timeout of the DAG nodes sessions enqueue.
+    pub options: RunnerOptions,
     /// Time.
     pub clock: Arc<dyn Clock>,
     /// Ids.
@@ -101,8 +105,10 @@ impl FlowService {
         invokers.extend(&deps.extra_invokers);
         Arc::new(Self {
             catalog: deps.catalog,
+            records: deps.records,
             store: deps.store,
             runner: deps.runner,
+            options: deps.options,
             clock: deps.clock,
             ids: deps.ids,
             invokers,
@@ -114,7 +120,7 @@ impl FlowService {
         &self.catalog
     }
 
-    /// Session storage.
+    /// The flow store's reads and progress counts.
     pub fn store(&self) -> &Arc<dyn FlowStore> {
         &self.store
     }
@@ -124,234 +130,149 @@ impl FlowService {
         &self.invokers
     }
 
-    /// Saves a transition with its audit entry; one that starts a DAG
-    /// enqueues it in the same commit, with its progress.
-    async fn commit(
-        &self,
-        product: &ProductId,
-        fired: &Fired,
-        expected_version: i64,
-        progress: Option<ProgressUpdate>,
-        audit: AuditEntry,
-        now: parlance_core::Timestamp,
-    ) -> Result<(), PortError> {
-        let audit = [audit];
-        let append = FlowAppend {
-            dialogue: &fired.appended,
-            audit: &audit,
-        };
-        match (&fired.dag, progress) {
-            (Some(plan), Some(progress)) => {
-                let dag = self.runner.compile(&DagJob {
-                    product_id: product,
-                    session_id: &fired.session.session_id,
-                    flow: &fired.session.flow,
-                    plan,
-                });
-                self.store
-                    .save_and_enqueue(
-                        product,
-                        &fired.session,
-                        expected_version,
-                        append,
-                        &DagStart { progress, dag },
-                        now,
-                    )
-                    .await
-                    .map(|_| ())
-            }
-            (_, progress) => self
-                .store
-                .save(
-                    product,
-                    &fired.session,
-                    expected_version,
-                    append,
-                    progress.as_ref(),
-                    now,
-                )
-                .await
-                .map(|_| ()),
-        }
+    fn executor(&self) -> Executor<'_, FlowRecord> {
+        Executor::new(&*self.records, &*self.clock)
     }
 
-    fn flow(&self, name: &str) -> Result<Arc<Flow>, FlowServiceError> {
-        self.catalog
-            .get(name)
-            .ok_or_else(|| FlowServiceError::UnknownFlow(name.to_owned()))
-    }
-
-    async fn load(
-        &self,
-        product: &ProductId,
-        flow: &Flow,
-        session_id: &str,
-    ) -> Result<(StoredFlowSession, Vec<DialogueElement>), FlowServiceError> {
-        let not_found = || FlowServiceError::UnknownSession(session_id.to_owned());
-        let stored = self
-            .store
-            .load(product, session_id)
-            .await
-            .map_err(|e| match e.kind {
-                ErrorKind::NotFound => not_found(),
-                _ => e.into(),
-            })?;
-        if stored.session.flow != flow.name() {
-            return Err(not_found());
-        }
-        let dialogue = self.store.dialogue(product, session_id).await?;
-        Ok((stored, dialogue))
+    fn context(&self, flow: &Arc<Flow>) -> FlowContext {
+        FlowContext::new(flow.clone(), self.options)
     }
 
     fn new_id(&self) -> String {
         self.ids.new_uuid().to_string()
     }
 
-    /// Starts a session: the greeting is rendered and recorded.
+    /// Runs `command` on the session at `key` of `flow`; a session of
+    /// another flow is not found.
+    async fn run(
+        &self,
+        key: &FlowKey,
+        flow: &Arc<Flow>,
+        command: FlowCommand,
+    ) -> Result<Executed<FlowRecord>, ServiceError<FlowRecord>> {
+        self.executor()
+            .run_with(key, &self.context(flow), |loaded| {
+                let ours = loaded.is_none_or(|s| s.state.session().flow == flow.name());
+                std::future::ready(if ours {
+                    Ok(Some(command.clone()))
+                } else {
+                    Err(ServiceError::NotFound)
+                })
+            })
+            .await
+    }
+
+    /// The session at `key` without its dialogue, if it runs `flow`.
+    async fn session(
+        &self,
+        key: &FlowKey,
+        flow: &Flow,
+    ) -> Result<Stored<FlowSession>, ServiceError<FlowRecord>> {
+        self.store
+            .session(key)
+            .await?
+            .filter(|s| s.state.flow == flow.name())
+            .ok_or(ServiceError::NotFound)
+    }
+
+    /// Starts a session of `flow` for `product`: the greeting is rendered
+    /// and recorded.
+    ///
+    /// # Errors
+    ///
+    /// What the flow refuses (a hook or the greeting's template), or a
+    /// storage failure.
     pub async fn start_session(
         &self,
         product: &ProductId,
-        flow_name: &str,
-    ) -> Result<AiResponse, FlowServiceError> {
-        let flow = self.flow(flow_name)?;
-        let now = self.clock.now();
-        let fired = flow.start(&self.new_id(), now)?;
-        let audit = [audit_entry(
-            product,
-            &fired.session,
-            None,
-            "start_session",
-            now,
-        )];
-        let append = FlowAppend {
-            dialogue: &fired.appended,
-            audit: &audit,
-        };
-        self.store
-            .create(product, &fired.session, append, now)
-            .await?;
+        flow: &Arc<Flow>,
+    ) -> Result<AiResponse, ServiceError<FlowRecord>> {
+        let key = FlowKey::new(
+            product.clone(),
+            FlowSessionId::from_uuid(self.ids.new_uuid()),
+        );
+        let done = self.run(&key, flow, FlowCommand::Start).await?;
         Ok(AiResponse {
-            session_id: fired.session.session_id.clone(),
-            next_actions: flow.next_actions(&fired.session),
+            session_id: key.session_id.to_string(),
+            next_actions: flow.next_actions(done.state.session()),
             error: None,
             errors: Vec::new(),
-            response: fired.response,
+            response: respond(&done),
             progress: None,
         })
     }
 
-    /// Handles a client event: `poll`, `cancel`, `retry`, or a flow event.
+    /// Handles a client event: `poll` reads; `cancel`, `retry` and the
+    /// flow's events are decided.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NotFound`] for a session that is not this flow's,
+    /// the flow's refusal, [`ServiceError::Contended`], or a storage failure.
     pub async fn event(
         &self,
-        product: &ProductId,
-        flow_name: &str,
-        session_id: &str,
-        event: &str,
+        key: &FlowKey,
+        flow: &Arc<Flow>,
+        event: ClientEvent,
         input: &str,
-    ) -> Result<AiResponse, FlowServiceError> {
-        let flow = self.flow(flow_name)?;
-        if event == "poll" {
-            return self.poll(product, &flow, session_id).await;
+    ) -> Result<AiResponse, ServiceError<FlowRecord>> {
+        let fresh_id = match event {
+            ClientEvent::Poll => return self.poll(key, flow).await,
+            // A cancel starts nothing.
+            ClientEvent::Cancel => String::new(),
+            ClientEvent::Retry | ClientEvent::Flow(_) => self.new_id(),
+        };
+        let Some(command) = event.into_command(input, fresh_id) else {
+            return self.poll(key, flow).await;
+        };
+        let done = self.run(key, flow, command).await?;
+        for effect in &done.decision.effects {
+            if let FlowEffect::CancelRun(running) = effect {
+                self.runner.cancel(running).await;
+            }
         }
-        for _ in 0..CAS_ATTEMPTS {
-            let (stored, dialogue) = self.load(product, &flow, session_id).await?;
-            let now = self.clock.now();
-            let from = stored.session.state.clone();
-            let fired = match event {
-                "cancel" => {
-                    let session = flow.cancel(&stored.session).map_err(|_| {
-                        FlowError::TransitionNotAllowed {
-                            event: "cancel".into(),
-                            state: stored.session.state.clone(),
-                        }
-                    })?;
-                    Fired {
-                        session,
-                        appended: Vec::new(),
-                        response: None,
-                        dag: None,
-                        transition: None,
-                    }
-                }
-                "retry" => flow.retry(&stored.session, &dialogue, &self.new_id(), now)?,
-                _ => flow.fire(
-                    &stored.session,
-                    &dialogue,
-                    event,
-                    input,
-                    &self.new_id(),
-                    now,
-                )?,
-            };
-            let progress = fired.dag.as_ref().map(|plan| ProgressUpdate {
-                chain_id: plan.chain_id.clone(),
-                add_total: plan.counted_tasks() as i64,
-                add_done: 0,
-                label: Some(plan.label.clone()),
-            });
-            match self
-                .commit(
-                    product,
-                    &fired,
-                    stored.version,
-                    progress,
-                    audit_entry(product, &fired.session, Some(from), event, now),
-                    now,
-                )
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if e.kind == ErrorKind::Conflict => continue,
-                Err(e) => return Err(e.into()),
-            }
-            if event == "cancel"
-                && let Some(r) = &stored.session.running
-            {
-                self.runner.cancel(r).await;
-            }
-            let mut response = AiResponse {
-                session_id: session_id.to_owned(),
-                next_actions: flow.next_actions(&fired.session),
-                error: None,
-                errors: fired.session.errors.clone(),
-                response: fired.response.clone(),
-                progress: None,
-            };
-            if let Some(plan) = &fired.dag {
-                response.progress = Some(AiProgress {
-                    total_number_of_subtasks: plan.counted_tasks() as i64,
-                    number_of_subtasks_executed: 0,
-                    label: plan.label.clone(),
-                });
-            }
-            if event == "cancel" {
-                response.response = last_assistant(&dialogue);
-            }
-            return Ok(response);
-        }
-        Err(PortError::conflict("the session changed too often; retry").into())
+        let session = done.state.session();
+        Ok(AiResponse {
+            session_id: key.session_id.to_string(),
+            next_actions: flow.next_actions(session),
+            error: None,
+            errors: session.errors.clone(),
+            response: respond(&done),
+            progress: done.decision.effects.iter().find_map(|e| match e {
+                FlowEffect::Progress(p) => Some(AiProgress {
+                    total_number_of_subtasks: p.add_total,
+                    number_of_subtasks_executed: p.add_done,
+                    label: p.label.clone().unwrap_or_default(),
+                }),
+                _ => None,
+            }),
+        })
     }
 
     /// `poll`: progress while a DAG runs; else the latest response, the
-    /// current events and any task error.
+    /// current events and any task error. A run that ended without reaching
+    /// the session (its worker lost on the last attempt, or cancelled by an
+    /// operator) is failed first, so no session waits forever.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NotFound`] for a session that is not this flow's, or
+    /// a storage failure.
     pub async fn poll(
         &self,
-        product: &ProductId,
-        flow: &Flow,
-        session_id: &str,
-    ) -> Result<AiResponse, FlowServiceError> {
-        let (mut stored, mut dialogue) = self.load(product, flow, session_id).await?;
-        // A run that ended without reaching the session (its worker lost
-        // on the last attempt) is failed now, so no session waits forever.
-        if let Some(r) = &stored.session.running
+        key: &FlowKey,
+        flow: &Arc<Flow>,
+    ) -> Result<AiResponse, ServiceError<FlowRecord>> {
+        let mut stored = self.session(key, flow).await?;
+        if let Some(r) = &stored.state.running
             && let Some(err) = self.runner.failure(r).await
         {
-            self.apply_outcome(product, session_id, Err(err)).await?;
-            (stored, dialogue) = self.load(product, flow, session_id).await?;
+            self.fail(key, flow, err).await?;
+            stored = self.session(key, flow).await?;
         }
-        let s = &stored.session;
+        let s = &stored.state;
         let mut out = AiResponse {
-            session_id: session_id.to_owned(),
+            session_id: key.session_id.to_string(),
             next_actions: flow.next_actions(s),
             error: s.errors.last().map(|e| e.message.clone()),
             errors: s.errors.clone(),
@@ -360,11 +281,7 @@ impl FlowService {
         };
         match &s.running {
             Some(r) => {
-                if let Some(p) = self
-                    .store
-                    .progress(product, session_id, &r.chain_id)
-                    .await?
-                {
+                if let Some(p) = self.store.progress(key, &r.chain_id).await? {
                     out.progress = Some(AiProgress {
                         total_number_of_subtasks: p.total,
                         number_of_subtasks_executed: p.done,
@@ -372,150 +289,142 @@ impl FlowService {
                     });
                 }
             }
-            None => out.response = last_assistant(&dialogue),
+            None => {
+                out.response = last_assistant(&self.store.dialogue(key).await?);
+            }
         }
         Ok(out)
     }
 
     /// `task_state`: `ready` when no DAG runs.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NotFound`] for a session that is not this flow's, or
+    /// a storage failure.
     pub async fn task_state(
         &self,
-        product: &ProductId,
-        flow_name: &str,
-        session_id: &str,
-    ) -> Result<Value, FlowServiceError> {
-        let flow = self.flow(flow_name)?;
-        let (stored, _) = self.load(product, &flow, session_id).await?;
-        let ready = stored.session.running.is_none();
-        Ok(json!({
-            "session_id": session_id,
-            "ready": ready,
-            "next_actions": if ready { flow.next_actions(&stored.session) } else { Vec::new() },
-        }))
+        key: &FlowKey,
+        flow: &Flow,
+    ) -> Result<TaskState, ServiceError<FlowRecord>> {
+        let stored = self.session(key, flow).await?;
+        let ready = stored.state.running.is_none();
+        Ok(TaskState {
+            next_actions: if ready {
+                flow.next_actions(&stored.state)
+            } else {
+                Vec::new()
+            },
+            ready,
+            session_id: key.session_id.to_string(),
+        })
     }
 
     /// `model`: the session and its dialogue as a JSON string in `response`.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NotFound`] for a session that is not this flow's, or
+    /// a storage failure.
     pub async fn model(
         &self,
-        product: &ProductId,
-        flow_name: &str,
-        session_id: &str,
-    ) -> Result<AiResponse, FlowServiceError> {
-        let flow = self.flow(flow_name)?;
-        let (stored, dialogue) = self.load(product, &flow, session_id).await?;
-        let s = &stored.session;
-        let mut model = serde_json::to_value(s).unwrap_or(Value::Null);
+        key: &FlowKey,
+        flow: &Flow,
+    ) -> Result<AiResponse, ServiceError<FlowRecord>> {
+        let Stored { state, version } = self
+            .records
+            .load(key)
+            .await?
+            .filter(|s| s.state.session().flow == flow.name())
+            .ok_or(ServiceError::NotFound)?;
+        let (_, session, dialogue) = state.into_parts();
+        let mut model = serde_json::to_value(&session).unwrap_or(Value::Null);
         if let Value::Object(m) = &mut model {
             m.insert("dialogue".into(), json!(dialogue));
-            m.insert("version".into(), json!(stored.version));
+            m.insert("version".into(), json!(version));
         }
         Ok(AiResponse {
-            session_id: session_id.to_owned(),
-            next_actions: flow.next_actions(s),
-            error: s.errors.last().map(|e| e.message.clone()),
-            errors: s.errors.clone(),
+            session_id: key.session_id.to_string(),
+            next_actions: flow.next_actions(&session),
+            error: session.errors.last().map(|e| e.message.clone()),
+            errors: session.errors.clone(),
             response: Some(model.to_string()),
             progress: None,
         })
     }
 
-    /// Applies a finished DAG under compare-and-swap; the next DAG of an
-    /// invoker->invoker hop is planned and enqueued in the same commit (its
-    /// progress joins the chain), so progress never has a gap.
-    pub async fn apply_outcome(
+    /// Applies a finished DAG: the invoker state's completion event fires
+    /// with `result`; an invoker->invoker hop enqueues the next DAG in the
+    /// same commit (its progress joins the chain), so progress never has a
+    /// gap. The result of a run the session no longer waits for is dropped.
+    ///
+    /// # Errors
+    ///
+    /// What the flow refuses, [`ServiceError::NotFound`] when the session
+    /// is gone, [`ServiceError::Contended`], or a storage failure.
+    pub async fn complete(
         &self,
-        product: &ProductId,
-        session_id: &str,
-        outcome: Result<(String, String), TaskError>,
-    ) -> Result<(), FlowServiceError> {
-        for _ in 0..CAS_ATTEMPTS {
-            let stored = self.store.load(product, session_id).await?;
-            let flow = self.flow(&stored.session.flow)?;
-            let dialogue = self.store.dialogue(product, session_id).await?;
-            let now = self.clock.now();
-            let Some(running) = stored.session.running.clone() else {
-                return Ok(());
-            };
-            let from = stored.session.state.clone();
-            let result = match &outcome {
-                Ok((invocation, result)) => flow.complete(
-                    &stored.session,
-                    &dialogue,
-                    invocation,
-                    result,
-                    &self.new_id(),
-                    now,
-                ),
-                Err(err) => flow.fail(&stored.session, &dialogue, err.clone(), &self.new_id(), now),
-            };
-            let fired = match result {
-                Ok(f) => f,
-                // Cancelled or superseded: the result is dropped.
-                Err(FlowError::StaleInvocation { .. }) => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
-            // The completion task counts as done only when the DAG succeeded.
-            let progress = match (&fired.dag, outcome.is_ok()) {
-                (Some(plan), ok) => Some(ProgressUpdate {
-                    chain_id: plan.chain_id.clone(),
-                    add_total: plan.counted_tasks() as i64,
-                    add_done: i64::from(ok && plan.chain_id == running.chain_id),
-                    label: Some(plan.label.clone()),
-                }),
-                (None, true) => Some(ProgressUpdate {
-                    chain_id: running.chain_id.clone(),
-                    add_total: 0,
-                    add_done: 1,
-                    label: None,
-                }),
-                (None, false) => None,
-            };
-            let cause = if outcome.is_ok() {
-                "dag_completed"
-            } else {
-                "dag_failed"
-            };
-            match self
-                .commit(
-                    product,
-                    &fired,
-                    stored.version,
-                    progress,
-                    audit_entry(product, &fired.session, Some(from), cause, now),
-                    now,
-                )
-                .await
+        key: &FlowKey,
+        flow: &Arc<Flow>,
+        invocation_id: String,
+        result: String,
+    ) -> Result<(), ServiceError<FlowRecord>> {
+        let command = FlowCommand::Complete {
+            invocation_id,
+            result,
+            fresh_id: self.new_id(),
+        };
+        self.outcome(key, flow, command).await
+    }
+
+    /// Applies a failed DAG: the error is recorded and the invoker state's
+    /// `on_error` followed if declared. The failure of a run the session no
+    /// longer waits for is dropped.
+    ///
+    /// # Errors
+    ///
+    /// As [`FlowService::complete`].
+    pub async fn fail(
+        &self,
+        key: &FlowKey,
+        flow: &Arc<Flow>,
+        error: TaskError,
+    ) -> Result<(), ServiceError<FlowRecord>> {
+        let command = FlowCommand::Fail {
+            error,
+            fresh_id: self.new_id(),
+        };
+        self.outcome(key, flow, command).await
+    }
+
+    async fn outcome(
+        &self,
+        key: &FlowKey,
+        flow: &Arc<Flow>,
+        command: FlowCommand,
+    ) -> Result<(), ServiceError<FlowRecord>> {
+        match self.run(key, flow, command).await {
+            Ok(_) => Ok(()),
+            // Cancelled or superseded: the outcome is dropped.
+            Err(ServiceError::Refused { error, .. })
+                if error.reason() == Some(reason::STALE_INVOCATION) =>
             {
-                Ok(()) => {}
-                Err(e) if e.kind == ErrorKind::Conflict => continue,
-                Err(e) => return Err(e.into()),
+                Ok(())
             }
-            return Ok(());
+            Err(e) => Err(e),
         }
-        Err(PortError::conflict("the session changed too often").into())
     }
 }
 
-/// The audit entry of a flow transition to `s.state`.
-fn audit_entry(
-    product: &ProductId,
-    s: &FlowSession,
-    from: Option<String>,
-    cause: &str,
-    now: parlance_core::Timestamp,
-) -> AuditEntry {
-    AuditEntry {
-        product_id: product.clone(),
-        entity_kind: "flow".into(),
-        entity_id: s.session_id.clone(),
-        from,
-        to: s.state.clone(),
-        cause: cause.to_owned(),
-        at: now,
-        payload: json!({"flow": s.flow}),
-    }
+/// The text a decision answers with.
+fn respond(done: &Executed<FlowRecord>) -> Option<String> {
+    done.decision.effects.iter().find_map(|e| match e {
+        FlowEffect::Respond(text) => Some(text.clone()),
+        _ => None,
+    })
 }
 
+/// The latest assistant text of a dialogue (what an idle poll answers).
 fn last_assistant(dialogue: &[DialogueElement]) -> Option<String> {
     dialogue
         .iter()

@@ -14,20 +14,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parlance_core::flow::TaskError as FlowTaskError;
 use parlance_core::flow::dag;
+use parlance_core::flow::queue::{COMBINE_KIND, COMPLETE_KIND, GLUE_KIND, INVOKE_KIND, MAP_KIND};
+use parlance_core::flow::{Flow, FlowKey, FlowSessionId};
 use parlance_ports::Lease;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::executor::{
-    COMBINE_KIND, COMPLETE_KIND, GLUE_KIND, INVOKE_KIND, MAP_KIND, as_text, plan_task_of,
-};
-use super::service::{FlowService, FlowServiceError};
-use crate::state::AppState;
+use super::Flows;
+use super::executor::{as_text, plan_task_of};
+use super::service::FlowService;
+use crate::execute::ServiceError;
 use crate::worker::{Handlers, TaskError, TaskHandler};
 
 /// Registers the flow node kinds.
-pub fn register(handlers: &mut Handlers, state: &AppState) {
-    let service = state.flow_service();
+pub fn register(handlers: &mut Handlers, service: &Flows) {
     for kind in [
         INVOKE_KIND,
         GLUE_KIND,
@@ -47,7 +47,7 @@ pub fn register(handlers: &mut Handlers, state: &AppState) {
 /// What every flow node's payload carries.
 #[derive(Debug, Deserialize)]
 struct Payload {
-    session_id: String,
+    session_id: FlowSessionId,
     flow: String,
     invocation_id: String,
     chain_id: String,
@@ -76,6 +76,11 @@ struct FlowTask {
     service: Arc<FlowService>,
 }
 
+/// The session a node runs for.
+fn key(lease: &Lease, p: &Payload) -> FlowKey {
+    FlowKey::new(lease.product_id.clone(), p.session_id.clone())
+}
+
 fn inputs(lease: &Lease) -> Vec<&Value> {
     lease
         .dag
@@ -101,13 +106,7 @@ impl FlowTask {
         if let Err(e) = self
             .service
             .store()
-            .task_done(
-                &lease.product_id,
-                &p.session_id,
-                &p.chain_id,
-                done,
-                add_total,
-            )
+            .task_done(&key(lease, p), &p.chain_id, done, add_total)
             .await
         {
             tracing::warn!(error = %e, session = %p.session_id, "progress not recorded");
@@ -117,19 +116,22 @@ impl FlowTask {
     /// Whether the session still waits for this invocation (a cancelled or
     /// superseded run does no more work).
     async fn is_current(&self, lease: &Lease, p: &Payload) -> Result<bool, TaskError> {
-        match self
-            .service
-            .store()
-            .load(&lease.product_id, &p.session_id)
-            .await
-        {
-            Ok(s) => Ok(s
-                .session
-                .running
-                .is_some_and(|r| r.invocation_id == p.invocation_id)),
-            Err(e) if e.kind == parlance_ports::ErrorKind::NotFound => Ok(false),
+        match self.service.store().session(&key(lease, p)).await {
+            Ok(s) => Ok(s.is_some_and(|s| {
+                s.state
+                    .running
+                    .is_some_and(|r| r.invocation_id == p.invocation_id)
+            })),
             Err(e) => Err(TaskError::retryable(e.to_string())),
         }
+    }
+
+    /// The node's flow.
+    fn flow(&self, p: &Payload) -> Result<Arc<Flow>, TaskError> {
+        self.service
+            .catalog()
+            .get(&p.flow)
+            .ok_or_else(|| TaskError::permanent(format!("no flow named `{}`", p.flow)))
     }
 
     async fn step(&self, lease: &Lease, p: &Payload) -> Result<Value, TaskError> {
@@ -168,11 +170,7 @@ impl FlowTask {
             };
             dag::task_context(&p.context, net)
         };
-        let flow = self
-            .service
-            .catalog()
-            .get(&p.flow)
-            .ok_or_else(|| TaskError::permanent(format!("no flow named `{}`", p.flow)))?;
+        let flow = self.flow(p)?;
         let rendered = flow
             .render(&p.template, &data)
             .map_err(|e| TaskError::permanent(e.to_string()))?;
@@ -201,11 +199,7 @@ impl FlowTask {
             None
         };
         let data = dag::task_context(&p.context, net);
-        let flow = self
-            .service
-            .catalog()
-            .get(&p.flow)
-            .ok_or_else(|| TaskError::permanent(format!("no flow named `{}`", p.flow)))?;
+        let flow = self.flow(p)?;
         let items = match flow
             .eval(&p.over, &data)
             .map_err(|e| TaskError::permanent(e.to_string()))?
@@ -228,15 +222,14 @@ impl FlowTask {
         let result = as_text(first_input(lease)?);
         // Map-over-lists feeding the completion are done with it.
         self.count(lease, p, p.credit, 0).await;
+        let flow = self.flow(p)?;
         self.service
-            .apply_outcome(
-                &lease.product_id,
-                &p.session_id,
-                Ok((p.invocation_id.clone(), result)),
-            )
+            .complete(&key(lease, p), &flow, p.invocation_id.clone(), result)
             .await
             .map_err(|e| match e {
-                FlowServiceError::Port(e) => TaskError::retryable(e.to_string()),
+                ServiceError::Port(_) | ServiceError::Contended { .. } => {
+                    TaskError::retryable(e.to_string())
+                }
                 other => TaskError::permanent(other.to_string()),
             })?;
         Ok(Value::Null)
@@ -261,11 +254,15 @@ impl TaskHandler for FlowTask {
                     task: plan_task_of(&node),
                     message: err.message.clone(),
                 };
-                if let Err(e) = self
-                    .service
-                    .apply_outcome(&lease.product_id, &p.session_id, Err(failure))
-                    .await
-                {
+                let recorded = match self.flow(&p) {
+                    Ok(flow) => self
+                        .service
+                        .fail(&key(lease, &p), &flow, failure)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.message),
+                };
+                if let Err(e) = recorded {
                     tracing::error!(error = %e, session = %p.session_id, "flow failure not recorded");
                 }
             }

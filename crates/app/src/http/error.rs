@@ -1,10 +1,20 @@
 //! `ApiError`: every failure a handler returns, as `application/problem+json`.
+//!
+//! Each meaning has one problem type and one status, whatever the machine:
+//! a machine's refusal is mapped by its [`ErrorClass`], a service error by
+//! its variant, a port error by its [`ErrorKind`]. `docs/api.md` lists them.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use parlance_core::{ErrorClass, Machine, MachineError};
 use parlance_ports::{ErrorKind, PortError};
 use serde_json::{Map, Value, json};
+
+use crate::execute::ServiceError;
+
+/// Seconds a client is asked to wait before retrying a 503.
+pub(crate) const RETRY_AFTER_SECS: u32 = 1;
 
 /// An error answer (RFC 9457 problem details).
 ///
@@ -18,6 +28,7 @@ pub struct ApiError {
     kind: &'static str,
     detail: String,
     extra: Map<String, Value>,
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -28,7 +39,58 @@ impl ApiError {
             kind,
             detail: detail.into(),
             extra: Map::new(),
+            retry_after: None,
         }
+    }
+
+    /// Asks the client to retry after `secs` seconds (`Retry-After`).
+    #[must_use]
+    pub fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// A machine's refusal: 409 `not-allowed` (with the state, the command
+    /// and the reason) when the state does not allow the command, 422
+    /// `invalid-request` (with the field) for an unusable value, 422
+    /// `limit-exceeded` past a size or work limit, 500 for a broken record
+    /// or definition.
+    pub fn refused<E: MachineError>(error: &E) -> Self {
+        let detail = error.to_string();
+        match error.class() {
+            ErrorClass::NotAllowed => {
+                let mut e = Self::new(StatusCode::CONFLICT, "not-allowed", detail);
+                if let Some(na) = error.not_allowed() {
+                    e = e
+                        .with("state", na.state.as_ref())
+                        .with("command", na.command.as_ref());
+                    if let Some(reason) = na.reason {
+                        e = e.with("reason", reason);
+                    }
+                }
+                e
+            }
+            ErrorClass::Invalid => {
+                let e = Self::unprocessable(detail);
+                match error.field() {
+                    Some(field) => e.with("field", field),
+                    None => e,
+                }
+            }
+            ErrorClass::LimitExceeded => Self::limit_exceeded(detail),
+            ErrorClass::Internal => Self::internal(error),
+        }
+    }
+
+    /// 422 `limit-exceeded`: a request past a size or work limit.
+    pub fn limit_exceeded(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "limit-exceeded", detail)
+    }
+
+    /// 503 `contended`: every attempt lost its race to other writers.
+    pub fn contended(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "contended", detail)
+            .retry_after(RETRY_AFTER_SECS)
     }
 
     /// Adds a member to the problem body (e.g. the current state on a 409).
@@ -80,9 +142,10 @@ impl ApiError {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-request", detail)
     }
 
-    /// 503: a dependency is down or the request lost too many races.
+    /// 503 `unavailable`: a dependency is down; retry.
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+            .retry_after(RETRY_AFTER_SECS)
     }
 
     /// 500, logging `cause` once; the body says nothing about it.
@@ -116,6 +179,27 @@ impl From<PortError> for ApiError {
     }
 }
 
+impl<M: Machine> From<ServiceError<M>> for ApiError {
+    fn from(e: ServiceError<M>) -> Self {
+        match e {
+            ServiceError::Refused { error, .. } => Self::refused(&error),
+            ServiceError::NotFound => Self::not_found(format!("no such {}", M::KIND)),
+            ServiceError::Contended { attempts } => {
+                tracing::warn!(machine = %M::KIND, attempts, "commits kept conflicting");
+                Self::contended(format!(
+                    "the {} changed too often concurrently; retry",
+                    M::KIND
+                ))
+            }
+            ServiceError::Planning(cause) => {
+                tracing::warn!(machine = %M::KIND, error = %cause, "a step before the decision failed");
+                Self::unavailable(format!("{cause}; nothing was changed, retry later"))
+            }
+            ServiceError::Port(p) => p.into(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut body = Map::new();
@@ -135,6 +219,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(secs) = self.retry_after {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         res
     }
 }

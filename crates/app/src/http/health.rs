@@ -5,17 +5,17 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::state::AppState;
+use crate::state::Backend;
 
 /// 200 while the process serves requests.
-pub(super) async fn healthz() -> Json<Value> {
+pub(crate) async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// 200 when the backend answers, 503 otherwise; names the backend.
-pub(super) async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let database = state.backend.name();
-    match state.backend.check().await {
+pub(crate) async fn readyz(State(backend): State<Backend>) -> (StatusCode, Json<Value>) {
+    let database = backend.name();
+    match backend.check().await {
         Ok(()) => (
             StatusCode::OK,
             Json(json!({"status": "ready", "database": database})),

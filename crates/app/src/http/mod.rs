@@ -1,83 +1,44 @@
-//! The HTTP API: one router, problem+json errors, bearer auth on `/v1`.
+//! What every route shares: problem+json errors, the JSON extractor, body
+//! limits, the fallbacks and the health probes. It names no feature; the
+//! crate root assembles the routers.
 
 mod error;
-mod health;
+pub(crate) mod health;
 mod json;
 
-use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header;
-use axum::middleware::{self, Next};
+use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
-use axum::routing::get;
-use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 pub use json::ApiJson;
 
-use crate::auth::require_key;
-use crate::state::AppState;
-
 /// The most items (events, actions, features, todos) one request may carry;
-/// more answer 422 `too-many-items` and change nothing.
+/// more answer 422 `limit-exceeded` and change nothing.
 pub const MAX_ITEMS_PER_REQUEST: usize = 1_000;
 
-/// 422 `too-many-items` when the list `field` holds more than
-/// [`MAX_ITEMS_PER_REQUEST`] items.
+/// 422 `limit-exceeded` (naming the field and the limit) when the list
+/// `field` holds more than [`MAX_ITEMS_PER_REQUEST`] items.
 ///
 /// # Errors
 ///
 /// The 422 itself.
 pub fn check_items(field: &'static str, len: usize) -> Result<(), ApiError> {
     if len > MAX_ITEMS_PER_REQUEST {
-        return Err(ApiError::new(
-            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-            "too-many-items",
-            format!("{field} holds {len} items; at most {MAX_ITEMS_PER_REQUEST} per request"),
-        )
+        return Err(ApiError::limit_exceeded(format!(
+            "{field} holds {len} items; at most {MAX_ITEMS_PER_REQUEST} per request"
+        ))
         .with("field", field)
         .with("max", MAX_ITEMS_PER_REQUEST));
     }
     Ok(())
 }
 
-/// Routes under `/v1`, before authentication is layered on. Each machine adds
-/// its routes here.
-fn v1_routes() -> Router<AppState> {
-    Router::new()
-        .merge(crate::adoption::routes())
-        .merge(crate::agent::routes())
-        .merge(crate::conversation::routes())
-        .merge(crate::flow::routes())
-        .merge(crate::session::routes())
-}
-
-/// The whole service: health probes open, everything under `/v1` behind a key.
-pub fn router(state: AppState) -> Router {
-    let v1 = v1_routes()
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), require_key));
-    Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .nest("/v1", v1)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn(problem_json))
-        .layer(DefaultBodyLimit::max(state.body_limit))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            reject_large_bodies,
-        ))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
-}
-
 /// Refuses a declared body over the limit before any handler runs; bodies
 /// without a length are cut off by the extractors at the same limit.
-async fn reject_large_bodies(
-    State(state): State<AppState>,
+pub(crate) async fn reject_large_bodies(
+    State(limit): State<usize>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -87,9 +48,7 @@ async fn reject_large_bodies(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     match declared {
-        Some(len) if len > state.body_limit as u64 => {
-            Err(ApiError::payload_too_large(state.body_limit))
-        }
+        Some(len) if len > limit as u64 => Err(ApiError::payload_too_large(limit)),
         _ => Ok(next.run(req).await),
     }
 }
@@ -97,7 +56,7 @@ async fn reject_large_bodies(
 /// Turns a 4xx answered by an extractor's own rejection (a query string or
 /// path segment that does not parse) into problem+json, like every other
 /// error answer.
-async fn problem_json(req: Request, next: Next) -> Response {
+pub(crate) async fn problem_json(req: Request, next: Next) -> Response {
     let res = next.run(req).await;
     let status = res.status();
     let is_problem = res
@@ -126,11 +85,11 @@ async fn problem_json(req: Request, next: Next) -> Response {
     ApiError::new(status, kind, detail).into_response()
 }
 
-async fn not_found() -> ApiError {
+pub(crate) async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
 }
 
-async fn method_not_allowed() -> ApiError {
+pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::new(
         axum::http::StatusCode::METHOD_NOT_ALLOWED,
         "method-not-allowed",

@@ -3,17 +3,21 @@
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::routing::{get, post, put};
-use parlance_core::session::{SessionError, SessionId, SessionState, TourCatalog};
+use parlance_core::MachineError as _;
+use parlance_core::ProductId;
+use parlance_core::session::{SessionEvent, SessionId, SessionKey, SessionState, TourCatalog};
+use parlance_ports::Version;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::service::{self, EventApplied, ServiceError, SessionEvent};
+use super::Sessions;
+use super::service::{self, EventApplied};
 use crate::auth::Tenant;
+use crate::execute::ServiceError;
 use crate::http::{ApiError, ApiJson};
-use crate::state::AppState;
 
 /// The session routes.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<Sessions> {
     Router::new()
         .route(
             "/products/{product_id}/sessions/{session_id}/events",
@@ -37,12 +41,13 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-fn session_id(raw: &str) -> Result<SessionId, ApiError> {
-    SessionId::parse(raw).map_err(|e| ApiError::unprocessable(e.to_string()))
+fn session_key(product: ProductId, raw: &str) -> Result<SessionKey, ApiError> {
+    let sid = SessionId::parse(raw).map_err(|e| ApiError::unprocessable(e.to_string()))?;
+    Ok(SessionKey::new(product, sid))
 }
 
 /// The session as the API shows it: the snapshot, its version and the gate.
-fn view(s: &SessionState, version: i64) -> Value {
+fn view(s: &SessionState, version: Version) -> Value {
     let (allowed, reason) = s.can_deliver_proactive();
     json!({
         "version": version,
@@ -51,42 +56,40 @@ fn view(s: &SessionState, version: i64) -> Value {
     })
 }
 
-impl From<ServiceError> for ApiError {
-    fn from(e: ServiceError) -> Self {
-        match e {
-            ServiceError::Machine { error, session } => match error {
-                SessionError::InvalidTransition { from, command } => ApiError::conflict(
-                    "invalid-transition",
-                    format!("cannot {command} from state {from}"),
-                )
-                .with("current_state", from.as_str())
-                .with("session", session.to_snapshot()),
-                other => ApiError::unprocessable(other.to_string()),
-            },
-            ServiceError::Invalid { error } => ApiError::unprocessable(error.to_string()),
-            ServiceError::Port(p) => ApiError::from(p),
-            ServiceError::Contended { attempts } => {
-                tracing::warn!(attempts, "session save kept conflicting");
-                ApiError::unavailable("the session is too busy; retry")
+/// The answer to a failed session command: the one answer of its class,
+/// and for a command the state does not allow, the session as it is now
+/// (`session`) and its state (`current_state`, as `state`).
+fn answer(e: ServiceError<SessionState>) -> ApiError {
+    match e {
+        ServiceError::Refused { error, current } => {
+            let answer = ApiError::refused(&error);
+            match (error.not_allowed(), current) {
+                (Some(refusal), Some(current)) => answer
+                    .with("current_state", refusal.state.as_ref())
+                    .with("session", current.state.to_snapshot()),
+                _ => answer,
             }
         }
+        other => other.into(),
     }
 }
 
 async fn post_event(
-    State(app): State<AppState>,
+    State(app): State<Sessions>,
     Tenant(product): Tenant,
     Path((_, sid)): Path<(String, String)>,
     ApiJson(event): ApiJson<SessionEvent>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let sid = session_id(&sid)?;
+    let key = session_key(product, &sid)?;
     let EventApplied {
         event,
         tick,
         result,
         session,
         version,
-    } = service::apply_event(&app, &product, &sid, &event).await?;
+    } = service::apply_event(&app, &key, event)
+        .await
+        .map_err(answer)?;
     let mut body = view(&session, version);
     body["event"] = json!(event);
     body["tick"] = json!(tick);
@@ -95,24 +98,27 @@ async fn post_event(
 }
 
 async fn get_session(
-    State(app): State<AppState>,
+    State(app): State<Sessions>,
     Tenant(product): Tenant,
     Path((_, sid)): Path<(String, String)>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let sid = session_id(&sid)?;
-    match service::load_ticked(&app, &product, &sid).await? {
+    let key = session_key(product, &sid)?;
+    match service::load_ticked(&app, &key).await.map_err(answer)? {
         Some((s, version)) => Ok(ApiJson(view(&s, version))),
-        None => Err(ApiError::not_found(format!("no session {sid}"))),
+        None => Err(ApiError::not_found(format!(
+            "no session {}",
+            key.session_id
+        ))),
     }
 }
 
 async fn get_gate(
-    State(app): State<AppState>,
+    State(app): State<Sessions>,
     Tenant(product): Tenant,
     Path((_, sid)): Path<(String, String)>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let sid = session_id(&sid)?;
-    let (allowed, reason, state) = service::gate(&app, &product, &sid).await?;
+    let key = session_key(product, &sid)?;
+    let (allowed, reason, state) = service::gate(&app, &key).await.map_err(answer)?;
     Ok(ApiJson(json!({
         "allowed": allowed,
         "reason": reason,
@@ -128,22 +134,29 @@ struct AuditQuery {
 }
 
 async fn get_audit(
-    State(app): State<AppState>,
+    State(app): State<Sessions>,
     Tenant(product): Tenant,
     Path((_, sid)): Path<(String, String)>,
     Query(q): Query<AuditQuery>,
 ) -> Result<ApiJson<Value>, ApiError> {
-    let sid = session_id(&sid)?;
+    let key = session_key(product, &sid)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let records = app
+        .shared
         .audit
-        .list(&product, "session", sid.as_str(), q.after_seq, limit)
+        .list(
+            &key.product_id,
+            parlance_core::EntityKind::Session,
+            key.session_id.as_str(),
+            q.after_seq,
+            limit,
+        )
         .await?;
     Ok(ApiJson(json!({ "records": records })))
 }
 
 async fn put_tours(
-    State(app): State<AppState>,
+    State(app): State<Sessions>,
     Tenant(product): Tenant,
     ApiJson(doc): ApiJson<Value>,
 ) -> Result<ApiJson<Value>, ApiError> {
@@ -156,7 +169,7 @@ async fn put_tours(
 }
 
 async fn get_tours(
-    State(app): State<AppState>,
+    State(app): State<Sessions>,
     Tenant(product): Tenant,
 ) -> Result<ApiJson<Value>, ApiError> {
     Ok(ApiJson(app.tours.get(&product).await?.to_value()))

@@ -5,13 +5,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_core::session::TourCatalog;
-use parlance_core::{ProductId, Timestamp};
-use parlance_ports::{AuditEntry, PortError, PortResult, SessionSave, StoredSession};
-use serde_json::json;
+use parlance_core::session::{SessionCommand, SessionState, TourCatalog};
+use parlance_core::{Machine as _, ProductId, Timestamp};
+use parlance_ports::{Commit, PortError, PortResult, Stored};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::state::AppState;
+use super::Sessions;
 
 /// Most sessions claimed per batch.
 pub const SWEEP_BATCH: usize = 500;
@@ -23,54 +22,47 @@ pub struct SweepReport {
     pub claimed: usize,
     /// Of those, sessions whose tick changed state (timeouts).
     pub transitions: usize,
-    /// Of those, saves lost to a concurrent event (which ticked them itself).
+    /// Of those, commits lost to a concurrent event (which ticked them itself).
     pub conflicts: usize,
 }
 
-/// How many claimed sessions are ticked and saved at once. Saves are
+/// How many claimed sessions are ticked and committed at once. Commits are
 /// independent, so the sweep is bound by round trips, not by the database.
 pub const SWEEP_CONCURRENCY: usize = 16;
 
-/// How one claimed session's save went.
+/// How one claimed session's commit went.
 enum Swept {
     Saved { transitioned: bool },
     Conflict,
 }
 
-async fn tick_and_save(
-    app: AppState,
-    stored: StoredSession,
+/// Decides the sweep of one claimed session and commits it once: a lost
+/// compare-and-swap means an event committed it meanwhile, ticking it
+/// first, so nothing is lost and nothing is retried.
+async fn sweep_one(
+    app: Sessions,
+    stored: Stored<SessionState>,
     tours: Arc<TourCatalog>,
     now: Timestamp,
 ) -> PortResult<Swept> {
-    let mut s = stored.state;
-    let out = s.tick(now, &tours);
-    let audit: Vec<AuditEntry> = out
-        .transition
-        .as_ref()
-        .map(|tr| AuditEntry {
-            product_id: s.product_id().clone(),
-            entity_kind: "session".to_owned(),
-            entity_id: s.session_id().as_str().to_owned(),
-            from: Some(tr.from.as_str().to_owned()),
-            to: tr.to.as_str().to_owned(),
-            cause: tr.cause.to_owned(),
-            at: now,
-            payload: json!({"event": "sweep"}),
-        })
-        .into_iter()
-        .collect();
-    let save = SessionSave {
-        state: &s,
-        expected_version: stored.version,
-        next_deadline: s.next_deadline(&tours),
-        audit: &audit,
+    let Stored { mut state, version } = stored;
+    let command = SessionCommand::Sweep;
+    let decision = state.decide(&tours, &command, now).map_err(|e| {
+        PortError::other(format!("session {} refused its sweep", state.session_id())).with_source(e)
+    })?;
+    let key = state.key();
+    let commit = Commit {
+        key: &key,
+        expected: Some(version),
+        command: &command,
+        state: &state,
+        decision: &decision,
+        now,
     };
-    match app.sessions.save(save).await {
+    match app.store.commit(commit).await {
         Ok(_) => Ok(Swept::Saved {
-            transitioned: out.changed_state(),
+            transitioned: !decision.transitions.is_empty(),
         }),
-        // An event saved it meanwhile, ticking it first: nothing is lost.
         Err(e) if e.is_conflict() => Ok(Swept::Conflict),
         Err(e) => Err(e),
     }
@@ -93,17 +85,17 @@ impl SweepReport {
     }
 }
 
-/// Claims up to `limit` due sessions, ticks each with its product's tour
-/// catalog and saves it (with any transition's audit entry),
-/// [`SWEEP_CONCURRENCY`] at a time.
+/// Claims up to `limit` due sessions and decides the sweeper's tick on each
+/// with its product's tour catalog, committing it (with any transition's
+/// audit entry) [`SWEEP_CONCURRENCY`] at a time.
 ///
 /// # Errors
 ///
-/// When claiming, loading a catalog or saving fails (other than a conflict);
-/// the other claimed sessions are still saved first.
-pub async fn sweep_once(app: &AppState, limit: usize) -> PortResult<SweepReport> {
-    let now = app.clock.now();
-    let claimed = app.sessions.claim_due(now, limit).await?;
+/// When claiming, loading a catalog or committing fails (other than a
+/// conflict); the other claimed sessions are still committed first.
+pub async fn sweep_once(app: &Sessions, limit: usize) -> PortResult<SweepReport> {
+    let now = app.shared.clock.now();
+    let claimed = app.due.claim_due(now, limit).await?;
     let mut report = SweepReport {
         claimed: claimed.len(),
         ..SweepReport::default()
@@ -134,7 +126,7 @@ pub async fn sweep_once(app: &AppState, limit: usize) -> PortResult<SweepReport>
         {
             first_error.get_or_insert(e);
         }
-        tasks.spawn(tick_and_save(app.clone(), stored, tours, now));
+        tasks.spawn(sweep_one(app.clone(), stored, tours, now));
     }
     while let Some(done) = tasks.join_next().await {
         if let Err(e) = report.add(done) {
@@ -149,7 +141,7 @@ pub async fn sweep_once(app: &AppState, limit: usize) -> PortResult<SweepReport>
 
 /// Spawns the sweeper: every second, sweeps until a batch comes back short.
 /// Failures are logged and retried on the next second.
-pub fn spawn_session_sweeper(app: AppState) -> JoinHandle<()> {
+pub fn spawn_session_sweeper(app: Sessions) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -2,8 +2,11 @@
 //! gate, an echoing reply and turn finalization. Used by the executor's
 //! tests and the turn benchmark to measure the runtime itself.
 
+use std::sync::Arc;
+
 use parlance_core::turn::seed::{Message, Role, Route, SupportDelta, SupportState};
-use parlance_core::turn::{END, Graph};
+use parlance_core::turn::{Checkpoint, END, Graph};
+use parlance_ports::{Clock, MachineStore};
 use serde_json::json;
 
 use super::PureStage;
@@ -91,11 +94,13 @@ pub fn finalize_turn(s: &SupportState) -> SupportDelta {
     }
 }
 
-/// A runner of the echo graph on `checkpointer`, for any context type.
+/// A runner of the echo graph on the threads in `store`, for any context
+/// type.
 pub fn runner<C: Sync + ?Sized + 'static>(
-    checkpointer: std::sync::Arc<dyn parlance_ports::Checkpointer>,
+    store: Arc<dyn MachineStore<Checkpoint>>,
+    clock: Arc<dyn Clock>,
 ) -> super::TurnRunner<SupportState, C> {
-    super::TurnRunner::new(graph(), checkpointer)
+    super::TurnRunner::new(graph(), store, clock)
         .stage("gate", PureStage(gate))
         .stage("reply", PureStage(reply))
         .stage("crisis_reply", PureStage(crisis_reply))

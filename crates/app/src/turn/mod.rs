@@ -1,12 +1,15 @@
 //! The turn runtime's executor: runs a [`Graph`] of async stages over a
 //! typed turn state, times each stage into the state's diagnostics, and
-//! commits the turn's checkpoint delta, re-running the turn on the new state
-//! when another turn on the same thread committed first.
+//! commits the turn's checkpoint delta through the one executor
+//! ([`Executor::run_with`]): the thread is loaded, the turn planned on it
+//! (the graph run), and its [`TurnCommand::CommitTurn`] decided and
+//! committed; a commit lost to another turn on the thread runs the turn
+//! again on the new checkpoint, with the executor's retry policy.
 //!
-//! The pure parts (state, reducers, graph, ranking) live in
-//! `parlance_core::turn`; storage is behind the `Checkpointer` and
-//! `MemoryStore` ports. [`retrieve_hybrid`] is the seam between the memory
-//! store and whatever embedding provider the app has.
+//! The pure parts (state, reducers, graph, ranking, the thread machine)
+//! live in `parlance_core::turn`; storage is behind `MachineStore<Checkpoint>`
+//! and the `MemoryStore` port. [`retrieve_hybrid`] is the seam between the
+//! memory store and whatever embedding provider the app has.
 
 pub mod echo;
 mod retrieval;
@@ -14,27 +17,79 @@ mod retrieval;
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use async_trait::async_trait;
 use parlance_core::turn::{
-    Graph, GraphError, LoadWindow, ThreadKey, TurnError, TurnView, begin_turn, finish_turn,
+    Checkpoint, CheckpointDelta, Graph, GraphError, LoadWindow, ThreadKey, TurnCommand, TurnError,
+    TurnKey, TurnView, begin_turn, finish_turn,
 };
-use parlance_ports::{Checkpointer, PortError};
+use parlance_ports::{Clock, MachineStore, PortError};
 use serde::Serialize;
 
 pub use retrieval::{QueryEmbedder, RetrievalReport, retrieve_hybrid};
 
-/// A stage failed; its message says why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StageError(pub String);
+use crate::execute::{Executor, ServiceError};
+
+/// A runtime dependency a stage calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dependency {
+    /// The long-term memory store.
+    MemoryStore,
+    /// Where crisis assessments are logged.
+    CrisisLog,
+    /// A language model.
+    Model,
+    /// The embedding provider.
+    Embedder,
+}
+
+impl fmt::Display for Dependency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dependency::MemoryStore => "memory store",
+            Dependency::CrisisLog => "crisis log",
+            Dependency::Model => "model",
+            Dependency::Embedder => "embedder",
+        })
+    }
+}
+
+/// Why a stage failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// A dependency the stage needs failed.
+    #[error("the {dependency} failed")]
+    Port {
+        /// Which one.
+        dependency: Dependency,
+        /// Its error.
+        source: PortError,
+    },
+    /// The state holds a combination of values the stage cannot act on.
+    #[error("{field}: {problem}")]
+    State {
+        /// The field (its schema name).
+        field: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// A field's value does not decode into what the stage expects.
+    #[error("{field} does not decode")]
+    Decode {
+        /// The field (its schema name).
+        field: &'static str,
+        /// The decoder's error.
+        source: serde_json::Error,
+    },
+}
 
 impl StageError {
-    /// A stage error with `message`.
-    pub fn new(message: impl Into<String>) -> Self {
-        Self(message.into())
+    /// A failure of `dependency`, for `map_err`.
+    pub fn port(dependency: Dependency) -> impl Fn(PortError) -> StageError + Copy {
+        move |source| StageError::Port { dependency, source }
     }
 }
 
@@ -67,14 +122,15 @@ where
     }
 }
 
-/// Why a turn did not complete.
+/// Why a turn did not complete. Nothing was committed.
 #[derive(Debug, thiserror::Error)]
 pub enum TurnRunError {
     /// The graph names a stage no implementation was given for.
     #[error("stage {0} has no implementation")]
     MissingStage(&'static str),
-    /// A stage failed.
-    #[error("stage {stage} failed: {source}")]
+    /// A stage failed: the turn could not be planned, and may succeed when
+    /// run again.
+    #[error("stage {stage} failed")]
     Stage {
         /// The stage.
         stage: &'static str,
@@ -87,15 +143,10 @@ pub enum TurnRunError {
     /// The graph could not go on (step limit, undeclared route).
     #[error(transparent)]
     Graph(#[from] GraphError),
-    /// Loading or committing the checkpoint failed.
-    #[error("checkpoint: {0}")]
-    Port(#[from] PortError),
-    /// Every attempt lost its commit to another turn on the thread.
-    #[error("turn lost its commit {attempts} times in a row")]
-    Contended {
-        /// Attempts made.
-        attempts: u32,
-    },
+    /// Loading or committing the thread failed: a port failed, every
+    /// attempt lost its commit to another turn, or the thread refused it.
+    #[error(transparent)]
+    Service(#[from] ServiceError<Checkpoint>),
 }
 
 /// One stage's wall time.
@@ -118,40 +169,68 @@ pub struct TurnReport<O> {
     pub version: u64,
     /// How many times the turn ran (1 unless a commit conflicted).
     pub attempts: u32,
-    /// Bytes the commit wrote.
+    /// The bytes of the turn's delta as JSON
+    /// ([`CheckpointDelta::encoded_len`](parlance_core::turn::CheckpointDelta::encoded_len)):
+    /// the list entries and objects the commit wrote, and nothing of what
+    /// the thread already held.
     pub bytes_written: usize,
     /// Every stage's wall time, in execution order (last attempt).
     pub timings: Vec<StageTiming>,
-    /// The whole turn's wall time in milliseconds (last attempt).
+    /// The turn's wall time in milliseconds, from the loaded checkpoint to
+    /// the delta (last attempt).
     pub total_millis: f64,
 }
 
-/// Runs turns of one graph against one checkpointer.
+/// What the last planned attempt of a turn produced besides its command.
+struct Planned<O> {
+    output: O,
+    bytes_written: usize,
+    timings: Vec<StageTiming>,
+    total_millis: f64,
+}
+
+/// Stands in for a fault the runner keeps aside (a broken graph or state):
+/// it only stops the executor, and never leaves [`TurnRunner::run`].
+#[derive(Debug, thiserror::Error)]
+#[error("the turn stopped on a fault of its graph or state")]
+struct Stopped;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs turns of one graph against one thread store.
 pub struct TurnRunner<S: TurnView, C: ?Sized> {
     graph: Graph<S>,
     stages: HashMap<&'static str, Arc<dyn Stage<S, C>>>,
-    checkpointer: Arc<dyn Checkpointer>,
+    store: Arc<dyn MachineStore<Checkpoint>>,
+    clock: Arc<dyn Clock>,
     window: LoadWindow,
-    max_attempts: u32,
 }
 
 impl<S, C> TurnRunner<S, C>
 where
     S: TurnView + Send + Sync,
     S::Delta: Send,
-    S::Input: Clone,
-    S::Loaded: Clone,
+    S::Input: Clone + Send,
+    S::Loaded: Clone + Send,
+    S::Output: Send,
     C: Sync + ?Sized,
 {
-    /// A runner for `graph`; add an implementation per stage with
+    /// A runner for `graph` on the threads in `store`, deciding commits at
+    /// `clock`'s time; add an implementation per stage with
     /// [`TurnRunner::stage`].
-    pub fn new(graph: Graph<S>, checkpointer: Arc<dyn Checkpointer>) -> Self {
+    pub fn new(
+        graph: Graph<S>,
+        store: Arc<dyn MachineStore<Checkpoint>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             graph,
             stages: HashMap::new(),
-            checkpointer,
+            store,
+            clock,
             window: S::load_window(),
-            max_attempts: 8,
         }
     }
 
@@ -168,20 +247,20 @@ where
         self
     }
 
-    /// How many times a turn runs before a lost commit is given up (default 8).
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
-        self
-    }
-
     /// The graph.
     pub fn graph(&self) -> &Graph<S> {
         &self.graph
     }
 
-    /// Runs one turn on `key`'s thread: load, begin, the graph's steps,
-    /// finish, commit. A lost commit re-runs the whole turn on the new
-    /// checkpoint (stages may therefore run more than once).
+    /// Runs one turn on `key`'s thread through the executor: load, begin,
+    /// the graph's steps, finish, commit. A lost commit re-runs the whole
+    /// turn on the new checkpoint (stages may therefore run more than once).
+    ///
+    /// # Errors
+    ///
+    /// [`TurnRunError::Stage`] when a stage fails; `MissingStage`, `Graph`
+    /// or `Turn` for a graph or state that cannot run; `Service` when the
+    /// thread cannot be loaded or committed (contended, a port failure).
     pub async fn run(
         &self,
         ctx: &C,
@@ -194,38 +273,92 @@ where
                 return Err(TurnRunError::MissingStage(s));
             }
         }
-        let mut attempts = 0;
-        while attempts < self.max_attempts {
-            attempts += 1;
-            let started = Instant::now();
-            let checkpoint = self.checkpointer.load(key, &self.window).await?;
-            let mut state: S = begin_turn(&checkpoint, input.clone(), loaded.clone())?;
-            let timings = self.run_graph(ctx, &mut state).await?;
-            let total_millis = started.elapsed().as_secs_f64() * 1000.0;
-            state.record_stage_time("turn_total", total_millis);
-            let (output, delta) = finish_turn(state)?;
-            match self
-                .checkpointer
-                .commit(key, checkpoint.version, &delta)
-                .await
-            {
-                Ok(committed) => {
-                    return Ok(TurnReport {
-                        output,
-                        version: committed.version,
-                        attempts,
-                        bytes_written: committed.bytes_written,
-                        timings,
-                        total_millis,
-                    });
+        let key = TurnKey::new(key.clone(), self.window.clone());
+        // Filled by each attempt's plan; by reference, so the plan's future
+        // stays `Send`.
+        let planned: Mutex<Option<Planned<S::Output>>> = Mutex::new(None);
+        let fault: Mutex<Option<TurnRunError>> = Mutex::new(None);
+        let executor = Executor::new(self.store.as_ref(), self.clock.as_ref());
+        let result = executor
+            .run_with(&key, &(), |stored| {
+                let started = Instant::now();
+                let (base, begun) = match stored {
+                    Some(s) => (
+                        s.version.0,
+                        begin_turn::<S>(&s.state, input.clone(), loaded.clone()),
+                    ),
+                    None => (
+                        0,
+                        begin_turn::<S>(&Checkpoint::default(), input.clone(), loaded.clone()),
+                    ),
+                };
+                let (planned, fault) = (&planned, &fault);
+                async move {
+                    match self.plan(ctx, begun, started).await {
+                        Ok((delta, plan)) => {
+                            *lock(planned) = Some(plan);
+                            Ok(Some(TurnCommand::commit(base, delta)))
+                        }
+                        Err(e @ TurnRunError::Stage { .. }) => {
+                            Err(ServiceError::Planning(Box::new(e)))
+                        }
+                        Err(e) => {
+                            *lock(fault) = Some(e);
+                            Err(ServiceError::Planning(Box::new(Stopped)))
+                        }
+                    }
                 }
-                Err(e) if e.is_conflict() => {
-                    tracing::debug!(thread = %key.thread, attempts, "turn lost its commit, re-running");
-                }
-                Err(e) => return Err(e.into()),
-            }
+            })
+            .await;
+        if let Some(e) = lock(&fault).take() {
+            return Err(e);
         }
-        Err(TurnRunError::Contended { attempts })
+        let executed = match result {
+            Ok(executed) => executed,
+            Err(ServiceError::Planning(cause)) => {
+                return Err(match cause.downcast::<TurnRunError>() {
+                    Ok(stage) => *stage,
+                    Err(cause) => ServiceError::Planning(cause).into(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Planned {
+            output,
+            bytes_written,
+            timings,
+            total_millis,
+        } = lock(&planned).take().expect("a committed turn was planned");
+        Ok(TurnReport {
+            output,
+            version: executed.version.0,
+            attempts: executed.attempts,
+            bytes_written,
+            timings,
+            total_millis,
+        })
+    }
+
+    /// Plans one attempt on the begun state: the graph's steps, the turn's
+    /// total time, then the output and the delta to commit.
+    async fn plan(
+        &self,
+        ctx: &C,
+        begun: Result<S, TurnError>,
+        started: Instant,
+    ) -> Result<(CheckpointDelta, Planned<S::Output>), TurnRunError> {
+        let mut state = begun?;
+        let timings = self.run_graph(ctx, &mut state).await?;
+        let total_millis = started.elapsed().as_secs_f64() * 1000.0;
+        state.record_stage_time("turn_total", total_millis);
+        let (output, delta) = finish_turn(state)?;
+        let plan = Planned {
+            output,
+            bytes_written: delta.encoded_len(),
+            timings,
+            total_millis,
+        };
+        Ok((delta, plan))
     }
 
     /// Walks the graph: each step's stages run concurrently, their deltas

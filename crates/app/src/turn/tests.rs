@@ -5,19 +5,53 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use parlance_core::Machine as _;
 use parlance_core::ProductId;
 use parlance_core::turn::seed::{
     Channel, Route, SupportDelta, SupportInput, SupportLoaded, SupportState,
 };
 use parlance_core::turn::{
-    Checkpoint, CheckpointDelta, END, Graph, GraphError, LoadWindow, MemoryEntry, MemoryId,
-    MemoryRecord, OwnerId, RetrievalPath, SemanticEntry, ThreadId, ThreadKey, TurnError,
+    Checkpoint, CheckpointDelta, END, Graph, GraphError, MemoryEntry, MemoryId, MemoryRecord,
+    OwnerId, RetrievalPath, SemanticEntry, ThreadId, ThreadKey, TurnCommand, TurnError, TurnKey,
 };
-use parlance_memory::{MemoryCheckpointer, MemoryMemoryStore};
-use parlance_ports::{Checkpointer, Committed, MemoryStore, PortError, PortResult};
+use parlance_memory::{MemoryAuditLog, MemoryCheckpointStore, MemoryMemoryStore};
+use parlance_ports::{
+    Commit, Committed, MachineStore, ManualClock, MemoryStore, PortError, PortResult, Stored,
+};
 use serde_json::json;
 
 use super::*;
+
+type Store = Arc<dyn MachineStore<Checkpoint>>;
+
+fn memory_store() -> Store {
+    Arc::new(MemoryCheckpointStore::new(Arc::new(MemoryAuditLog::new())))
+}
+
+fn clock() -> Arc<dyn Clock> {
+    Arc::new(ManualClock::new())
+}
+
+/// The echo graph's runner on `store`.
+fn echo_runner(store: Store) -> TurnRunner<SupportState, ()> {
+    echo::runner::<()>(store, clock())
+}
+
+/// The whole thread at `k`, if it exists.
+async fn saved(store: &dyn MachineStore<Checkpoint>, k: &ThreadKey) -> Option<Checkpoint> {
+    store
+        .load(&TurnKey::whole(k.clone()))
+        .await
+        .unwrap()
+        .map(|s| s.state)
+}
+
+/// The error and its sources, outermost first.
+fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect()
+}
 
 fn key(thread: &str) -> ThreadKey {
     ThreadKey {
@@ -50,8 +84,8 @@ fn contents(cp: &Checkpoint, field: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_turn_runs_the_graph_times_its_stages_and_commits() {
-    let cp: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
-    let runner = echo::runner::<()>(cp.clone());
+    let cp = memory_store();
+    let runner = echo_runner(cp.clone());
     let k = key("t");
     let r1 = runner
         .run(&(), &k, input("I slept badly"), SupportLoaded::default())
@@ -89,7 +123,7 @@ async fn a_turn_runs_the_graph_times_its_stages_and_commits() {
         !r2.output.diagnostics.contains_key("reply_ms"),
         "no stale timings"
     );
-    let saved = cp.load(&k, &LoadWindow::all()).await.unwrap();
+    let saved = saved(cp.as_ref(), &k).await.expect("stored");
     assert_eq!(
         contents(&saved, "transcript"),
         [
@@ -108,8 +142,8 @@ async fn a_turn_runs_the_graph_times_its_stages_and_commits() {
 async fn turns_are_deterministic_given_their_inputs() {
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let cp: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
-        let runner = echo::runner::<()>(cp.clone());
+        let cp = memory_store();
+        let runner = echo_runner(cp.clone());
         let mut texts = Vec::new();
         for m in ["a", "b", "end it all", "c"] {
             let r = runner
@@ -122,48 +156,57 @@ async fn turns_are_deterministic_given_their_inputs() {
                 r.bytes_written,
             ));
         }
-        runs.push((texts, cp.load(&key("t"), &LoadWindow::all()).await.unwrap()));
+        runs.push((texts, saved(cp.as_ref(), &key("t")).await));
     }
     assert_eq!(runs[0], runs[1]);
 }
 
 /// Lets another turn commit right before this one's first commit.
 struct Intruder {
-    inner: MemoryCheckpointer,
+    inner: Store,
     armed: AtomicBool,
 }
 
 #[async_trait]
-impl Checkpointer for Intruder {
-    async fn load(&self, key: &ThreadKey, window: &LoadWindow) -> PortResult<Checkpoint> {
-        self.inner.load(key, window).await
+impl MachineStore<Checkpoint> for Intruder {
+    async fn load(&self, key: &TurnKey) -> PortResult<Option<Stored<Checkpoint>>> {
+        self.inner.load(key).await
     }
 
-    async fn commit(
-        &self,
-        key: &ThreadKey,
-        expected_version: u64,
-        delta: &CheckpointDelta,
-    ) -> PortResult<Committed> {
+    async fn commit(&self, c: Commit<'_, Checkpoint>) -> PortResult<Committed<Checkpoint>> {
         if self.armed.swap(false, Ordering::SeqCst) {
             let mut other = CheckpointDelta::default();
             other.appends.insert(
                 "transcript".to_owned(),
                 vec![json!({"role": "user", "content": "intruder"})],
             );
-            self.inner.commit(key, expected_version, &other).await?;
+            let base = c.expected.map_or(0, |v| v.0);
+            let command = TurnCommand::commit(base, other);
+            let mut state = Checkpoint {
+                version: base,
+                ..Checkpoint::default()
+            };
+            let decision = state.decide(&(), &command, c.now).expect("decide");
+            self.inner
+                .commit(Commit {
+                    command: &command,
+                    state: &state,
+                    decision: &decision,
+                    ..c
+                })
+                .await?;
         }
-        self.inner.commit(key, expected_version, delta).await
+        self.inner.commit(c).await
     }
 }
 
 #[tokio::test]
 async fn a_lost_commit_is_retried_on_the_new_state() {
     let cp = Arc::new(Intruder {
-        inner: MemoryCheckpointer::new(),
+        inner: memory_store(),
         armed: AtomicBool::new(true),
     });
-    let runner = echo::runner::<()>(cp.clone());
+    let runner = echo_runner(cp.clone());
     let r = runner
         .run(&(), &key("t"), input("hello"), SupportLoaded::default())
         .await
@@ -174,16 +217,52 @@ async fn a_lost_commit_is_retried_on_the_new_state() {
         r.output.response_text,
         "Turn 2: I hear you saying \"hello\"."
     );
-    let saved = cp.load(&key("t"), &LoadWindow::all()).await.unwrap();
+    let saved = saved(cp.as_ref(), &key("t")).await.expect("stored");
     assert_eq!(
         contents(&saved, "transcript"),
         ["intruder", "hello", "Turn 2: I hear you saying \"hello\"."]
     );
 }
 
-async fn racing_turns_all_land(cp: Arc<dyn Checkpointer>) {
+/// Loses every commit to a turn that is never seen.
+struct AlwaysBehind {
+    inner: Store,
+}
+
+#[async_trait]
+impl MachineStore<Checkpoint> for AlwaysBehind {
+    async fn load(&self, key: &TurnKey) -> PortResult<Option<Stored<Checkpoint>>> {
+        self.inner.load(key).await
+    }
+
+    async fn commit(&self, _: Commit<'_, Checkpoint>) -> PortResult<Committed<Checkpoint>> {
+        Err(PortError::conflict("another turn committed first"))
+    }
+}
+
+#[tokio::test]
+async fn a_turn_that_keeps_losing_its_commit_is_contended_and_commits_nothing() {
+    let inner = memory_store();
+    let store = Arc::new(AlwaysBehind {
+        inner: inner.clone(),
+    });
+    let err = echo_runner(store)
+        .run(&(), &key("t"), input("hello"), SupportLoaded::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TurnRunError::Service(ServiceError::Contended { attempts: 16 })
+        ),
+        "{err}"
+    );
+    assert_eq!(saved(inner.as_ref(), &key("t")).await, None);
+}
+
+async fn racing_turns_all_land(cp: Store) {
     const RACERS: usize = 6;
-    let runner = Arc::new(echo::runner::<()>(cp.clone()).max_attempts(50));
+    let runner = Arc::new(echo_runner(cp.clone()));
     let mut tasks = Vec::new();
     for r in 0..RACERS {
         let runner = Arc::clone(&runner);
@@ -206,7 +285,7 @@ async fn racing_turns_all_land(cp: Arc<dyn Checkpointer>) {
     }
     versions.sort_unstable();
     assert_eq!(versions, (1..=RACERS as u64).collect::<Vec<_>>());
-    let saved = cp.load(&key("hot"), &LoadWindow::all()).await.unwrap();
+    let saved = saved(cp.as_ref(), &key("hot")).await.expect("stored");
     let history = contents(&saved, "transcript");
     assert_eq!(history.len(), RACERS * 2);
     for r in 0..RACERS {
@@ -222,7 +301,7 @@ async fn racing_turns_all_land(cp: Arc<dyn Checkpointer>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_turns_all_land_in_memory() {
-    racing_turns_all_land(Arc::new(MemoryCheckpointer::new())).await;
+    racing_turns_all_land(memory_store()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -230,7 +309,7 @@ async fn racing_turns_all_land_on_postgres() {
     let Some(pool) = parlance_postgres::testing::test_pool().await else {
         return;
     };
-    racing_turns_all_land(Arc::new(parlance_postgres::PgCheckpointer::new(pool))).await;
+    racing_turns_all_land(Arc::new(parlance_postgres::PgCheckpointStore::new(pool))).await;
 }
 
 struct Failing;
@@ -238,7 +317,10 @@ struct Failing;
 #[async_trait]
 impl Stage<SupportState, ()> for Failing {
     async fn run(&self, _: &SupportState, _: &()) -> Result<SupportDelta, StageError> {
-        Err(StageError::new("model unavailable"))
+        Err(StageError::Port {
+            dependency: Dependency::Model,
+            source: PortError::unavailable("model unavailable"),
+        })
     }
 }
 
@@ -255,10 +337,10 @@ fn again(_: &SupportState) -> &'static str {
 
 #[tokio::test]
 async fn failures_stop_the_turn_and_commit_nothing() {
-    let cp: Arc<dyn Checkpointer> = Arc::new(MemoryCheckpointer::new());
+    let cp = memory_store();
     let k = key("t");
 
-    let failing = TurnRunner::<SupportState, ()>::new(echo::graph(), cp.clone())
+    let failing = TurnRunner::<SupportState, ()>::new(echo::graph(), cp.clone(), clock())
         .stage("gate", PureStage(echo::gate))
         .stage("reply", Failing)
         .stage("crisis_reply", PureStage(echo::crisis_reply))
@@ -267,9 +349,20 @@ async fn failures_stop_the_turn_and_commit_nothing() {
         .run(&(), &k, input("x"), SupportLoaded::default())
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "stage reply failed: model unavailable");
+    assert!(
+        matches!(err, TurnRunError::Stage { stage: "reply", .. }),
+        "{err}"
+    );
+    assert_eq!(
+        chain(&err),
+        [
+            "stage reply failed",
+            "the model failed",
+            "unavailable: model unavailable"
+        ]
+    );
 
-    let missing = TurnRunner::<SupportState, ()>::new(echo::graph(), cp.clone())
+    let missing = TurnRunner::<SupportState, ()>::new(echo::graph(), cp.clone(), clock())
         .stage("gate", PureStage(echo::gate));
     let err = missing
         .run(&(), &k, input("x"), SupportLoaded::default())
@@ -283,7 +376,7 @@ async fn failures_stop_the_turn_and_commit_nothing() {
         .step_limit(3)
         .build()
         .unwrap();
-    let runner = TurnRunner::<SupportState, ()>::new(looping, cp.clone())
+    let runner = TurnRunner::<SupportState, ()>::new(looping, cp.clone(), clock())
         .stage("a", PureStage(|_: &SupportState| SupportDelta::default()));
     let err = runner
         .run(&(), &k, input("x"), SupportLoaded::default())
@@ -301,7 +394,7 @@ async fn failures_stop_the_turn_and_commit_nothing() {
         .fanout("start", &["left", "right"], END)
         .build()
         .unwrap();
-    let runner = TurnRunner::<SupportState, ()>::new(fan, cp.clone())
+    let runner = TurnRunner::<SupportState, ()>::new(fan, cp.clone(), clock())
         .stage(
             "start",
             PureStage(|_: &SupportState| SupportDelta::default()),
@@ -323,8 +416,11 @@ async fn failures_stop_the_turn_and_commit_nothing() {
         ),
         "{err}"
     );
-    let saved = cp.load(&k, &LoadWindow::all()).await.unwrap();
-    assert_eq!(saved.version, 0, "no failed turn committed");
+    assert_eq!(
+        saved(cp.as_ref(), &k).await,
+        None,
+        "no failed turn committed"
+    );
 }
 
 struct FixedEmbedder(Result<Vec<f32>, ()>);

@@ -9,20 +9,17 @@
 //! leases still held so another worker picks them up at once.
 
 mod builtin;
-pub mod command;
 mod runtime;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use parlance_ports::Lease;
+use parlance_ports::{Clock, Lease, TaskQueue, WorkerId};
 use serde_json::Value;
 
 pub use builtin::{RECORD_KIND, SLEEP_KIND, register_test_handlers};
 pub use runtime::{StepReport, Worker, WorkerConfig};
-
-use crate::state::AppState;
 
 /// Why a task attempt failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,15 +95,6 @@ impl Handlers {
     }
 }
 
-/// The handlers the service's own workers run. Each machine that queues
-/// work registers its kinds here.
-pub fn standard_handlers(state: &AppState) -> Handlers {
-    let mut handlers = Handlers::new();
-    crate::conversation::agent::register(&mut handlers, state);
-    crate::flow::tasks::register(&mut handlers, state);
-    handlers
-}
-
 /// A worker running inside `parlance serve`, on the service's own queue.
 #[derive(Debug)]
 pub struct EmbeddedWorker {
@@ -115,15 +103,15 @@ pub struct EmbeddedWorker {
 }
 
 impl EmbeddedWorker {
-    /// Starts a worker with the standard handlers and default tuning.
-    pub fn start(state: &AppState) -> Self {
-        Self::spawn(Worker::new(
-            parlance_ports::WorkerId(state.ids.new_uuid()),
-            Arc::clone(&state.queue),
-            standard_handlers(state),
-            Arc::clone(&state.clock),
-            WorkerConfig::default(),
-        ))
+    /// Starts worker `id` on `queue` with `handlers` and `config`.
+    pub fn start(
+        id: WorkerId,
+        queue: Arc<dyn TaskQueue>,
+        handlers: Handlers,
+        clock: Arc<dyn Clock>,
+        config: WorkerConfig,
+    ) -> Self {
+        Self::spawn(Worker::new(id, queue, handlers, clock, config))
     }
 
     /// Runs `worker` in the background until [`EmbeddedWorker::stop`].

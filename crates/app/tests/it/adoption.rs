@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_app::AppState;
 use parlance_postgres::testing::test_pool;
 use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
@@ -159,10 +158,10 @@ async fn activity_completes_the_plan_on_postgres() {
         return;
     };
     let clock = Arc::new(ManualClock::new());
-    let mut state = AppState::postgres(pool, keys());
-    state.clock = clock.clone();
-    state.ids = Arc::new(SequentialIds::new());
-    let s = TestServer::start(state, clock).await;
+    let mut c = parlance_app::Components::postgres(pool, keys());
+    c.clock = clock.clone();
+    c.ids = Arc::new(SequentialIds::new());
+    let s = TestServer::start(c.build(), clock).await;
     activity_flow(&s).await;
 }
 
@@ -478,4 +477,71 @@ async fn another_products_records_do_not_exist() {
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A journey change and its audit entry are one commit: when the entry
+/// cannot be written, the change fails and the record stays as it was (the
+/// entry used to be appended after the save, and its failure only logged).
+#[tokio::test]
+async fn a_journey_change_whose_audit_entry_fails_is_not_saved_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let clock = Arc::new(ManualClock::new());
+    let mut c = parlance_app::Components::postgres(pool.clone(), keys());
+    c.clock = clock.clone();
+    c.ids = Arc::new(SequentialIds::new());
+    let s = TestServer::start(c.build(), clock).await;
+    let events = format!("{BASE}/users/u-9/adoption/events");
+    let (status, _, body) = s
+        .send(
+            Method::POST,
+            &events,
+            Some(&json!({"events": [{"kind": "mark_judged"}]})),
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let record = format!("{BASE}/users/u-9/adoption");
+    let (_, _, before) = s.send(Method::GET, &record, None, true).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_adoption_audit() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN IF NEW.entity_kind = 'adoption' THEN RAISE EXCEPTION 'audit refused'; END IF; \
+         RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_adoption_audit BEFORE INSERT ON audit_log \
+         FOR EACH ROW EXECUTE FUNCTION refuse_adoption_audit();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    s.clock.advance(Duration::from_secs(5));
+    let onboarded = json!({"events": [{"kind": "set_journey_state", "state": "onboarded"}]});
+    let (status, ctype, body) = s.send(Method::POST, &events, Some(&onboarded), true).await;
+    assert!(status.is_server_error(), "{status} {body}");
+    assert_eq!(ctype, "application/problem+json");
+    let (_, _, after) = s.send(Method::GET, &record, None, true).await;
+    assert_eq!(after, before, "nothing saved");
+    sqlx::raw_sql("DROP TRIGGER refuse_adoption_audit ON audit_log")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, _, body) = s.send(Method::POST, &events, Some(&onboarded), true).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["state"]["journey_state"], "onboarded");
+    assert_eq!(body["version"], 2);
+    let trail: Vec<(Option<String>, String, String)> = sqlx::query_as(
+        "SELECT from_state, to_state, cause FROM audit_log \
+         WHERE product_id = 'acme' AND entity_kind = 'adoption' AND entity_id = 'u-9' ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        trail,
+        [(
+            Some("onboarding".to_owned()),
+            "onboarded".to_owned(),
+            "set_journey_state".to_owned()
+        )]
+    );
 }

@@ -42,8 +42,9 @@ fn redact_times(v: &Value) -> Value {
 /// A memory service whose model is `llm`.
 async fn server(llm: &Arc<OfflineLlm>) -> (TestServer, AppState) {
     let clock = Arc::new(ManualClock::new());
-    let mut state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
-    state.llm = llm.clone();
+    let mut c = crate::support::components(&clock);
+    c.llm = llm.clone();
+    let state = c.build();
     (TestServer::start(state.clone(), clock).await, state)
 }
 
@@ -216,11 +217,11 @@ async fn welcome_flow_saves_the_decision_on_postgres() {
     };
     let llm = scripted_welcome();
     let clock = Arc::new(ManualClock::new());
-    let mut state = AppState::postgres(pool, keys());
-    state.clock = clock.clone();
-    state.ids = Arc::new(SequentialIds::new());
-    state.llm = llm.clone();
-    let s = TestServer::start(state, clock).await;
+    let mut c = parlance_app::Components::postgres(pool, keys());
+    c.clock = clock.clone();
+    c.ids = Arc::new(SequentialIds::new());
+    c.llm = llm.clone();
+    let s = TestServer::start(c.build(), clock).await;
     welcome_flow(&s, &llm).await;
 }
 
@@ -348,10 +349,11 @@ async fn the_judge_promotes_and_the_audit_log_says_why() {
     assert!(text.contains("\"reported\":{\"days_active\":12}"), "{text}");
 
     let records = state
+        .shared
         .audit
         .list(
             &ProductId::parse("acme").unwrap(),
-            "adoption",
+            parlance_core::EntityKind::Adoption,
             "u-4",
             None,
             10,
@@ -650,15 +652,24 @@ impl parlance_ports::LlmClient for RacingModel {
     ) -> parlance_ports::LlmResult<parlance_ports::CompletionResponse> {
         let app = self.app.lock().unwrap().take();
         if let Some(app) = app {
-            let product = ProductId::parse("acme").unwrap();
-            let user = parlance_core::adoption::UserId::parse("u-8".to_owned()).unwrap();
-            let stored = app.adoption.load(&product, &user).await.unwrap().unwrap();
-            let mut state = stored.state;
-            state.mark_welcomed(app.clock.now());
-            app.adoption
-                .save(&product, &state, Some(stored.version))
-                .await
-                .unwrap();
+            use parlance_core::adoption::{
+                AdoptionCommand, AdoptionEvent, AdoptionKey, OnboardingPlan, UserId,
+            };
+            let key = AdoptionKey::new(
+                ProductId::parse("acme").unwrap(),
+                UserId::parse("u-8".to_owned()).unwrap(),
+            );
+            let welcomed = AdoptionCommand::Events {
+                events: vec![AdoptionEvent::MarkWelcomed],
+                metadata: None,
+            };
+            parlance_app::execute::Executor::new(
+                app.adoption.records.as_ref(),
+                app.shared.clock.as_ref(),
+            )
+            .run(&key, &OnboardingPlan::default(), &welcomed)
+            .await
+            .unwrap();
         }
         self.inner.complete(request).await
     }
@@ -674,8 +685,9 @@ async fn a_welcome_that_loses_the_race_to_another_is_not_sent_twice() {
         app: std::sync::Mutex::new(None),
     });
     let clock = Arc::new(ManualClock::new());
-    let mut state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
-    state.llm = racing.clone();
+    let mut c = crate::support::components(&clock);
+    c.llm = racing.clone();
+    let state = c.build();
     *racing.app.lock().unwrap() = Some(state.clone());
     let s = TestServer::start(state, clock).await;
     explorer(&s, "u-8").await;

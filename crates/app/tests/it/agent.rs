@@ -8,7 +8,7 @@ use parlance_app::AppState;
 use parlance_app::agent::AgentData;
 use parlance_memory::{OfflineLlm, Reply, When};
 use parlance_postgres::testing::test_pool;
-use parlance_testkit::{ManualClock, SequentialIds};
+use parlance_testkit::ManualClock;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -54,10 +54,10 @@ fn model() -> OfflineLlm {
         )
 }
 
-fn prepare(mut state: AppState) -> AppState {
-    state.llm = Arc::new(model());
-    state.agent_data = Arc::new(AgentData::examples().unwrap());
-    state
+fn prepare(mut c: parlance_app::Components) -> AppState {
+    c.llm = Arc::new(model());
+    c.agent_data = AgentData::examples().unwrap();
+    c.build()
 }
 
 /// Replaces what varies between runs and backends: timings, ids, times, seqs.
@@ -171,8 +171,7 @@ async fn scenario(s: &TestServer) {
 #[tokio::test]
 async fn the_agent_over_http_on_memory() {
     let clock = Arc::new(ManualClock::new());
-    let state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
-    let s = TestServer::start(prepare(state), clock).await;
+    let s = TestServer::start(prepare(crate::support::components(&clock)), clock).await;
     scenario(&s).await;
 }
 
@@ -181,7 +180,7 @@ async fn the_agent_over_http_on_postgres() {
     let Some(pool) = test_pool().await else {
         return;
     };
-    let state = prepare(AppState::postgres(pool, keys()));
+    let state = prepare(parlance_app::Components::postgres(pool, keys()));
     let s = TestServer::start(state, Arc::new(ManualClock::new())).await;
     scenario(&s).await;
 }
@@ -189,8 +188,7 @@ async fn the_agent_over_http_on_postgres() {
 #[tokio::test]
 async fn session_id_alone_owns_the_memory() {
     let clock = Arc::new(ManualClock::new());
-    let state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
-    let s = TestServer::start(prepare(state), clock).await;
+    let s = TestServer::start(prepare(crate::support::components(&clock)), clock).await;
     let (status, v) = call(
         &s,
         Method::POST,
@@ -233,10 +231,10 @@ async fn the_demo_plays_the_support_agent_scene() {
 #[tokio::test]
 async fn caller_history_and_working_memory_reach_the_prompt() {
     let clock = Arc::new(ManualClock::new());
-    let mut state = AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+    let mut c = crate::support::components(&clock);
     let llm = Arc::new(model());
-    state.llm = llm.clone();
-    let s = TestServer::start(state, clock).await;
+    c.llm = llm.clone();
+    let s = TestServer::start(c.build(), clock).await;
     let (status, v) = call(
         &s,
         Method::POST,

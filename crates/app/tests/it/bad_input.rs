@@ -9,15 +9,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlance_app::AppState;
 use parlance_app::flow::{FlowCatalog, Invokers};
-use parlance_testkit::{ManualClock, SequentialIds};
+use parlance_testkit::ManualClock;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 
-use crate::support::{KEY, TestServer, keys};
+use crate::support::{KEY, TestServer};
 
 const CONVERSATION: &str = "00000000-0000-0000-0000-00000000c0de";
 
@@ -351,10 +350,10 @@ fn random_requests_get_a_2xx_or_4xx_and_refusals_change_nothing() {
         .unwrap();
     let (server, flow_session) = rt.block_on(async {
         let clock = Arc::new(ManualClock::new());
-        let mut state =
-            AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+        let mut c = crate::support::components(&clock);
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/flows");
-        state.flow_catalog = Arc::new(FlowCatalog::load_dir(&dir, &Invokers::is_builtin).unwrap());
+        c.flows = FlowCatalog::load_dir(&dir, &Invokers::is_builtin).unwrap();
+        let state = c.build();
         let server = TestServer::start(state, clock).await;
         let (_, _, started) = server
             .send(reqwest::Method::POST, "/v1/ai/qa/start_session", None, true)

@@ -1,15 +1,21 @@
 //! Conversations over HTTP: a full conversation driven by a manual clock,
 //! queueing per contact, operator commands, a human hand-off, and two real
-//! worker processes sharing the heartbeats on PostgreSQL.
+//! worker processes sharing the heartbeats on PostgreSQL; and, through the
+//! executor on both stores, commands that lose their race decided again.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use parlance_app::AppState;
-use parlance_app::conversation::sweeper::sweep_once;
-use parlance_app::worker::{Worker, WorkerConfig, standard_handlers};
+use parlance_app::conversation::sweep_once;
+use parlance_app::execute::{Executor, ServiceError};
+use parlance_app::worker::{Worker, WorkerConfig};
+use parlance_app::{AppState, Components};
 use parlance_core::ProductId;
-use parlance_core::conversation::{ConversationState, InstanceId, Role};
+use parlance_core::conversation::{
+    ContactId, ConversationCommand, ConversationContext, ConversationKey, ConversationState,
+    InstanceId, NewInstance, Role,
+};
 use parlance_memory::{LoopbackChannel, OfflineLlm, Reply, When};
 use parlance_ports::WorkerId;
 use parlance_postgres::testing::test_pool;
@@ -33,16 +39,18 @@ struct Fixture {
 impl Fixture {
     async fn new(llm: OfflineLlm) -> Self {
         let clock = Arc::new(ManualClock::new());
-        let mut state =
-            AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new()));
+        let mut c = Components::memory(keys());
+        c.clock = clock.clone();
+        c.ids = Arc::new(SequentialIds::new());
         let channel = Arc::new(LoopbackChannel::new());
-        state.channel = channel.clone();
-        state.llm = Arc::new(llm);
+        c.channel = channel.clone();
+        c.llm = Arc::new(llm);
+        let state = c.build();
         let worker = Worker::new(
             WorkerId(uuid::Uuid::from_u128(u128::MAX)),
-            state.queue.clone(),
-            standard_handlers(&state),
-            state.clock.clone(),
+            state.shared.queue.clone(),
+            state.handlers(),
+            state.shared.clock.clone(),
             WorkerConfig::default(),
         );
         Self {
@@ -141,13 +149,13 @@ async fn a_silent_contact_is_followed_up_then_abandoned() {
     for n in 1..=2 {
         f.server.clock.advance(Duration::from_secs(59));
         assert_eq!(
-            sweep_once(&f.state).await.unwrap(),
+            sweep_once(&f.state.conversations).await.unwrap(),
             0,
             "not due before the interval"
         );
         f.server.clock.advance(Duration::from_secs(1));
         assert_eq!(
-            sweep_once(&f.state).await.unwrap(),
+            sweep_once(&f.state.conversations).await.unwrap(),
             1,
             "heartbeat {n} fires"
         );
@@ -158,9 +166,9 @@ async fn a_silent_contact_is_followed_up_then_abandoned() {
         assert_eq!(body["conversation"]["follow_ups_sent"], n);
     }
     f.server.clock.advance(Duration::from_secs(60));
-    assert_eq!(sweep_once(&f.state).await.unwrap(), 1);
+    assert_eq!(sweep_once(&f.state.conversations).await.unwrap(), 1);
     assert_eq!(
-        sweep_once(&f.state).await.unwrap(),
+        sweep_once(&f.state.conversations).await.unwrap(),
         0,
         "a heartbeat fires once"
     );
@@ -451,11 +459,10 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
     let product = ProductId::parse("acme").unwrap();
     let mut ids = Vec::new();
     for n in 0..4 {
-        let new = parlance_core::conversation::NewInstance {
+        let new = NewInstance {
             product_id: product.clone(),
             instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(1000 + n)),
-            contact_id: parlance_core::conversation::ContactId::parse(format!("+1555100{n}"))
-                .unwrap(),
+            contact_id: ContactId::parse(format!("+1555100{n}")).unwrap(),
             channel: "loopback".into(),
             objective: "book a demo call".into(),
             todos: vec![],
@@ -464,21 +471,21 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
             metadata: serde_json::Map::new(),
         };
         ids.push(
-            parlance_app::conversation::service::create(&state, new)
+            parlance_app::conversation::create(&state.conversations, new)
                 .await
                 .unwrap()
-                .instance_id,
+                .state
+                .key(),
         );
     }
     let mut workers = [spawn_worker(&url, &[]), spawn_worker(&url, &[])];
-    let store = state.conversations.clone();
+    let store = state.conversations.store.clone();
     let all_abandoned = || {
         let store = store.clone();
-        let product = product.clone();
         let ids = ids.clone();
         async move {
-            for id in ids {
-                let i = store.get(&product, id).await.unwrap().unwrap();
+            for key in ids {
+                let i = store.load(&key).await.unwrap().unwrap().state;
                 if i.state != ConversationState::Abandoned {
                     return false;
                 }
@@ -496,8 +503,9 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
         w.kill().unwrap();
         w.wait().unwrap();
     }
-    for id in ids {
-        let transcript = store.transcript(&product, id).await.unwrap();
+    for key in ids {
+        let id = key.instance_id;
+        let transcript = state.conversations.index.transcript(&key).await.unwrap();
         let seqs: Vec<_> = transcript.iter().map(|m| m.outbound_seq).collect();
         assert_eq!(
             seqs,
@@ -505,8 +513,15 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
             "first message and two follow-ups, once each"
         );
         let audit = state
+            .shared
             .audit
-            .list(&product, "conversation", &id.to_string(), None, 100)
+            .list(
+                &product,
+                parlance_core::EntityKind::Conversation,
+                &id.to_string(),
+                None,
+                100,
+            )
             .await
             .unwrap();
         let fired = audit
@@ -514,5 +529,181 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
             .filter(|r| r.entry.cause == "timer_fired" && r.entry.to == "HEARTBEAT_SCHEDULED")
             .count();
         assert_eq!(fired, 3, "each armed heartbeat fired exactly once");
+    }
+}
+
+/// An instance waiting for a reply on `state`, created through the service.
+async fn waiting_instance(state: &AppState, n: u128) -> ConversationKey {
+    let new = NewInstance {
+        product_id: ProductId::parse("acme").unwrap(),
+        instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(n)),
+        contact_id: ContactId::parse(format!("+1555200{n}")).unwrap(),
+        channel: "loopback".into(),
+        objective: "book a demo call".into(),
+        todos: vec![],
+        heartbeat_interval_s: 100,
+        max_follow_ups: 2,
+        metadata: serde_json::Map::new(),
+    };
+    let key = parlance_app::conversation::create(&state.conversations, new)
+        .await
+        .unwrap()
+        .state
+        .key();
+    for command in [
+        ConversationCommand::BeginAgentTurn,
+        ConversationCommand::AgentSend {
+            text: "hello".into(),
+            next_heartbeat_s: None,
+        },
+    ] {
+        parlance_app::conversation::run(&state.conversations, &key, command)
+            .await
+            .unwrap();
+    }
+    key
+}
+
+/// Two replies decided on the same read: one commit lands, the other finds
+/// the instance moved, writes nothing, and is decided again by the executor
+/// on the version that won; both replies are kept, in one version each.
+async fn a_command_decided_on_a_stale_read_is_decided_again(state: AppState) {
+    let key = waiting_instance(&state, 1).await;
+    let start = state.conversations.store.load(&key).await.unwrap().unwrap();
+    // The first two decisions wait for each other, so both are made on the
+    // same version; later ones run straight through.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let decisions = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut writers = Vec::new();
+    for w in 0..2 {
+        let (state, key) = (state.clone(), key.clone());
+        let (barrier, decisions, seen) = (barrier.clone(), decisions.clone(), seen.clone());
+        writers.push(tokio::spawn(async move {
+            let executor = Executor::new(
+                state.conversations.store.as_ref(),
+                state.shared.clock.as_ref(),
+            );
+            let ctx = ConversationContext::default();
+            executor
+                .run_with(&key, &ctx, |loaded| {
+                    seen.lock().unwrap().push(loaded.map(|s| s.version));
+                    let first_two = decisions.fetch_add(1, Ordering::SeqCst) < 2;
+                    let barrier = barrier.clone();
+                    async move {
+                        if first_two {
+                            barrier.wait().await;
+                        }
+                        Ok(Some(ConversationCommand::ContactReply {
+                            text: format!("w{w}"),
+                        }))
+                    }
+                })
+                .await
+                .unwrap()
+        }));
+    }
+    let mut attempts = Vec::new();
+    for w in writers {
+        attempts.push(w.await.unwrap().attempts);
+    }
+    attempts.sort_unstable();
+    assert_eq!(attempts, [1, 2], "one decision repeated");
+    assert_eq!(decisions.load(Ordering::SeqCst), 3);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        &seen[..2],
+        [Some(start.version), Some(start.version)],
+        "a shared read"
+    );
+    assert_eq!(
+        seen[2],
+        Some(start.version.next()),
+        "decided again on the write that landed"
+    );
+    let end = state.conversations.store.load(&key).await.unwrap().unwrap();
+    assert_eq!(end.version, start.version.next().next());
+    let transcript = state.conversations.index.transcript(&key).await.unwrap();
+    let mut replies: Vec<_> = transcript
+        .iter()
+        .filter(|m| m.role == Role::Contact)
+        .map(|m| m.text.clone())
+        .collect();
+    replies.sort();
+    assert_eq!(replies, ["w0", "w1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_read_is_decided_again_on_memory() {
+    a_command_decided_on_a_stale_read_is_decided_again(AppState::memory(keys())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_read_is_decided_again_on_postgres() {
+    if let Some(pool) = test_pool().await {
+        a_command_decided_on_a_stale_read_is_decided_again(AppState::postgres(pool, keys())).await;
+    }
+}
+
+/// Sixteen writers sending ten replies each to one instance at once: every
+/// reply is kept, each writer's in order, and every reply took one version.
+/// A reply that lost every race changed nothing and is sent again, as a
+/// client answered 503 would.
+async fn concurrent_replies_are_all_kept(state: AppState) {
+    let key = waiting_instance(&state, 2).await;
+    let start = state.conversations.store.load(&key).await.unwrap().unwrap();
+    let mut writers = Vec::new();
+    for w in 0..16 {
+        let (state, key) = (state.clone(), key.clone());
+        writers.push(tokio::spawn(async move {
+            for k in 0..10 {
+                let reply = ConversationCommand::ContactReply {
+                    text: format!("w{w} r{k}"),
+                };
+                let mut sends = 0;
+                loop {
+                    sends += 1;
+                    match parlance_app::conversation::run(&state.conversations, &key, reply.clone())
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(ServiceError::Contended { .. }) if sends < 100 => {}
+                        Err(e) => panic!("w{w} r{k}: {e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let end = state.conversations.store.load(&key).await.unwrap().unwrap();
+    assert_eq!(end.version.0, start.version.0 + 160);
+    let transcript = state.conversations.index.transcript(&key).await.unwrap();
+    let replies = transcript
+        .iter()
+        .filter(|m| m.role == Role::Contact)
+        .count();
+    assert_eq!(replies, 160);
+    for w in 0..16 {
+        let mine: Vec<_> = transcript
+            .iter()
+            .filter(|m| m.text.starts_with(&format!("w{w} ")))
+            .map(|m| m.text.clone())
+            .collect();
+        let expected: Vec<_> = (0..10).map(|k| format!("w{w} r{k}")).collect();
+        assert_eq!(mine, expected);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_replies_are_all_kept_on_memory() {
+    concurrent_replies_are_all_kept(AppState::memory(keys())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_replies_are_all_kept_on_postgres() {
+    if let Some(pool) = test_pool().await {
+        concurrent_replies_are_all_kept(AppState::postgres(pool, keys())).await;
     }
 }

@@ -8,21 +8,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use parlance_app::AppState;
-use parlance_app::flow::{FlowCatalog, Invoker, Invokers, QueueRunner, RunnerOptions};
-use parlance_app::worker::{EmbeddedWorker, Worker, WorkerConfig, standard_handlers};
-use parlance_core::flow::{Condition, Flow, FlowBuilder, TemplateRef, TransitionDef};
+use parlance_app::Components;
+use parlance_app::flow::{
+    FlowCatalog, FlowDeps, FlowService, Invoker, Invokers, QueueRunner, example_catalog,
+};
+use parlance_app::worker::{EmbeddedWorker, Worker, WorkerConfig};
+use parlance_core::flow::{
+    ClientEvent, Condition, Flow, FlowBuilder, FlowKey, FlowRecord, RunnerOptions, TemplateRef,
+    TransitionDef,
+};
 use parlance_core::queue::Backoff;
-use parlance_memory::{MemoryAuditLog, MemoryFlowStore, MemoryTaskQueue};
-use parlance_ports::{AuditLog, Clock, QueueConfig, SystemClock, TaskQueue, WorkerId};
+use parlance_memory::{MemoryAuditLog, MemoryFlowStore};
+use parlance_ports::{
+    AuditLog, Clock, Commit, Committed, MachineStore, PortError, PortResult, QueueConfig, Stored,
+    SystemClock, TaskQueue, WorkerId,
+};
 use parlance_postgres::testing::test_pool;
-use parlance_postgres::{PgFlowStore, PgTaskQueue};
 use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::support::{TestServer, keys};
+use crate::support::{KEY, TestServer, keys};
 
 /// Echoes the rendered text once a permit is released.
 struct Gated(Arc<Semaphore>);
@@ -150,32 +157,16 @@ async fn fixture_with(
 ) -> Fixture {
     let system: Arc<dyn Clock> = Arc::new(SystemClock);
     let clock = Arc::new(ManualClock::new());
-    let mut state = match &pool {
-        Some(pool) => AppState::postgres(pool.clone(), keys()),
-        None => AppState::memory_with(keys(), clock.clone(), Arc::new(SequentialIds::new())),
+    let mut c = match pool {
+        Some(pool) => Components::postgres(pool, keys()),
+        None => Components::memory(keys()),
     };
-    state.clock = clock.clone();
-    state.ids = Arc::new(SequentialIds::new());
-    match pool {
-        Some(pool) => {
-            let queue = Arc::new(PgTaskQueue::new(
-                pool.clone(),
-                system.clone(),
-                queue_config(backoff),
-            ));
-            state.flow_store = Arc::new(PgFlowStore::with_queue(pool, queue.clone()));
-            state.queue = queue;
-        }
-        None => {
-            let queue: Arc<dyn TaskQueue> =
-                Arc::new(MemoryTaskQueue::new(system.clone(), queue_config(backoff)));
-            let audit = Arc::new(MemoryAuditLog::new());
-            state.flow_store = Arc::new(MemoryFlowStore::with_queue(audit.clone(), queue.clone()));
-            state.audit = audit;
-            state.queue = queue;
-        }
-    }
-    state.flow_runner = Arc::new(QueueRunner::new(state.queue.clone(), options));
+    c.clock = clock.clone();
+    c.ids = Arc::new(SequentialIds::new());
+    // Retries back off in real time while the test moves the service clock.
+    c.queue_clock = Some(system.clone());
+    c.queue = queue_config(backoff);
+    c.runner = options;
     let gate = Arc::new(Semaphore::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
@@ -190,20 +181,21 @@ async fn fixture_with(
     for f in rust_flows() {
         catalog.insert(f);
     }
-    state.flow_catalog = Arc::new(catalog);
-    state.flow_invokers = extra;
+    c.flows = catalog;
+    c.invokers = extra;
+    let state = c.build();
     let worker = EmbeddedWorker::spawn(Worker::new(
         WorkerId(uuid::Uuid::from_u128(1)),
-        state.queue.clone(),
-        standard_handlers(&state),
+        state.shared.queue.clone(),
+        state.handlers(),
         system,
         WorkerConfig {
             poll_every: Duration::from_millis(5),
             ..WorkerConfig::default()
         },
     ));
-    let queue = state.queue.clone();
-    let audit = state.audit.clone();
+    let queue = state.shared.queue.clone();
+    let audit = state.shared.audit.clone();
     Fixture {
         server: TestServer::start(state, clock).await,
         gate,
@@ -548,13 +540,12 @@ async fn defect_3_events_while_a_dag_runs_are_409_and_the_completion_event_is_th
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, body) = f.event("gated", &sid, "advance", "fake answer").await;
     assert_eq!(status, StatusCode::CONFLICT);
-    assert_eq!(
-        body["type"],
-        "urn:parlance:problem:event-reserved-for-engine"
-    );
+    assert_eq!(body["type"], "urn:parlance:problem:not-allowed");
+    assert_eq!(body["reason"], "reserved_for_engine");
     let (status, body) = f.event("gated", &sid, "again", "").await;
     assert_eq!(status, StatusCode::CONFLICT);
-    assert_eq!(body["type"], "urn:parlance:problem:dag-running");
+    assert_eq!(body["type"], "urn:parlance:problem:not-allowed");
+    assert_eq!(body["reason"], "dag_running");
     f.gate.add_permits(1);
     let done = f
         .poll_until("gated", &sid, |b| b["next_actions"] != json!(["poll"]))
@@ -639,7 +630,7 @@ async fn defect_7_progress_is_visible_as_soon_as_the_event_returns() {
 async fn flow_trail(f: &Fixture, sid: &str) -> Vec<(Option<String>, String, String)> {
     let product = parlance_core::ProductId::parse("acme").unwrap();
     f.audit
-        .list(&product, "flow", sid, None, 100)
+        .list(&product, parlance_core::EntityKind::Flow, sid, None, 100)
         .await
         .unwrap()
         .into_iter()
@@ -741,6 +732,81 @@ async fn defect_16_polls_write_nothing() {
         f.poll("qa", &sid).await;
     }
     assert_eq!(f.model("qa", &sid).await["version"], before);
+}
+
+/// A session store whose changes always find the session moved: every
+/// commit on a version loses its compare-and-swap; creations land.
+struct AlwaysMoved(Arc<MemoryFlowStore>);
+
+#[async_trait]
+impl MachineStore<FlowRecord> for AlwaysMoved {
+    async fn load(&self, key: &FlowKey) -> PortResult<Option<Stored<FlowRecord>>> {
+        self.0.load(key).await
+    }
+
+    async fn commit(&self, c: Commit<'_, FlowRecord>) -> PortResult<Committed<FlowRecord>> {
+        if c.expected.is_some() {
+            return Err(PortError::conflict("the session moved"));
+        }
+        self.0.commit(c).await
+    }
+}
+
+/// An event that loses its compare-and-swap on every attempt changed
+/// nothing and asks the client to retry: 503 `contended` with
+/// `Retry-After` (it used to answer 409 after 8 attempts, like a refusal).
+#[tokio::test]
+async fn an_event_that_keeps_losing_its_race_is_503_with_retry_after() {
+    let clock = Arc::new(ManualClock::new());
+    let mut c = Components::memory(keys());
+    c.clock = clock.clone();
+    let mut state = c.build();
+    let store = Arc::new(MemoryFlowStore::with_queue(
+        Arc::new(MemoryAuditLog::new()),
+        state.shared.queue.clone(),
+        QueueConfig::default().dag_limits,
+    ));
+    state.flows = FlowService::new(FlowDeps {
+        catalog: Arc::new(example_catalog().unwrap()),
+        records: Arc::new(AlwaysMoved(store.clone())),
+        store,
+        runner: Arc::new(QueueRunner::new(state.shared.queue.clone())),
+        options: RunnerOptions::default(),
+        clock: clock.clone(),
+        ids: state.shared.ids.clone(),
+        llm: state.shared.llm.clone(),
+        extra_invokers: BTreeMap::new(),
+    });
+    let server = TestServer::start(state, clock).await;
+    let (status, _, start) = server
+        .send(Method::POST, "/v1/ai/qa/start_session", None, true)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{start}");
+    let sid = start["session_id"].as_str().unwrap().to_owned();
+    let res = server
+        .client
+        .post(format!("http://{}/v1/ai/qa/event", server.addr))
+        .bearer_auth(KEY)
+        .json(&json!({"session_id": sid, "event": "user_input", "event_input": "Why?"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        res.headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["type"], "urn:parlance:problem:contended");
+    let (status, _, model) = server
+        .send(Method::GET, &format!("/v1/ai/qa/model/{sid}"), None, true)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let model: Value = serde_json::from_str(model["response"].as_str().unwrap()).unwrap();
+    assert_eq!(model["state"], "ask", "nothing changed");
+    assert_eq!(model["version"], 1);
 }
 
 #[tokio::test]
@@ -876,7 +942,7 @@ fn templates_never_follow_links_out_of_the_folder() {
     std::fs::create_dir_all(templates.join("sub")).unwrap();
     std::fs::write(templates.join("sub/a.j2"), "A").unwrap();
     std::os::unix::fs::symlink(&secret, templates.join("leak.j2")).unwrap();
-    let read = parlance_app::flow::catalog::read_templates(&templates).unwrap();
+    let read = parlance_app::flow::read_templates(&templates).unwrap();
     assert_eq!(read.keys().collect::<Vec<_>>(), ["sub/a.j2"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -933,22 +999,22 @@ async fn a_flow_dag_survives_a_restart_on_postgres() {
     let input = "name: Ada Lovelace; email: ada@example.com; topics: engines, poetry";
     let session_id = {
         // The first process: the event enqueues the DAG with the session.
-        let mut state = AppState::postgres(pool.clone(), keys());
-        state.flow_catalog = Arc::new(parlance_app::flow::example_catalog().unwrap());
-        let svc = state.flow_service();
-        let sid = svc
-            .start_session(&product, "extraction")
-            .await
-            .unwrap()
-            .session_id;
+        let mut c = Components::postgres(pool.clone(), keys());
+        c.flows = parlance_app::flow::example_catalog().unwrap();
+        let state = c.build();
+        let svc = state.flows.clone();
+        let flow = svc.catalog().get("extraction").unwrap();
+        let sid = svc.start_session(&product, &flow).await.unwrap().session_id;
+        let key = FlowKey::new(product.clone(), sid.parse().unwrap());
         let asked = svc
-            .event(&product, "extraction", &sid, "user_input", input)
+            .event(&key, &flow, ClientEvent::parse("user_input"), input)
             .await
             .unwrap();
         assert_eq!(asked.next_actions, ["poll"]);
         // Its worker claims the first task for a moment, then the process
         // dies: the task is neither completed nor released.
         let leases = state
+            .shared
             .queue
             .claim(
                 &WorkerId(uuid::Uuid::from_u128(7)),
@@ -964,22 +1030,17 @@ async fn a_flow_dag_survives_a_restart_on_postgres() {
     };
     // A fresh process on the same database; it declares a worker dead
     // after 50 ms of silence (30 s by default) so the test need not wait.
-    let mut state = AppState::postgres(pool.clone(), keys());
-    let queue = Arc::new(PgTaskQueue::new(
-        pool.clone(),
-        Arc::new(SystemClock),
-        QueueConfig {
-            worker_stale_after: Duration::from_millis(50),
-            ..QueueConfig::default()
-        },
-    ));
-    state.flow_store = Arc::new(PgFlowStore::with_queue(pool.clone(), queue.clone()));
-    state.flow_runner = Arc::new(QueueRunner::new(queue.clone(), RunnerOptions::default()));
-    state.queue = queue;
-    state.flow_catalog = Arc::new(parlance_app::flow::example_catalog().unwrap());
-    let svc = state.flow_service();
-    let flow = state.flow_catalog.get("extraction").unwrap();
-    let polled = svc.poll(&product, &flow, &session_id).await.unwrap();
+    let mut c = Components::postgres(pool.clone(), keys());
+    c.queue = QueueConfig {
+        worker_stale_after: Duration::from_millis(50),
+        ..QueueConfig::default()
+    };
+    c.flows = parlance_app::flow::example_catalog().unwrap();
+    let state = c.build();
+    let svc = state.flows.clone();
+    let flow = svc.catalog().get("extraction").unwrap();
+    let key = FlowKey::new(product.clone(), session_id.parse().unwrap());
+    let polled = svc.poll(&key, &flow).await.unwrap();
     assert_eq!(
         polled.next_actions,
         ["poll"],
@@ -987,17 +1048,17 @@ async fn a_flow_dag_survives_a_restart_on_postgres() {
     );
     let worker = Worker::new(
         WorkerId(uuid::Uuid::from_u128(8)),
-        state.queue.clone(),
-        standard_handlers(&state),
+        state.shared.queue.clone(),
+        state.handlers(),
         Arc::new(SystemClock),
         WorkerConfig::default(),
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut done = None;
     for _ in 0..200 {
-        state.queue.recover_expired().await.unwrap();
+        state.shared.queue.recover_expired().await.unwrap();
         worker.step().await.unwrap();
-        let polled = svc.poll(&product, &flow, &session_id).await.unwrap();
+        let polled = svc.poll(&key, &flow).await.unwrap();
         if polled.next_actions != ["poll"] {
             done = Some(polled);
             break;
@@ -1014,10 +1075,7 @@ async fn a_flow_dag_survives_a_restart_on_postgres() {
              Send `accept` to finish or `restart` to start over."
         )
     );
-    let model = svc
-        .model(&product, "extraction", &session_id)
-        .await
-        .unwrap();
+    let model = svc.model(&key, &flow).await.unwrap();
     let model: Value = serde_json::from_str(&model.response.unwrap()).unwrap();
     assert_eq!(model["state"], "confirm");
     assert_eq!(model["model"]["topics"], json!(["engines", "poetry"]));

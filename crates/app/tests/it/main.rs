@@ -10,6 +10,7 @@ mod faults;
 mod flow;
 mod load;
 mod pg_restart;
+mod scale_out;
 mod security;
 mod service;
 mod session;

@@ -254,10 +254,12 @@ async fn model_calls_log_no_llm_key_and_no_message_text_at_info() {
     let logs = Captured::default();
     {
         let _guard = tracing::subscriber::set_default(logs.subscriber());
-        let mut config = parlance_app::ServeConfig::embedded();
-        config.llm_base_url = Some(format!("http://{addr}/v1"));
-        config.llm_model = Some("m".into());
-        config.llm_timeout = 5;
+        let config = parlance_app::config::LlmConfig {
+            base_url: Some(format!("http://{addr}/v1")),
+            model: Some("m".into()),
+            timeout_secs: 5,
+            ..parlance_app::config::LlmConfig::default()
+        };
         let models = parlance_app::models::Models::from_config_with(&config, |name| {
             (name == "OPENAI_API_KEY").then(|| LLM_KEY.to_owned())
         })
@@ -320,7 +322,7 @@ async fn too_many_items_in_one_request_are_refused_and_change_nothing() {
             (StatusCode::UNPROCESSABLE_ENTITY, "application/problem+json"),
             "{path}: {v}"
         );
-        assert_eq!(v["type"], "urn:parlance:problem:too-many-items");
+        assert_eq!(v["type"], "urn:parlance:problem:limit-exceeded");
         assert_eq!(v["field"], field);
         assert_eq!(v["max"], MAX_ITEMS_PER_REQUEST);
     }

@@ -223,12 +223,12 @@ async fn sweeper_ticks_silent_sessions(state: AppState, clock: Arc<ManualClock>)
             .await;
         assert_eq!(st, StatusCode::OK);
     }
-    let report = sweep_once(&state, 100).await.expect("sweep");
+    let report = sweep_once(&state.sessions, 100).await.expect("sweep");
     assert_eq!(report.claimed, 0, "nothing is due yet");
     clock.advance(Duration::from_secs(21));
-    let report = sweep_once(&state, 2).await.expect("sweep");
+    let report = sweep_once(&state.sessions, 2).await.expect("sweep");
     assert_eq!((report.claimed, report.transitions), (2, 2));
-    let report = sweep_once(&state, 100).await.expect("sweep");
+    let report = sweep_once(&state.sessions, 100).await.expect("sweep");
     assert_eq!((report.claimed, report.transitions), (1, 1));
     let (_, _, v) = s
         .send(
@@ -253,7 +253,7 @@ async fn sweeper_ticks_silent_sessions(state: AppState, clock: Arc<ManualClock>)
     );
     // The cooldown ends 60 s later, again without traffic.
     clock.advance(Duration::from_secs(60));
-    let report = sweep_once(&state, 100).await.expect("sweep");
+    let report = sweep_once(&state.sessions, 100).await.expect("sweep");
     assert_eq!((report.claimed, report.transitions), (3, 0));
     let (_, _, v) = s
         .send(
@@ -264,7 +264,13 @@ async fn sweeper_ticks_silent_sessions(state: AppState, clock: Arc<ManualClock>)
         )
         .await;
     assert_eq!(v["allowed"], true);
-    assert_eq!(sweep_once(&state, 100).await.expect("sweep").claimed, 0);
+    assert_eq!(
+        sweep_once(&state.sessions, 100)
+            .await
+            .expect("sweep")
+            .claimed,
+        0
+    );
 }
 
 #[tokio::test]
@@ -275,9 +281,9 @@ async fn the_sweeper_ticks_silent_sessions_on_memory() {
 }
 
 fn pg_state(pool: parlance_postgres::PgPool, clock: Arc<ManualClock>) -> AppState {
-    let mut state = AppState::postgres(pool, keys());
-    state.clock = clock;
-    state
+    let mut c = parlance_app::Components::postgres(pool, keys());
+    c.clock = clock;
+    c.build()
 }
 
 #[tokio::test]
@@ -338,12 +344,14 @@ async fn the_spawned_sweeper_times_out_silent_sessions_by_itself() {
     let s = TestServer::start(state.clone(), clock.clone()).await;
     event(&s, json!({"type": "open_chat"})).await;
     clock.advance(Duration::from_secs(21));
-    let sweeper = parlance_app::session::spawn_session_sweeper(state.clone());
-    let product = parlance_core::ProductId::parse("acme").unwrap();
-    let sid = parlance_core::session::SessionId::parse("s-1").unwrap();
+    let sweeper = parlance_app::session::spawn_session_sweeper(state.sessions.clone());
+    let key = parlance_core::session::SessionKey::new(
+        parlance_core::ProductId::parse("acme").unwrap(),
+        parlance_core::session::SessionId::parse("s-1").unwrap(),
+    );
     let mut timed_out = false;
     for _ in 0..50 {
-        let stored = state.sessions.get(&product, &sid).await.unwrap().unwrap();
+        let stored = state.sessions.store.load(&key).await.unwrap().unwrap();
         if stored.state.current_state() == parlance_core::session::AssistState::Thinking {
             timed_out = true;
             break;

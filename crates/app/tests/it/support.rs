@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parlance_app::auth::{ApiKey, ApiKeys};
-use parlance_app::{AppState, http::router};
+use parlance_app::{AppState, router};
 use parlance_core::ProductId;
 use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
@@ -34,7 +34,7 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
-            axum::serve(listener, router(state)).await.unwrap();
+            axum::serve(listener, router(&state)).await.unwrap();
         });
         Self {
             addr,
@@ -113,4 +113,13 @@ pub(crate) fn spawn_worker(url: &str, extra: &[&str]) -> std::process::Child {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start parlance worker")
+}
+
+/// The in-memory components every test server starts from: the test key,
+/// `clock` and sequential ids.
+pub(crate) fn components(clock: &Arc<ManualClock>) -> parlance_app::Components {
+    let mut c = parlance_app::Components::memory(keys());
+    c.clock = clock.clone();
+    c.ids = Arc::new(SequentialIds::new());
+    c
 }

@@ -11,7 +11,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parlance_app::AppState;
 use parlance_app::auth::{ApiKey, ApiKeys};
 use parlance_app::flow::{FlowCatalog, Invokers};
 use parlance_core::ProductId;
@@ -41,9 +40,12 @@ impl Fixture {
         let mut keys: ApiKeys = keys();
         keys.insert(&ApiKey::new(KEY_B), ProductId::parse("beta").unwrap());
         let clock = Arc::new(ManualClock::new());
-        let mut state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+        let mut c = parlance_app::Components::memory(keys);
+        c.clock = clock.clone();
+        c.ids = Arc::new(SequentialIds::new());
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/flows");
-        state.flow_catalog = Arc::new(FlowCatalog::load_dir(&dir, &Invokers::is_builtin).unwrap());
+        c.flows = FlowCatalog::load_dir(&dir, &Invokers::is_builtin).unwrap();
+        let state = c.build();
         Self {
             server: TestServer::start(state, clock).await,
         }

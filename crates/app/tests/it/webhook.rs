@@ -7,9 +7,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use parlance_app::conversation::webhook::{
-    IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WebhookChannel, signature,
-};
+use parlance_app::conversation::{IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WebhookChannel, signature};
 use parlance_core::ProductId;
 use parlance_core::conversation::{ContactId, InstanceId, Role};
 use parlance_ports::{Channel, ErrorKind, Outbound};

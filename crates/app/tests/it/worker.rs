@@ -571,12 +571,11 @@ async fn sqlx_ids(pool: &parlance_postgres::PgPool, sql: &str, id: DagId) -> Vec
 
 #[tokio::test]
 async fn operators_list_and_retry_dead_letters() {
-    use parlance_app::worker::command::{TasksAction, TasksArgs, tasks};
+    use parlance_app::cli::{TasksAction, tasks};
     let Some(pool) = test_pool().await else {
         return;
     };
-    let url = url_for(&pool);
-    let queue = PgTaskQueue::new(pool, Arc::new(SystemClock), QueueConfig::default());
+    let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
     let id = queue
         .enqueue(&[TaskSpec::new(product(), "doomed", json!({}))])
         .await
@@ -595,13 +594,10 @@ async fn operators_list_and_retry_dead_letters() {
         .unwrap();
     queue.fail(&lease, "bad input", false).await.unwrap();
     let run = |action| {
-        let args = TasksArgs {
-            database_url: url.clone(),
-            action,
-        };
+        let pool = pool.clone();
         async move {
             let mut out = Vec::new();
-            tasks(args, &mut out)
+            tasks(pool, action, &mut out)
                 .await
                 .map(|()| String::from_utf8(out).unwrap())
         }
@@ -624,22 +620,22 @@ async fn operators_list_and_retry_dead_letters() {
 #[tokio::test]
 async fn the_embedded_worker_picks_up_work_and_stops() {
     use parlance_app::AppState;
-    use parlance_app::worker::EmbeddedWorker;
     let clock = Arc::new(ManualClock::new());
     let state = AppState::memory_with(
         crate::support::keys(),
         clock,
         Arc::new(parlance_ports::SequentialIds::new()),
     );
-    let worker = EmbeddedWorker::start(&state);
+    let worker = state.start_worker(parlance_app::worker::WorkerConfig::default());
     // No machine registers this kind, so the worker dead-letters it.
     let id = state
+        .shared
         .queue
         .enqueue(&[TaskSpec::new(product(), "unregistered", json!({}))])
         .await
         .unwrap()[0]
         .unwrap();
-    let q = state.queue.clone();
+    let q = state.shared.queue.clone();
     wait_until(
         "the worker to take the task",
         Duration::from_secs(30),

@@ -14,8 +14,10 @@ use serde_json::Value;
 use tower::ServiceExt as _;
 
 use crate::auth::{ApiKey, ApiKeys};
-use crate::http::router;
-use crate::state::AppState;
+use crate::{AppState, Components, router};
+
+mod agent;
+mod conversation;
 
 /// The key the demo's product uses (the demo never listens on a socket).
 const DEMO_KEY: &str = "pk_demo";
@@ -38,7 +40,7 @@ impl<W: Write> Demo<W> {
     /// A demo on `state`, whose clock is `clock`.
     pub fn with_state(state: AppState, clock: Arc<ManualClock>, out: W) -> Self {
         Self {
-            app: router(state.clone()),
+            app: router(&state),
             state,
             clock,
             out,
@@ -126,16 +128,25 @@ impl<W: Write> Demo<W> {
     }
 }
 
-/// A service on the in-memory adapters with sequential ids and a manual
-/// clock at [`ManualClock::START`], opened by the demo key.
-pub(crate) fn demo_state() -> (AppState, Arc<ManualClock>) {
+/// The components of a service on the in-memory adapters with sequential
+/// ids and a manual clock at [`ManualClock::START`], opened by the demo key,
+/// serving the example flows.
+pub(crate) fn demo_components() -> (Components, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new());
     let keys = ApiKeys::single(&ApiKey::new(DEMO_KEY), ProductId::default_product());
-    let mut state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+    let mut c = Components::memory(keys);
+    c.clock = clock.clone();
+    c.ids = Arc::new(SequentialIds::new());
     if let Ok(catalog) = crate::flow::example_catalog() {
-        state.flow_catalog = Arc::new(catalog);
+        c.flows = catalog;
     }
-    (state, clock)
+    (c, clock)
+}
+
+/// [`demo_components`], built.
+pub(crate) fn demo_state() -> (AppState, Arc<ManualClock>) {
+    let (c, clock) = demo_components();
+    (c.build(), clock)
 }
 
 /// Plays every scene into `out`.
@@ -149,8 +160,8 @@ pub async fn run(out: impl Write) -> anyhow::Result<()> {
     session_scene(&mut demo).await?;
     queue_scene(&mut demo).await?;
     adoption_scene(&mut demo).await?;
-    crate::conversation::demo::scene(&mut demo).await?;
-    crate::agent::demo::scene(&mut demo).await?;
+    conversation::scene(&mut demo).await?;
+    agent::scene(&mut demo).await?;
     flow_scene(&mut demo).await?;
     Ok(())
 }
@@ -193,8 +204,8 @@ async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         .edge("outline", "draft-b")
         .edge("draft-a", "merge")
         .edge("draft-b", "merge");
-    let id = state.queue.enqueue_dag(&dag).await?;
-    let status = state.queue.dag_status(id).await?;
+    let id = state.shared.queue.enqueue_dag(&dag).await?;
+    let status = state.shared.queue.dag_status(id).await?;
     demo.say(&format!(
         "enqueued: {}/{} done, now {:?}",
         status.done, status.total, status.labels
@@ -202,10 +213,10 @@ async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
     let mut handlers = Handlers::new();
     register_test_handlers(&mut handlers);
     let worker = Worker::new(
-        WorkerId(state.ids.new_uuid()),
-        state.queue.clone(),
+        WorkerId(state.shared.ids.new_uuid()),
+        state.shared.queue.clone(),
         handlers,
-        state.clock.clone(),
+        state.shared.clock.clone(),
         WorkerConfig {
             slots: 2,
             ..WorkerConfig::default()
@@ -216,15 +227,16 @@ async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         if step.claimed == 0 {
             break;
         }
-        let status = state.queue.dag_status(id).await?;
+        let status = state.shared.queue.dag_status(id).await?;
         demo.say(&format!(
             "worker step ran {} task(s): {}/{} done, now {:?}",
             step.completed, status.done, status.total, status.labels
         ))?;
     }
-    let status = state.queue.dag_status(id).await?;
+    let status = state.shared.queue.dag_status(id).await?;
     anyhow::ensure!(status.state.is_finished(), "the DAG did not finish");
     let merged = state
+        .shared
         .queue
         .dag_results(id)
         .await?
@@ -293,9 +305,9 @@ fn adoption_model() -> parlance_memory::OfflineLlm {
 async fn adoption_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
     use parlance_ports::Clock as _;
     use serde_json::json;
-    let (mut state, clock) = demo_state();
-    state.llm = Arc::new(adoption_model());
-    let mut d = Demo::with_state(state, clock, &mut demo.out);
+    let (mut c, clock) = demo_components();
+    c.llm = Arc::new(adoption_model());
+    let mut d = Demo::with_state(c.build(), clock, &mut demo.out);
     let base = "/v1/products/default";
     let user = format!("{base}/users/maya/adoption");
     d.scene("adoption: a new user, the explore-first gate, a welcome, a tour, the judge")?;
@@ -465,7 +477,7 @@ async fn session_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
 
     demo.say("then silence: 21 s pass, past the 20 s timeout; the sweeper ticks due sessions")?;
     demo.clock().advance(std::time::Duration::from_secs(21));
-    let swept = crate::session::sweep_once(demo.state(), 100).await?;
+    let swept = crate::session::sweep_once(&demo.state().sessions, 100).await?;
     demo.say(&format!(
         "sweeper: {} due, {} timed out",
         swept.claimed, swept.transitions
@@ -488,7 +500,7 @@ async fn session_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
 
     demo.say("60 s later the cooldown ends, again without traffic")?;
     demo.clock().advance(std::time::Duration::from_secs(60));
-    let swept = crate::session::sweep_once(demo.state(), 100).await?;
+    let swept = crate::session::sweep_once(&demo.state().sessions, 100).await?;
     demo.say(&format!("sweeper: {} due", swept.claimed))?;
     let (_, v) = demo.call(Method::GET, &gate, None, true).await?;
     anyhow::ensure!(v["allowed"] == true, "gate after the cooldown: {v}");
@@ -534,9 +546,9 @@ async fn flow_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
     // A worker runs the flows' task graphs off the durable queue.
     let worker = crate::worker::EmbeddedWorker::spawn(crate::worker::Worker::new(
         parlance_ports::WorkerId(uuid::Uuid::from_u128(1)),
-        Arc::clone(&demo.state().queue),
-        crate::worker::standard_handlers(demo.state()),
-        Arc::clone(&demo.state().clock),
+        Arc::clone(&demo.state().shared.queue),
+        demo.state().handlers(),
+        Arc::clone(&demo.state().shared.clock),
         crate::worker::WorkerConfig {
             poll_every: std::time::Duration::from_millis(10),
             ..crate::worker::WorkerConfig::default()

@@ -93,7 +93,7 @@ pub enum ConversationCommand {
 /// # Errors
 ///
 /// Anything else, or zero.
-pub fn parse_duration_s(s: &str) -> Result<u64, String> {
+pub(super) fn parse_duration_s(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (number, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => s.split_at(i),
@@ -121,7 +121,7 @@ pub fn parse_duration_s(s: &str) -> Result<u64, String> {
 /// # Errors
 ///
 /// When the server cannot be reached or answers with an error.
-pub async fn run(
+pub(super) async fn run(
     client: ClientArgs,
     command: ConversationCommand,
     mut out: impl Write,

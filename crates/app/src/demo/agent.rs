@@ -11,8 +11,8 @@ use parlance_memory::{OfflineLlm, Reply, When};
 use parlance_ports::LlmError;
 use serde_json::{Value, json};
 
-use super::AgentData;
-use crate::demo::{Demo, demo_state};
+use super::{Demo, demo_components};
+use crate::agent::AgentData;
 
 const BASE: &str = "/v1/products/default/agent";
 
@@ -99,11 +99,11 @@ async fn turn<W: Write>(demo: &mut Demo<W>, session: &str, message: &str) -> any
 /// # Errors
 ///
 /// When writing fails or the scene does not go as scripted.
-pub async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
-    let (mut state, clock) = demo_state();
-    state.llm = Arc::new(model());
-    state.agent_data = Arc::new(AgentData::examples()?);
-    let mut demo = Demo::with_state(state, clock, outer.out());
+pub(super) async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
+    let (mut c, clock) = demo_components();
+    c.llm = Arc::new(model());
+    c.agent_data = AgentData::examples()?;
+    let mut demo = Demo::with_state(c.build(), clock, outer.out());
     demo.scene("support agent: a worry remembered, a grounding exercise, a deletion, a crisis")?;
     demo.say("the operator's resource directory is the example file (not complete)")?;
 

@@ -3,25 +3,13 @@
 use std::io::Write;
 
 use anyhow::Context as _;
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use parlance_core::ProductId;
 use parlance_ports::{Clock as _, SystemClock};
-use parlance_postgres::{DatabaseUrl, PgApiKeys, PoolOptions};
+use parlance_postgres::{PgApiKeys, PgPool};
 use serde_json::json;
 
 use crate::auth::ApiKey;
-
-/// Options of `parlance keys`.
-#[derive(Debug, Clone, Args)]
-pub struct KeysArgs {
-    /// PostgreSQL URL.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-
-    /// What to do.
-    #[command(subcommand)]
-    pub action: KeysAction,
-}
 
 /// An operator action on API keys.
 #[derive(Debug, Clone, Subcommand)]
@@ -60,17 +48,16 @@ fn product(raw: &str) -> anyhow::Result<ProductId> {
 ///
 /// # Errors
 ///
-/// When the database cannot be reached or migrated, a product id is
-/// invalid, or the key to revoke does not exist.
-pub async fn run(args: KeysArgs, mut out: impl Write) -> anyhow::Result<()> {
-    let url = DatabaseUrl::new(args.database_url.clone());
-    let pool = parlance_postgres::connect(&url, &PoolOptions::default())?;
-    parlance_postgres::migrate(&pool)
-        .await
-        .with_context(|| format!("migrate {url}"))?;
+/// When the database cannot be reached, a product id is invalid, or the
+/// key to revoke does not exist.
+pub(super) async fn run(
+    pool: PgPool,
+    action: KeysAction,
+    mut out: impl Write,
+) -> anyhow::Result<()> {
     let keys = PgApiKeys::new(pool);
     let now = SystemClock.now();
-    match args.action {
+    match action {
         KeysAction::Create { product: p, label } => {
             let p = product(&p)?;
             let key = ApiKey::generate().context("generate an API key")?;

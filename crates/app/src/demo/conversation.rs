@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use parlance_memory::{LoopbackChannel, OfflineLlm, Reply, When};
-use parlance_ports::WorkerId;
 use serde_json::{Value, json};
 
-use super::sweeper::sweep_once;
-use crate::demo::{Demo, demo_state};
-use crate::worker::{Worker, WorkerConfig, standard_handlers};
+use super::{Demo, demo_components};
+use crate::conversation::sweep_once;
+use crate::worker::{Worker, WorkerConfig};
 
 /// A model scripted for the scene: the last contact message decides.
 fn model() -> OfflineLlm {
@@ -53,18 +52,13 @@ fn model() -> OfflineLlm {
 /// # Errors
 ///
 /// When writing fails or the scene does not go as scripted.
-pub async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
-    let (mut state, clock) = demo_state();
-    state.llm = Arc::new(model());
+pub(super) async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
+    let (mut c, clock) = demo_components();
+    c.llm = Arc::new(model());
     let channel = Arc::new(LoopbackChannel::new());
-    state.channel = channel.clone();
-    let worker = Worker::new(
-        WorkerId(state.ids.new_uuid()),
-        state.queue.clone(),
-        standard_handlers(&state),
-        state.clock.clone(),
-        WorkerConfig::default(),
-    );
+    c.channel = channel.clone();
+    let state = c.build();
+    let worker = state.worker(WorkerConfig::default());
     let mut demo = Demo::with_state(state.clone(), clock.clone(), outer.out());
     let base = "/v1/products/default/conversations";
     demo.scene("conversation: one contact, follow-ups, a human hand-off, a queued conversation")?;
@@ -116,7 +110,7 @@ pub async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
     )?;
 
     clock.advance(Duration::from_secs(1800));
-    let fired = sweep_once(&state).await?;
+    let fired = sweep_once(&state.conversations).await?;
     drain(&worker).await?;
     let state_now = current(&mut demo, &format!("{base}/{id}")).await?;
     step(
