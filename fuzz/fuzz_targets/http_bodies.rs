@@ -8,7 +8,7 @@ use arbitrary::Arbitrary;
 use axum::body::Body;
 use axum::http::{Request, header};
 use libfuzzer_sys::fuzz_target;
-use parlance_app::AppState;
+use parlance_app::Components;
 use parlance_app::auth::{ApiKey, ApiKeys};
 use parlance_core::ProductId;
 use parlance_ports::{ManualClock, SequentialIds};
@@ -145,15 +145,13 @@ fn service() -> &'static Service {
             .build()
             .expect("a runtime");
         let keys = ApiKeys::single(&ApiKey::new(KEY), ProductId::parse("acme").expect("id"));
-        let mut state = AppState::memory_with(
-            keys,
-            Arc::new(ManualClock::new()),
-            Arc::new(SequentialIds::new()),
-        );
+        let mut components = Components::memory(keys);
+        components.clock = Arc::new(ManualClock::new());
+        components.ids = Arc::new(SequentialIds::new());
         if let Ok(catalog) = parlance_app::flow::example_catalog() {
-            state.flow_catalog = Arc::new(catalog);
+            components.flows = catalog;
         }
-        let app = rt.block_on(async { parlance_app::http::router(state) });
+        let app = rt.block_on(async { parlance_app::router(&components.build()) });
         Service { rt, app }
     })
 }
