@@ -115,11 +115,7 @@ fn llm_failure(prompt: &str, e: &LlmError) -> ApiError {
         _ => "other",
     };
     let err = if e.is_retryable() {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "llm-unavailable",
-            "the language model is unavailable; nothing was changed, retry later",
-        )
+        ApiError::unavailable("the language model is unavailable; nothing was changed, retry later")
     } else {
         ApiError::new(
             StatusCode::BAD_GATEWAY,
