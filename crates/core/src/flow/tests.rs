@@ -759,8 +759,10 @@ fn extraction_templates_produce_the_parsed_result_the_condition_routes_on() {
 
 // Random small flows and random event sequences.
 
-fn small_flow(kinds: &[bool], edges: &[(usize, usize, usize)]) -> Flow {
-    let events = ["a", "b", "advance"];
+/// A flow of `kinds.len()` states (`true`: an invoker state, except the
+/// first), joined in a ring by `advance` and by `edges` (from, to, index
+/// into `events`) guarded by a condition.
+pub(super) fn small_flow(events: &[&str], kinds: &[bool], edges: &[(usize, usize, usize)]) -> Flow {
     let mut b = FlowBuilder::new("p").template("t.j2", "{{ actor_input }}");
     for (i, invoker) in kinds.iter().enumerate() {
         let id = format!("s{i}");
@@ -780,7 +782,8 @@ fn small_flow(kinds: &[bool], edges: &[(usize, usize, usize)]) -> Flow {
     }
     for (f, t, e) in edges {
         let (f, t) = (f % kinds.len(), t % kinds.len());
-        let mut tr = TransitionDef::new(events[e % 3], &format!("s{f}"), &format!("s{t}"));
+        let mut tr =
+            TransitionDef::new(events[e % events.len()], &format!("s{f}"), &format!("s{t}"));
         tr.cond = vec![Condition::Expr("actor_input != 'x'".into())];
         b = b.transition(tr);
     }
@@ -794,7 +797,7 @@ proptest! {
         edges in prop::collection::vec((0usize..5, 0usize..5, 0usize..3), 0..6),
         steps in prop::collection::vec((0usize..6, prop::sample::select(vec!["x", "y", ""])), 0..25),
     ) {
-        let flow = small_flow(&kinds, &edges);
+        let flow = small_flow(&["a", "b", "advance"], &kinds, &edges);
         let mut s = flow.start(&sid("s"), now()).unwrap().session;
         let mut dialogue = Vec::new();
         for (n, (choice, input)) in steps.into_iter().enumerate() {

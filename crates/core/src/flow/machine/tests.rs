@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
+use crate::flow::tests::small_flow;
 use crate::flow::{
     Condition, FlowBuilder, HookPoint, MAX_DIALOGUE, StateKind, TemplateRef, TransitionDef,
     queue::{COMPLETE_KIND, INVOKE_KIND},
@@ -766,33 +767,6 @@ fn the_table_holds_declared_and_engine_edges() {
 
 const EVENTS: [&str; 4] = ["a", "b", "advance", "on_error"];
 
-fn small_flow(kinds: &[bool], edges: &[(usize, usize, usize)]) -> Flow {
-    let mut b = FlowBuilder::new("p").template("t.j2", "{{ actor_input }}");
-    for (i, invoker) in kinds.iter().enumerate() {
-        let id = format!("s{i}");
-        b = if *invoker && i > 0 {
-            b.invoker_state(&id, TemplateRef::Name("t.j2".into()), "template")
-        } else {
-            b.user_state(&id, "t.j2")
-        };
-    }
-    // A spine keeps every state reachable and gives invokers a way out.
-    for i in 0..kinds.len() {
-        b = b.on(
-            "advance",
-            &format!("s{i}"),
-            &format!("s{}", (i + 1) % kinds.len()),
-        );
-    }
-    for (f, t, e) in edges {
-        let (f, t) = (f % kinds.len(), t % kinds.len());
-        let mut tr = TransitionDef::new(EVENTS[e % 4], &format!("s{f}"), &format!("s{t}"));
-        tr.cond = vec![Condition::Expr("actor_input != 'x'".into())];
-        b = b.transition(tr);
-    }
-    b.build().unwrap()
-}
-
 /// A random command; `current` picks the running invocation (else a stale one).
 fn command(
     choice: usize,
@@ -831,7 +805,7 @@ proptest! {
             0..30,
         ),
     ) {
-        let c = ctx(small_flow(&kinds, &edges));
+        let c = ctx(small_flow(&EVENTS, &kinds, &edges));
         let flow = c.flow.clone();
         let mut r = start(&c);
         for (n, (choice, event, input, current)) in steps.into_iter().enumerate() {
