@@ -10,6 +10,12 @@
 //!
 //! Lower `priority` values run first; among equals, earlier `run_at`, then
 //! enqueue order. Time comes from the adapter's clock.
+//!
+//! Tasks and runs belong to a product. Every operation on one task or run
+//! names its product (a [`Lease`] carries it), and an id looked up under
+//! another product is not found; only the worker's scans (`claim`,
+//! `recover_expired`, `release_unheld`, `list_discarded`, `purge_finished`,
+//! `wait_for_work`) span products.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -25,11 +31,11 @@ use crate::{ErrorKind, PortError, PortResult};
 
 pub use parlance_core::queue::{DEFAULT_QUEUE, DagSpec, MapSpec, NodeSpec, TaskSpec};
 
-/// A task's id, unique per queue store.
+/// A task's id, unique per queue store; looked up with its product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct TaskId(pub i64);
 
-/// A DAG run's id, unique per queue store.
+/// A DAG run's id, unique per queue store; looked up with its product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct DagId(pub i64);
 
@@ -86,7 +92,8 @@ pub struct Lease {
     pub token: i64,
     /// Who holds the lease.
     pub worker: WorkerId,
-    /// The tenant.
+    /// The tenant; the task is looked up under it, so a lease naming
+    /// another product is lost.
     pub product_id: ProductId,
     /// The handler kind.
     pub kind: String,
@@ -295,7 +302,8 @@ impl PortError {
 #[async_trait]
 pub trait TaskQueue: Send + Sync + 'static {
     /// Enqueues tasks atomically. For each, the new id, or `None` when its
-    /// dedup key matched a live task (earlier in this call included).
+    /// dedup key matched a live task of the same product (earlier in this
+    /// call included); dedup keys are per product.
     async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>>;
 
     /// Validates and enqueues a DAG atomically; its root nodes are runnable
@@ -356,23 +364,25 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// Safe to run from many processes.
     async fn recover_expired(&self) -> PortResult<RecoverReport>;
 
-    /// Stops a run: its queued and running tasks are cancelled (their
-    /// leases lost), pending nodes never run. A finished run is unchanged.
-    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus>;
+    /// Stops `product`'s run: its queued and running tasks are cancelled
+    /// (their leases lost), pending nodes never run. A finished run is
+    /// unchanged. `NotFound` for an unknown id or another product's run.
+    async fn cancel_dag(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus>;
 
-    /// The run's progress. `NotFound` for an unknown id. Runs are looked up
-    /// by id alone: a caller serving a tenant checks `product_id` and
-    /// answers not found for another product's run.
-    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus>;
+    /// The progress of `product`'s run. `NotFound` for an unknown id or
+    /// another product's run.
+    async fn dag_status(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus>;
 
-    /// Every node of the run in node order (declared first, then added by
-    /// maps), with results. `NotFound` for an unknown id.
-    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>>;
+    /// Every node of `product`'s run in node order (declared first, then
+    /// added by maps), with results. `NotFound` for an unknown id or
+    /// another product's run.
+    async fn dag_results(&self, product: &ProductId, id: DagId) -> PortResult<Vec<NodeResult>>;
 
-    /// The operator's retry of a dead-lettered task: `discarded` becomes
-    /// `available` now with a fresh attempt budget. `NotFound` unless the
-    /// task is discarded; `Invalid` for a DAG node (re-run the DAG instead).
-    async fn retry_discarded(&self, id: TaskId) -> PortResult<()>;
+    /// The operator's retry of `product`'s dead-lettered task: `discarded`
+    /// becomes `available` now with a fresh attempt budget. `NotFound`
+    /// unless the task is `product`'s and discarded; `Invalid` for a DAG
+    /// node (re-run the DAG instead).
+    async fn retry_discarded(&self, product: &ProductId, id: TaskId) -> PortResult<()>;
 
     /// Dead-lettered tasks of `queue`, most recently discarded first, at
     /// most `limit`.

@@ -18,6 +18,12 @@
 //! fires exactly once. Every operation that touches a run locks the run row
 //! before any of its jobs, which keeps lock order acyclic. Time comes from the
 //! injected clock (bound as a parameter), never from `now()`.
+//!
+//! Every table is keyed by `product_id` first (migration 0010), and every
+//! statement about one task or run names its product next to its id, so
+//! each is a single-product lookup; only the worker's scans (claim, rescue,
+//! release of unheld leases, the dead-letter list and retention) span
+//! products. See docs/distributed.md.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -167,7 +173,7 @@ impl PgTaskQueue {
                     "WITH ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
                      max_attempts, timeout_ms, args, dedup_key, created_at) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-                     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
+                     ON CONFLICT (product_id, dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
                      DO NOTHING RETURNING id, run_at), \
                      hint AS (SELECT pg_notify($11, '') FROM ins WHERE run_at <= $10 LIMIT 1) \
                      SELECT id FROM ins WHERE (SELECT count(*) FROM hint) >= 0",
@@ -291,9 +297,9 @@ impl PgTaskQueue {
             })
             .collect();
         let mut node_ids: Vec<i64> = sqlx::query_scalar(
-            "INSERT INTO dag_nodes (dag_run_id, key, kind, label, payload, map_spec, priority, \
-             max_attempts, timeout_ms, remaining_deps) \
-             SELECT $1, k, kd, l, p, m, pr, ma, tm, rd FROM UNNEST($2::text[], $3::text[], \
+            "INSERT INTO dag_nodes (product_id, dag_run_id, key, kind, label, payload, map_spec, \
+             priority, max_attempts, timeout_ms, remaining_deps) \
+             SELECT $11, $1, k, kd, l, p, m, pr, ma, tm, rd FROM UNNEST($2::text[], $3::text[], \
              $4::text[], $5::jsonb[], $6::jsonb[], $7::int2[], $8::int4[], $9::int8[], \
              $10::int4[]) WITH ORDINALITY AS t(k, kd, l, p, m, pr, ma, tm, rd, ord) \
              ORDER BY ord RETURNING id",
@@ -313,14 +319,15 @@ impl PgTaskQueue {
                 .map(|&d| to_i32(d))
                 .collect::<Vec<_>>(),
         )
+        .bind(spec.product_id.as_str())
         .fetch_all(&mut *conn)
         .await
         .map_err(pg_err("insert dag nodes"))?;
         node_ids.sort_unstable();
         if !plan.edges.is_empty() {
             sqlx::query(
-                "INSERT INTO dag_edges (dag_run_id, parent_id, child_id, position) \
-                 SELECT $1, p, c, pos FROM UNNEST($2::int8[], $3::int8[], $4::int4[]) \
+                "INSERT INTO dag_edges (product_id, dag_run_id, parent_id, child_id, position) \
+                 SELECT $5, $1, p, c, pos FROM UNNEST($2::int8[], $3::int8[], $4::int4[]) \
                  AS t(p, c, pos)",
             )
             .bind(id)
@@ -332,12 +339,13 @@ impl PgTaskQueue {
                     .map(|e| i32::try_from(e.2).unwrap_or(i32::MAX))
                     .collect::<Vec<_>>(),
             )
+            .bind(spec.product_id.as_str())
             .execute(&mut *conn)
             .await
             .map_err(pg_err("insert dag edges"))?;
         }
         let roots: Vec<i64> = plan.roots.iter().map(|&r| node_ids[r]).collect();
-        enqueue_nodes(&mut *conn, &roots, now).await?;
+        enqueue_nodes(&mut *conn, &spec.product_id, &roots, now).await?;
         notify(&mut *conn).await?;
         wake(&self.shared.notify);
         Ok(DagId(id))
@@ -364,19 +372,22 @@ impl PgTaskQueue {
         });
     }
 
-    /// Fetches the DAG context of claimed node jobs.
-    async fn dag_tasks(&self, node_ids: &[i64]) -> PortResult<Vec<(i64, DagTask)>> {
-        if node_ids.is_empty() {
+    /// Fetches the DAG context of claimed node jobs, each `(product, node)`.
+    async fn dag_tasks(&self, nodes: &[(&str, i64)]) -> PortResult<Vec<(i64, DagTask)>> {
+        if nodes.is_empty() {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(
             "SELECT n.id, n.dag_run_id, n.key, n.input_from, n.input, n.map_spec IS NOT NULL AS is_map, \
              (SELECT coalesce(jsonb_agg(jsonb_build_array(p.key, p.result) ORDER BY e.position), \
-             '[]'::jsonb) FROM dag_edges e JOIN dag_nodes p ON p.id = e.parent_id \
-             WHERE e.child_id = n.id) AS parents \
-             FROM dag_nodes n WHERE n.id = ANY($1)",
+             '[]'::jsonb) FROM dag_edges e JOIN dag_nodes p \
+             ON p.product_id = e.product_id AND p.id = e.parent_id \
+             WHERE e.product_id = n.product_id AND e.child_id = n.id) AS parents \
+             FROM dag_nodes n JOIN UNNEST($1::text[], $2::int8[]) AS t(p, id) \
+             ON n.product_id = t.p AND n.id = t.id",
         )
-        .bind(node_ids)
+        .bind(nodes.iter().map(|n| n.0).collect::<Vec<_>>())
+        .bind(nodes.iter().map(|n| n.1).collect::<Vec<_>>())
         .fetch_all(&self.pool)
         .await
         .map_err(pg_err("load dag inputs"))?;
@@ -424,12 +435,22 @@ impl PgTaskQueue {
     /// result refuses that item only.
     async fn complete_in_run(
         &self,
+        product: &ProductId,
         dag: DagId,
         items: &[(&Lease, &Value)],
     ) -> PortResult<Vec<PortResult<()>>> {
         let now = self.clock.now();
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        lock_run(&mut tx, dag).await?;
+        match lock_run(&mut tx, product, dag).await {
+            // No such run under the leases' product: no lease can hold.
+            Err(e) if e.is_not_found() => {
+                return Ok(items
+                    .iter()
+                    .map(|(l, _)| Err(PortError::lease_lost(l)))
+                    .collect());
+            }
+            other => other?,
+        };
         let mut out = Vec::with_capacity(items.len());
         let mut enqueued = false;
         for &(lease, result) in items {
@@ -464,12 +485,13 @@ impl PgTaskQueue {
             };
             if is_map {
                 let items = result.as_array().map(Vec::as_slice).unwrap_or_default();
-                if mark_done(&mut tx, dag, node_id, result, false, now).await? {
+                if mark_done(&mut tx, product, dag, node_id, result, false, now).await? {
                     let key = lease.dag.as_ref().map(|d| d.node.as_str()).unwrap_or("");
-                    enqueued |= expand_map(&mut tx, dag, node_id, key, items, now).await?;
+                    enqueued |= expand_map(&mut tx, product, dag, node_id, key, items, now).await?;
                 }
             } else {
-                enqueued |= finish_node(&mut tx, dag, node_id, result.clone(), now).await?;
+                enqueued |=
+                    finish_node(&mut tx, product, dag, node_id, result.clone(), now).await?;
             }
             out.push(Ok(()));
         }
@@ -488,25 +510,32 @@ impl PgTaskQueue {
     async fn discard(&self, lease: &Lease, error: &str) -> PortResult<()> {
         let now = self.clock.now();
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        let product = &lease.product_id;
         if let Some(dag) = &lease.dag {
-            lock_run(&mut tx, dag.dag_id).await?;
+            lock_lease_run(&mut tx, lease, dag.dag_id).await?;
         }
         let node_id = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await?;
         if let (Some(dag), Some(node_id)) = (&lease.dag, node_id) {
-            fail_run(&mut tx, dag.dag_id, node_id, error, now).await?;
+            fail_run(&mut tx, product, dag.dag_id, node_id, error, now).await?;
         }
         tx.commit().await.map_err(pg_err("commit"))
     }
 
-    async fn status(&self, conn: &mut PgConnection, id: DagId) -> PortResult<DagStatus> {
+    async fn status(
+        &self,
+        conn: &mut PgConnection,
+        product: &ProductId,
+        id: DagId,
+    ) -> PortResult<DagStatus> {
         let row = sqlx::query(
             "SELECT r.product_id, r.state, r.total_nodes, r.done_nodes, r.error, \
-             ARRAY(SELECT label FROM dag_nodes WHERE dag_run_id = r.id AND state = $2 \
-             AND label IS NOT NULL GROUP BY label ORDER BY min(id)) AS labels \
-             FROM dag_runs r WHERE r.id = $1",
+             ARRAY(SELECT label FROM dag_nodes WHERE product_id = $3 AND dag_run_id = r.id \
+             AND state = $2 AND label IS NOT NULL GROUP BY label ORDER BY min(id)) AS labels \
+             FROM dag_runs r WHERE r.product_id = $3 AND r.id = $1",
         )
         .bind(id.0)
         .bind(node::QUEUED)
+        .bind(product.as_str())
         .fetch_optional(&mut *conn)
         .await
         .map_err(pg_err("load dag status"))?
@@ -542,18 +571,33 @@ async fn notify(conn: &mut PgConnection) -> PortResult<()> {
         .map_err(pg_err("notify workers"))
 }
 
-/// Locks the run row: every change to a run and its jobs starts here.
-async fn lock_run(conn: &mut PgConnection, dag: DagId) -> PortResult<i16> {
-    sqlx::query_scalar("SELECT state FROM dag_runs WHERE id = $1 FOR UPDATE")
+/// Locks `product`'s run row: every change to a run and its jobs starts
+/// here. `NotFound` for an unknown run or another product's.
+async fn lock_run(conn: &mut PgConnection, product: &ProductId, dag: DagId) -> PortResult<i16> {
+    sqlx::query_scalar("SELECT state FROM dag_runs WHERE product_id = $2 AND id = $1 FOR UPDATE")
         .bind(dag.0)
+        .bind(product.as_str())
         .fetch_optional(conn)
         .await
         .map_err(pg_err("lock dag run"))?
         .ok_or_else(|| PortError::not_found(format!("dag run {dag}")))
 }
 
-/// The fenced end of a lease: moves the job from running to `state`.
-/// `Ok(None)` for a task outside any DAG; lease lost is an error.
+/// Locks the run of `lease`'s DAG node; a run not found under the lease's
+/// product means the lease is lost.
+async fn lock_lease_run(conn: &mut PgConnection, lease: &Lease, dag: DagId) -> PortResult<i16> {
+    lock_run(conn, &lease.product_id, dag).await.map_err(|e| {
+        if e.is_not_found() {
+            PortError::lease_lost(lease)
+        } else {
+            e
+        }
+    })
+}
+
+/// The fenced end of a lease: moves the job (looked up under the lease's
+/// product) from running to `state`. `Ok(None)` for a task outside any
+/// DAG; lease lost is an error.
 async fn fenced_finish(
     conn: &mut PgConnection,
     lease: &Lease,
@@ -564,7 +608,8 @@ async fn fenced_finish(
     let row: Option<(Option<i64>,)> = sqlx::query_as(
         "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
          last_error = coalesce($5, last_error) \
-         WHERE id = $1 AND state = 1 AND lease_token = $2 AND leased_by = $6 RETURNING node_id",
+         WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
+         AND leased_by = $6 RETURNING node_id",
     )
     .bind(lease.task_id.0)
     .bind(lease.token)
@@ -572,6 +617,7 @@ async fn fenced_finish(
     .bind(to_pg(now))
     .bind(error)
     .bind(lease.worker.0)
+    .bind(lease.product_id.as_str())
     .fetch_optional(conn)
     .await
     .map_err(pg_err("finish task"))?;
@@ -587,6 +633,7 @@ async fn fenced_finish(
 /// then do children move).
 async fn mark_done(
     conn: &mut PgConnection,
+    product: &ProductId,
     dag: DagId,
     node_id: i64,
     result: &Value,
@@ -594,13 +641,14 @@ async fn mark_done(
     now: Timestamp,
 ) -> PortResult<bool> {
     let state: i16 = sqlx::query_scalar(
-        "WITH n AS (UPDATE dag_nodes SET state = $3, result = $4 WHERE id = $2) \
+        "WITH n AS (UPDATE dag_nodes SET state = $3, result = $4 \
+         WHERE product_id = $9 AND id = $2) \
          UPDATE dag_runs SET done_nodes = done_nodes + 1, \
          state = CASE WHEN $5 AND state = $6 AND done_nodes + 1 = total_nodes \
          THEN $7 ELSE state END, \
          finished_at = CASE WHEN $5 AND state = $6 AND done_nodes + 1 = total_nodes \
          THEN $8 ELSE finished_at END \
-         WHERE id = $1 RETURNING state",
+         WHERE product_id = $9 AND id = $1 RETURNING state",
     )
     .bind(dag.0)
     .bind(node_id)
@@ -610,6 +658,7 @@ async fn mark_done(
     .bind(run::RUNNING)
     .bind(run::COMPLETED)
     .bind(to_pg(now))
+    .bind(product.as_str())
     .fetch_one(&mut *conn)
     .await
     .map_err(pg_err("store node result"))?;
@@ -622,6 +671,7 @@ async fn mark_done(
 /// any job was enqueued.
 async fn finish_node(
     conn: &mut PgConnection,
+    product: &ProductId,
     dag: DagId,
     node_id: i64,
     result: Value,
@@ -630,20 +680,22 @@ async fn finish_node(
     let mut work = vec![(node_id, result)];
     let mut enqueued = false;
     while let Some((n, result)) = work.pop() {
-        if !mark_done(conn, dag, n, &result, true, now).await? {
+        if !mark_done(conn, product, dag, n, &result, true, now).await? {
             continue;
         }
         let (jobs, combines): (i64, Vec<i64>) = sqlx::query_as(
             "WITH d AS (UPDATE dag_nodes SET remaining_deps = remaining_deps - 1, \
              state = CASE WHEN remaining_deps = 1 AND role = 0 THEN $2 ELSE state END \
-             WHERE id IN (SELECT child_id FROM dag_edges WHERE parent_id = $1) \
+             WHERE product_id = $5 \
+             AND id IN (SELECT child_id FROM dag_edges WHERE product_id = $5 AND parent_id = $1) \
              AND remaining_deps > 0 \
              RETURNING id, role, remaining_deps, kind, priority, max_attempts, timeout_ms, \
              payload, dag_run_id), \
              ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
              timeout_ms, dag_run_id, node_id, args, created_at) \
              SELECT r.product_id, r.queue, d.kind, d.priority, $3, d.max_attempts, d.timeout_ms, \
-             r.id, d.id, d.payload, $3 FROM d JOIN dag_runs r ON r.id = d.dag_run_id \
+             r.id, d.id, d.payload, $3 FROM d JOIN dag_runs r \
+             ON r.product_id = $5 AND r.id = d.dag_run_id \
              WHERE d.remaining_deps = 0 AND d.role = 0 ORDER BY d.id RETURNING 1) \
              SELECT (SELECT count(*) FROM ins), \
              coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.remaining_deps = 0 \
@@ -653,6 +705,7 @@ async fn finish_node(
         .bind(node::QUEUED)
         .bind(to_pg(now))
         .bind(node::ROLE_COMBINE)
+        .bind(product.as_str())
         .fetch_one(&mut *conn)
         .await
         .map_err(pg_err("free child nodes"))?;
@@ -660,10 +713,12 @@ async fn finish_node(
         for child in combines {
             let list: Value = sqlx::query_scalar(
                 "SELECT coalesce(jsonb_agg(p.result ORDER BY e.position), '[]'::jsonb) \
-                 FROM dag_edges e JOIN dag_nodes p ON p.id = e.parent_id \
-                 WHERE e.child_id = $1",
+                 FROM dag_edges e JOIN dag_nodes p \
+                 ON p.product_id = e.product_id AND p.id = e.parent_id \
+                 WHERE e.product_id = $2 AND e.child_id = $1",
             )
             .bind(child)
+            .bind(product.as_str())
             .fetch_one(&mut *conn)
             .await
             .map_err(pg_err("combine results"))?;
@@ -673,21 +728,29 @@ async fn finish_node(
     Ok(enqueued)
 }
 
-/// Inserts jobs for nodes whose parents are all done.
-async fn enqueue_nodes(conn: &mut PgConnection, nodes: &[i64], now: Timestamp) -> PortResult<bool> {
+/// Inserts jobs for `product`'s nodes whose parents are all done.
+async fn enqueue_nodes(
+    conn: &mut PgConnection,
+    product: &ProductId,
+    nodes: &[i64],
+    now: Timestamp,
+) -> PortResult<bool> {
     if nodes.is_empty() {
         return Ok(false);
     }
     sqlx::query(
-        "WITH n AS (UPDATE dag_nodes SET state = $2 WHERE id = ANY($1) RETURNING *) \
+        "WITH n AS (UPDATE dag_nodes SET state = $2 WHERE product_id = $4 AND id = ANY($1) \
+         RETURNING *) \
          INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, timeout_ms, \
          dag_run_id, node_id, args, created_at) \
          SELECT r.product_id, r.queue, n.kind, n.priority, $3, n.max_attempts, n.timeout_ms, \
-         r.id, n.id, n.payload, $3 FROM n JOIN dag_runs r ON r.id = n.dag_run_id ORDER BY n.id",
+         r.id, n.id, n.payload, $3 FROM n JOIN dag_runs r \
+         ON r.product_id = $4 AND r.id = n.dag_run_id ORDER BY n.id",
     )
     .bind(nodes)
     .bind(node::QUEUED)
     .bind(to_pg(now))
+    .bind(product.as_str())
     .execute(conn)
     .await
     .map_err(pg_err("enqueue dag nodes"))?;
@@ -698,6 +761,7 @@ async fn enqueue_nodes(conn: &mut PgConnection, nodes: &[i64], now: Timestamp) -
 /// new node per element, and enqueues the elements.
 async fn expand_map(
     conn: &mut PgConnection,
+    product: &ProductId,
     dag: DagId,
     node_id: i64,
     key: &str,
@@ -706,60 +770,67 @@ async fn expand_map(
 ) -> PortResult<bool> {
     let keys: Vec<String> = (0..items.len()).map(|i| map_element_key(key, i)).collect();
     let mut elements: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO dag_nodes (dag_run_id, key, kind, label, payload, input_from, input, \
-         priority, max_attempts, timeout_ms, remaining_deps) \
-         SELECT m.dag_run_id, k, m.map_spec->>'kind', m.map_spec->>'label', \
+        "INSERT INTO dag_nodes (product_id, dag_run_id, key, kind, label, payload, input_from, \
+         input, priority, max_attempts, timeout_ms, remaining_deps) \
+         SELECT m.product_id, m.dag_run_id, k, m.map_spec->>'kind', m.map_spec->>'label', \
          m.map_spec->'payload', m.key, v, m.priority, m.max_attempts, m.timeout_ms, 0 \
          FROM dag_nodes m, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(k, v, ord) \
-         WHERE m.id = $1 AND m.dag_run_id = $2 ORDER BY ord RETURNING id",
+         WHERE m.product_id = $5 AND m.id = $1 AND m.dag_run_id = $2 ORDER BY ord RETURNING id",
     )
     .bind(node_id)
     .bind(dag.0)
     .bind(&keys)
     .bind(items)
+    .bind(product.as_str())
     .fetch_all(&mut *conn)
     .await
     .map_err(pg_err("add map elements"))?;
     elements.sort_unstable();
     let combine: i64 = sqlx::query_scalar(
-        "INSERT INTO dag_nodes (dag_run_id, key, kind, role, payload, priority, max_attempts, \
-         timeout_ms, remaining_deps) \
-         SELECT dag_run_id, $2, '', $3, 'null'::jsonb, priority, max_attempts, timeout_ms, $4 \
-         FROM dag_nodes WHERE id = $1 RETURNING id",
+        "INSERT INTO dag_nodes (product_id, dag_run_id, key, kind, role, payload, priority, \
+         max_attempts, timeout_ms, remaining_deps) \
+         SELECT product_id, dag_run_id, $2, '', $3, 'null'::jsonb, priority, max_attempts, \
+         timeout_ms, $4 FROM dag_nodes WHERE product_id = $5 AND id = $1 RETURNING id",
     )
     .bind(node_id)
     .bind(map_combine_key(key))
     .bind(node::ROLE_COMBINE)
     .bind(i32::try_from(items.len()).unwrap_or(i32::MAX))
+    .bind(product.as_str())
     .fetch_one(&mut *conn)
     .await
     .map_err(pg_err("add map combine node"))?;
-    sqlx::query("UPDATE dag_edges SET parent_id = $2 WHERE parent_id = $1")
+    sqlx::query("UPDATE dag_edges SET parent_id = $2 WHERE product_id = $3 AND parent_id = $1")
         .bind(node_id)
         .bind(combine)
+        .bind(product.as_str())
         .execute(&mut *conn)
         .await
         .map_err(pg_err("re-point map edges"))?;
     sqlx::query(
-        "INSERT INTO dag_edges (dag_run_id, parent_id, child_id, position) \
-         SELECT $1, p, $2, ord - 1 FROM UNNEST($3::int8[]) WITH ORDINALITY AS t(p, ord)",
+        "INSERT INTO dag_edges (product_id, dag_run_id, parent_id, child_id, position) \
+         SELECT $4, $1, p, $2, ord - 1 FROM UNNEST($3::int8[]) WITH ORDINALITY AS t(p, ord)",
     )
     .bind(dag.0)
     .bind(combine)
     .bind(&elements)
+    .bind(product.as_str())
     .execute(&mut *conn)
     .await
     .map_err(pg_err("add map edges"))?;
-    sqlx::query("UPDATE dag_runs SET total_nodes = total_nodes + $2 WHERE id = $1")
-        .bind(dag.0)
-        .bind(i32::try_from(items.len() + 1).unwrap_or(i32::MAX))
-        .execute(&mut *conn)
-        .await
-        .map_err(pg_err("grow dag total"))?;
+    sqlx::query(
+        "UPDATE dag_runs SET total_nodes = total_nodes + $2 WHERE product_id = $3 AND id = $1",
+    )
+    .bind(dag.0)
+    .bind(i32::try_from(items.len() + 1).unwrap_or(i32::MAX))
+    .bind(product.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(pg_err("grow dag total"))?;
     if items.is_empty() {
-        return finish_node(conn, dag, combine, json!([]), now).await;
+        return finish_node(conn, product, dag, combine, json!([]), now).await;
     }
-    enqueue_nodes(conn, &elements, now).await
+    enqueue_nodes(conn, product, &elements, now).await
 }
 
 /// Marks `node_id` failed and, if the run is still running, fails it with
@@ -767,21 +838,25 @@ async fn expand_map(
 /// row must be locked.
 async fn fail_run(
     conn: &mut PgConnection,
+    product: &ProductId,
     dag: DagId,
     node_id: i64,
     error: &str,
     now: Timestamp,
 ) -> PortResult<()> {
-    let key: String =
-        sqlx::query_scalar("UPDATE dag_nodes SET state = $2 WHERE id = $1 RETURNING key")
-            .bind(node_id)
-            .bind(node::FAILED)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(pg_err("fail dag node"))?;
+    let key: String = sqlx::query_scalar(
+        "UPDATE dag_nodes SET state = $2 WHERE product_id = $3 AND id = $1 RETURNING key",
+    )
+    .bind(node_id)
+    .bind(node::FAILED)
+    .bind(product.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(pg_err("fail dag node"))?;
     let failure = json!({"node": key, "message": error});
     stop_run(
         conn,
+        product,
         dag,
         run::FAILED,
         Some(failure),
@@ -795,6 +870,7 @@ async fn fail_run(
 /// every node that has not finished.
 async fn stop_run(
     conn: &mut PgConnection,
+    product: &ProductId,
     dag: DagId,
     state: i16,
     error: Option<Value>,
@@ -803,13 +879,14 @@ async fn stop_run(
 ) -> PortResult<()> {
     let stopped = sqlx::query(
         "UPDATE dag_runs SET state = $2, error = $3, finished_at = $4 \
-         WHERE id = $1 AND state = $5",
+         WHERE product_id = $6 AND id = $1 AND state = $5",
     )
     .bind(dag.0)
     .bind(state)
     .bind(error)
     .bind(to_pg(now))
     .bind(run::RUNNING)
+    .bind(product.as_str())
     .execute(&mut *conn)
     .await
     .map_err(pg_err("stop dag run"))?
@@ -819,9 +896,9 @@ async fn stop_run(
     }
     sqlx::query(
         "WITH c AS (UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL \
-         WHERE dag_run_id = $1 AND state = ANY($2) RETURNING node_id) \
-         UPDATE dag_nodes SET state = $5 \
-         WHERE id IN (SELECT node_id FROM c) OR (dag_run_id = $1 AND state = $6)",
+         WHERE product_id = $7 AND dag_run_id = $1 AND state = ANY($2) RETURNING node_id) \
+         UPDATE dag_nodes SET state = $5 WHERE product_id = $7 \
+         AND (id IN (SELECT node_id FROM c) OR (dag_run_id = $1 AND state = $6))",
     )
     .bind(dag.0)
     .bind(job_states)
@@ -829,6 +906,7 @@ async fn stop_run(
     .bind(to_pg(now))
     .bind(node::CANCELLED)
     .bind(node::PENDING)
+    .bind(product.as_str())
     .execute(conn)
     .await
     .map_err(pg_err("cancel dag jobs"))?;
@@ -878,12 +956,12 @@ impl TaskQueue for PgTaskQueue {
              FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
              ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
              WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
-             c AS (SELECT id FROM jobs WHERE state = 0 AND queue = $3 AND run_at <= $2 \
-             ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             c AS (SELECT product_id, id FROM jobs WHERE state = 0 AND queue = $3 \
+             AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
              UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
              lease_token = nextval('job_lease_tokens'), leased_by = $1, \
              lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
-             FROM c WHERE j.id = c.id \
+             FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
              RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
              j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at",
         )
@@ -897,7 +975,6 @@ impl TaskQueue for PgTaskQueue {
         .map_err(pg_err("claim tasks"))?;
         let mut leases = Vec::with_capacity(rows.len());
         let mut order = Vec::with_capacity(rows.len());
-        let mut nodes = Vec::new();
         for r in rows {
             let decoded = (|| -> Result<_, sqlx::Error> {
                 let product: String = r.try_get("product_id")?;
@@ -924,13 +1001,16 @@ impl TaskQueue for PgTaskQueue {
                 Ok((lease, node, key))
             })()
             .map_err(pg_err("decode claimed tasks"))?;
-            if let Some(n) = decoded.1 {
-                nodes.push(n);
-            }
             order.push((decoded.2, leases.len(), decoded.1));
             leases.push(decoded.0);
         }
-        let mut contexts: HashMap<i64, DagTask> = match self.dag_tasks(&nodes).await {
+        let nodes: Vec<(&str, i64)> = order
+            .iter()
+            .filter_map(|(_, i, node)| node.map(|n| (leases[*i].product_id.as_str(), n)))
+            .collect();
+        let contexts = self.dag_tasks(&nodes).await;
+        drop(nodes);
+        let mut contexts: HashMap<i64, DagTask> = match contexts {
             Ok(c) => c.into_iter().collect(),
             Err(e) => {
                 // Hand the claimed tasks back rather than leave them leased
@@ -958,7 +1038,7 @@ impl TaskQueue for PgTaskQueue {
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
         if let Some(dag) = &lease.dag {
             return self
-                .complete_in_run(dag.dag_id, &[(lease, &result)])
+                .complete_in_run(&lease.product_id, dag.dag_id, &[(lease, &result)])
                 .await?
                 .pop()
                 .unwrap_or(Ok(()));
@@ -982,36 +1062,44 @@ impl TaskQueue for PgTaskQueue {
         if !plain.is_empty() {
             let ids: Vec<i64> = sqlx::query_scalar(
                 "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL \
-                 FROM UNNEST($1::int8[], $2::int8[], $4::uuid[]) AS t(id, tok, w) \
-                 WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok \
-                 AND j.leased_by = t.w RETURNING j.id",
+                 FROM UNNEST($1::int8[], $2::int8[], $4::uuid[], $5::text[]) AS t(id, tok, w, p) \
+                 WHERE j.product_id = t.p AND j.id = t.id AND j.state = 1 \
+                 AND j.lease_token = t.tok AND j.leased_by = t.w RETURNING j.id",
             )
             .bind(plain.iter().map(|l| l.task_id.0).collect::<Vec<_>>())
             .bind(plain.iter().map(|l| l.token).collect::<Vec<_>>())
             .bind(to_pg(now))
             .bind(plain.iter().map(|l| l.worker.0).collect::<Vec<_>>())
+            .bind(
+                plain
+                    .iter()
+                    .map(|l| l.product_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .fetch_all(&self.pool)
             .await
             .map_err(pg_err("complete tasks"))?;
             recorded.extend(ids);
         }
         // DAG nodes: one transaction per run, in the order given.
-        let mut runs: Vec<DagId> = Vec::new();
+        let mut runs: Vec<(&ProductId, DagId)> = Vec::new();
         for (lease, _) in done {
             if let Some(d) = &lease.dag
-                && !runs.contains(&d.dag_id)
+                && !runs.contains(&(&lease.product_id, d.dag_id))
             {
-                runs.push(d.dag_id);
+                runs.push((&lease.product_id, d.dag_id));
             }
         }
         let mut dag_out: HashMap<(i64, i64), PortResult<()>> = HashMap::new();
-        for run in runs {
+        for (product, run) in runs {
             let items: Vec<(&Lease, &Value)> = done
                 .iter()
-                .filter(|(l, _)| l.dag.as_ref().is_some_and(|d| d.dag_id == run))
+                .filter(|(l, _)| {
+                    &l.product_id == product && l.dag.as_ref().is_some_and(|d| d.dag_id == run)
+                })
                 .map(|(l, v)| (l, v))
                 .collect();
-            match self.complete_in_run(run, &items).await {
+            match self.complete_in_run(product, run, &items).await {
                 Ok(results) => {
                     for ((l, _), r) in items.iter().zip(results) {
                         dag_out.insert((l.task_id.0, l.token), r);
@@ -1052,28 +1140,33 @@ impl TaskQueue for PgTaskQueue {
                 let run_at = now + delay;
                 let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
                 if let Some(dag) = &lease.dag
-                    && lock_run(&mut tx, dag.dag_id).await? != run::RUNNING
+                    && lock_lease_run(&mut tx, lease, dag.dag_id).await? != run::RUNNING
                 {
                     let node =
                         fenced_finish(&mut tx, lease, job::CANCELLED, Some(error), now).await?;
-                    sqlx::query("UPDATE dag_nodes SET state = $2 WHERE id = $1")
-                        .bind(node)
-                        .bind(node::CANCELLED)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(pg_err("cancel dag node"))?;
+                    sqlx::query(
+                        "UPDATE dag_nodes SET state = $2 WHERE product_id = $3 AND id = $1",
+                    )
+                    .bind(node)
+                    .bind(node::CANCELLED)
+                    .bind(lease.product_id.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(pg_err("cancel dag node"))?;
                     tx.commit().await.map_err(pg_err("commit"))?;
                     return Ok(FailOutcome::Cancelled);
                 }
                 let n = sqlx::query(
                     "UPDATE jobs SET state = 0, run_at = $3, leased_by = NULL, last_error = $4 \
-                     WHERE id = $1 AND state = 1 AND lease_token = $2 AND leased_by = $5",
+                     WHERE product_id = $6 AND id = $1 AND state = 1 AND lease_token = $2 \
+                     AND leased_by = $5",
                 )
                 .bind(lease.task_id.0)
                 .bind(lease.token)
                 .bind(to_pg(run_at))
                 .bind(error)
                 .bind(lease.worker.0)
+                .bind(lease.product_id.as_str())
                 .execute(&mut *tx)
                 .await
                 .map_err(pg_err("retry task"))?
@@ -1095,12 +1188,14 @@ impl TaskQueue for PgTaskQueue {
         let now = self.clock.now();
         let n = sqlx::query(
             "UPDATE jobs SET state = 0, attempt = greatest(attempt - 1, 0), run_at = $3, \
-             leased_by = NULL WHERE id = $1 AND state = 1 AND lease_token = $2 AND leased_by = $4",
+             leased_by = NULL WHERE product_id = $5 AND id = $1 AND state = 1 \
+             AND lease_token = $2 AND leased_by = $4",
         )
         .bind(lease.task_id.0)
         .bind(lease.token)
         .bind(to_pg(now))
         .bind(lease.worker.0)
+        .bind(lease.product_id.as_str())
         .execute(&self.pool)
         .await
         .map_err(pg_err("release task"))?
@@ -1155,15 +1250,18 @@ impl TaskQueue for PgTaskQueue {
                     WHERE w.id = jobs.leased_by AND w.last_seen >= $2))";
         let mut report = RecoverReport::default();
         let live_run = "(dag_run_id IS NULL OR EXISTS (SELECT 1 FROM dag_runs r \
-                        WHERE r.id = jobs.dag_run_id AND r.state = 0))";
+                        WHERE r.product_id = jobs.product_id AND r.id = jobs.dag_run_id \
+                        AND r.state = 0))";
         // Tasks of runs that are over are cancelled, not retried.
         loop {
             let n = sqlx::query(&format!(
                 "WITH c AS (UPDATE jobs j SET state = 4, finished_at = $1, leased_by = NULL \
-                 FROM (SELECT id FROM jobs WHERE {lost} AND NOT {live_run} \
-                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c WHERE j.id = c.id \
-                 RETURNING j.node_id) \
-                 UPDATE dag_nodes SET state = 4 WHERE id IN (SELECT node_id FROM c)"
+                 FROM (SELECT product_id, id FROM jobs WHERE {lost} AND NOT {live_run} \
+                 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c \
+                 WHERE j.product_id = c.product_id AND j.id = c.id \
+                 RETURNING j.product_id, j.node_id) \
+                 UPDATE dag_nodes SET state = 4 \
+                 WHERE (product_id, id) IN (SELECT product_id, node_id FROM c)"
             ))
             .bind(to_pg(now))
             .bind(to_pg(stale))
@@ -1182,8 +1280,9 @@ impl TaskQueue for PgTaskQueue {
             let n = sqlx::query(&format!(
                 "UPDATE jobs j SET state = 0, run_at = $1, leased_by = NULL, \
                  last_error = 'lease expired' \
-                 FROM (SELECT id FROM jobs WHERE {lost} AND attempt < max_attempts \
-                 AND {live_run} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c WHERE j.id = c.id"
+                 FROM (SELECT product_id, id FROM jobs WHERE {lost} AND attempt < max_attempts \
+                 AND {live_run} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c \
+                 WHERE j.product_id = c.product_id AND j.id = c.id"
             ))
             .bind(to_pg(now))
             .bind(to_pg(stale))
@@ -1199,25 +1298,34 @@ impl TaskQueue for PgTaskQueue {
         }
         // Exhausted ones are discarded, each fenced on the token seen, so a
         // completion racing with the sweep wins or loses cleanly.
-        let exhausted: Vec<(i64, i64, Option<uuid::Uuid>, Option<i64>, Option<String>)> =
-            sqlx::query_as(&format!(
-                "SELECT j.id, j.lease_token, j.leased_by, j.dag_run_id, \
-             (SELECT key FROM dag_nodes WHERE id = j.node_id) \
+        type Exhausted = (
+            String,
+            i64,
+            i64,
+            Option<uuid::Uuid>,
+            Option<i64>,
+            Option<String>,
+        );
+        let exhausted: Vec<Exhausted> = sqlx::query_as(&format!(
+            "SELECT j.product_id, j.id, j.lease_token, j.leased_by, j.dag_run_id, \
+             (SELECT key FROM dag_nodes WHERE product_id = j.product_id AND id = j.node_id) \
              FROM jobs j WHERE {} AND attempt >= max_attempts ORDER BY id LIMIT $3",
-                lost.replace("jobs.leased_by", "j.leased_by")
-            ))
-            .bind(to_pg(now))
-            .bind(to_pg(stale))
-            .bind(BATCH)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(pg_err("find exhausted tasks"))?;
-        for (id, token, worker, dag, key) in exhausted {
+            lost.replace("jobs.leased_by", "j.leased_by")
+        ))
+        .bind(to_pg(now))
+        .bind(to_pg(stale))
+        .bind(BATCH)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("find exhausted tasks"))?;
+        for (product, id, token, worker, dag, key) in exhausted {
+            let product_id = ProductId::parse(product)
+                .map_err(|e| PortError::other("decode exhausted task").with_source(e))?;
             let lease = Lease {
                 task_id: TaskId(id),
                 token,
                 worker: WorkerId(worker.unwrap_or_default()),
-                product_id: ProductId::default_product(),
+                product_id,
                 kind: String::new(),
                 queue: String::new(),
                 payload: Value::Null,
@@ -1252,13 +1360,14 @@ impl TaskQueue for PgTaskQueue {
         Ok(report)
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(dag_id = %id))]
-    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus> {
+    #[tracing::instrument(level = "debug", skip_all, fields(product_id = %product, dag_id = %id))]
+    async fn cancel_dag(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus> {
         let now = self.clock.now();
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        lock_run(&mut tx, id).await?;
+        lock_run(&mut tx, product, id).await?;
         stop_run(
             &mut tx,
+            product,
             id,
             run::CANCELLED,
             None,
@@ -1266,21 +1375,23 @@ impl TaskQueue for PgTaskQueue {
             now,
         )
         .await?;
-        let status = self.status(&mut tx, id).await?;
+        let status = self.status(&mut tx, product, id).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
         Ok(status)
     }
 
-    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus> {
+    async fn dag_status(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus> {
         let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
-        self.status(&mut conn, id).await
+        self.status(&mut conn, product, id).await
     }
 
-    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>> {
+    async fn dag_results(&self, product: &ProductId, id: DagId) -> PortResult<Vec<NodeResult>> {
         let rows: Vec<(String, i16, Option<Value>)> = sqlx::query_as(
-            "SELECT key, state, result FROM dag_nodes WHERE dag_run_id = $1 ORDER BY id",
+            "SELECT key, state, result FROM dag_nodes WHERE product_id = $2 AND dag_run_id = $1 \
+             ORDER BY id",
         )
         .bind(id.0)
+        .bind(product.as_str())
         .fetch_all(&self.pool)
         .await
         .map_err(pg_err("load dag results"))?;
@@ -1297,26 +1408,29 @@ impl TaskQueue for PgTaskQueue {
             .collect())
     }
 
-    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %id))]
-    async fn retry_discarded(&self, id: TaskId) -> PortResult<()> {
+    #[tracing::instrument(level = "debug", skip_all, fields(product_id = %product, task_id = %id))]
+    async fn retry_discarded(&self, product: &ProductId, id: TaskId) -> PortResult<()> {
         let now = self.clock.now();
         let retried = sqlx::query(
             "UPDATE jobs SET state = 0, attempt = 0, run_at = $2, finished_at = NULL \
-             WHERE id = $1 AND state = $3 AND dag_run_id IS NULL",
+             WHERE product_id = $4 AND id = $1 AND state = $3 AND dag_run_id IS NULL",
         )
         .bind(id.0)
         .bind(to_pg(now))
         .bind(job::DISCARDED)
+        .bind(product.as_str())
         .execute(&self.pool)
         .await
         .map_err(pg_err("retry discarded task"))?
         .rows_affected();
         if retried == 0 {
             let in_dag: Option<bool> = sqlx::query_scalar(
-                "SELECT dag_run_id IS NOT NULL FROM jobs WHERE id = $1 AND state = $2",
+                "SELECT dag_run_id IS NOT NULL FROM jobs \
+                 WHERE product_id = $3 AND id = $1 AND state = $2",
             )
             .bind(id.0)
             .bind(job::DISCARDED)
+            .bind(product.as_str())
             .fetch_optional(&self.pool)
             .await
             .map_err(pg_err("load discarded task"))?;
@@ -1366,10 +1480,10 @@ impl TaskQueue for PgTaskQueue {
     async fn purge_finished(&self, before: Timestamp) -> PortResult<u64> {
         let mut total = 0;
         for sql in [
-            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state IN (2, 4) \
-             AND finished_at < $1 LIMIT $2)",
-            "DELETE FROM dag_runs WHERE id IN (SELECT id FROM dag_runs \
-             WHERE finished_at < $1 LIMIT $2)",
+            "DELETE FROM jobs WHERE (product_id, id) IN (SELECT product_id, id FROM jobs \
+             WHERE state IN (2, 4) AND finished_at < $1 LIMIT $2)",
+            "DELETE FROM dag_runs WHERE (product_id, id) IN (SELECT product_id, id \
+             FROM dag_runs WHERE finished_at < $1 LIMIT $2)",
         ] {
             loop {
                 let n = sqlx::query(sql)
