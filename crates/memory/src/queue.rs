@@ -5,6 +5,10 @@
 //! each is atomic: a claim never hands a task to two workers, and a DAG join
 //! fires exactly once because the dependency counter is decremented under the
 //! same lock as the fenced completion.
+//!
+//! As in PostgreSQL, a task or run is found only under its own product: an
+//! id looked up under another product is not found, and a lease naming
+//! another product is lost.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -144,10 +148,11 @@ impl State {
         self.last_task
     }
 
-    /// A live (available or running) task holds `key`.
-    fn dedup_taken(&self, key: &str) -> bool {
+    /// A live (available or running) task of `product` holds `key`.
+    fn dedup_taken(&self, product: &ProductId, key: &str) -> bool {
         self.jobs.values().any(|j| {
-            j.dedup_key.as_deref() == Some(key)
+            &j.product_id == product
+                && j.dedup_key.as_deref() == Some(key)
                 && matches!(j.state, JobState::Available | JobState::Running)
         })
     }
@@ -377,11 +382,13 @@ impl State {
         }
     }
 
-    /// The running task `lease` names, if the lease still holds.
+    /// The running task `lease` names (under its product), if the lease
+    /// still holds.
     fn leased(&mut self, lease: &Lease) -> PortResult<&mut Job> {
         match self.jobs.get_mut(&lease.task_id.0) {
             Some(j)
-                if j.state == JobState::Running
+                if j.product_id == lease.product_id
+                    && j.state == JobState::Running
                     && j.token == lease.token
                     && j.leased_by == Some(lease.worker) =>
             {
@@ -391,11 +398,17 @@ impl State {
         }
     }
 
-    fn status(&self, id: DagId) -> PortResult<DagStatus> {
-        let dag = self
-            .dags
+    /// `product`'s run `id`; `NotFound` for an unknown run or another
+    /// product's.
+    fn dag(&self, product: &ProductId, id: DagId) -> PortResult<&Dag> {
+        self.dags
             .get(&id.0)
-            .ok_or_else(|| PortError::not_found(format!("dag run {id}")))?;
+            .filter(|d| &d.product_id == product)
+            .ok_or_else(|| PortError::not_found(format!("dag run {id}")))
+    }
+
+    fn status(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus> {
+        let dag = self.dag(product, id)?;
         let mut labels: Vec<String> = Vec::new();
         for n in &dag.nodes {
             if n.state == NodeState::Queued
@@ -463,7 +476,7 @@ impl TaskQueue for MemoryTaskQueue {
             let mut st = self.lock();
             for t in tasks {
                 if let Some(key) = &t.dedup_key
-                    && st.dedup_taken(key)
+                    && st.dedup_taken(&t.product_id, key)
                 {
                     ids.push(None);
                     continue;
@@ -757,24 +770,21 @@ impl TaskQueue for MemoryTaskQueue {
         Ok(report)
     }
 
-    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus> {
+    async fn cancel_dag(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus> {
         let now = self.clock.now();
         let mut st = self.lock();
-        st.status(id)?;
+        st.dag(product, id)?;
         st.stop_dag(id.0, DagState::Cancelled, None, true, now);
-        st.status(id)
+        st.status(product, id)
     }
 
-    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus> {
-        self.lock().status(id)
+    async fn dag_status(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus> {
+        self.lock().status(product, id)
     }
 
-    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>> {
+    async fn dag_results(&self, product: &ProductId, id: DagId) -> PortResult<Vec<NodeResult>> {
         let st = self.lock();
-        let dag = st
-            .dags
-            .get(&id.0)
-            .ok_or_else(|| PortError::not_found(format!("dag run {id}")))?;
+        let dag = st.dag(product, id)?;
         Ok(dag
             .nodes
             .iter()
@@ -786,11 +796,11 @@ impl TaskQueue for MemoryTaskQueue {
             .collect())
     }
 
-    async fn retry_discarded(&self, id: TaskId) -> PortResult<()> {
+    async fn retry_discarded(&self, product: &ProductId, id: TaskId) -> PortResult<()> {
         let now = self.clock.now();
         let mut st = self.lock();
         match st.jobs.get_mut(&id.0) {
-            Some(j) if j.state == JobState::Discarded => {
+            Some(j) if &j.product_id == product && j.state == JobState::Discarded => {
                 if j.dag.is_some() {
                     return Err(PortError::invalid(format!(
                         "task {id} is a dag node: re-run its dag"

@@ -323,7 +323,11 @@ pub async fn a_commit_that_starts_a_dag_names_the_run_in_the_session(f: Fixture)
         .expect("session")
         .expect("stored");
     assert_eq!(stored.state.running.and_then(|r| r.dag_id), Some(dag));
-    let status = f.queue.dag_status(DagId(dag)).await.expect("status");
+    let status = f
+        .queue
+        .dag_status(&key.product_id, DagId(dag))
+        .await
+        .expect("status");
     assert_eq!(status.state, DagState::Running);
     let Some(Task::Dag(spec)) = asked.decision.tasks.first() else {
         panic!("the change starts a DAG");

@@ -53,6 +53,10 @@ macro_rules! task_queue_suite {
                 map_node_must_return_an_array,
                 dag_size_is_limited,
                 purge_removes_old_finished_rows,
+                dedup_keys_are_per_product,
+                a_dag_is_not_found_under_another_product,
+                a_discarded_task_is_not_found_under_another_product,
+                a_lease_naming_another_product_is_lost,
             ]
         }
     };
@@ -88,6 +92,11 @@ const LEASE: Duration = Duration::from_secs(300);
 
 fn product() -> ProductId {
     ProductId::parse("acme").expect("valid product id")
+}
+
+/// A product that owns nothing the cases enqueue.
+fn other_product() -> ProductId {
+    ProductId::parse("globex").expect("valid product id")
 }
 
 fn worker(n: u128) -> WorkerId {
@@ -338,11 +347,14 @@ pub async fn expired_deadline_requeues_then_discards(s: Subject) {
         claim_one(&s, 1).await.is_none(),
         "discarded tasks do not run"
     );
-    s.queue.retry_discarded(id).await.expect("operator retry");
+    s.queue
+        .retry_discarded(&product(), id)
+        .await
+        .expect("operator retry");
     let third = claim_one(&s, 1).await.expect("claimable again");
     assert_eq!(third.task_id, id);
     assert_eq!(third.attempt, 1, "a retried task gets a fresh budget");
-    let err = s.queue.retry_discarded(id).await.unwrap_err();
+    let err = s.queue.retry_discarded(&product(), id).await.unwrap_err();
     assert!(err.is_not_found(), "{err}");
 }
 
@@ -445,7 +457,10 @@ pub async fn failed_attempts_back_off_then_dead_letter(s: Subject) {
         FailOutcome::Discarded,
         "a permanent error skips retries"
     );
-    s.queue.retry_discarded(l.task_id).await.expect("retry");
+    s.queue
+        .retry_discarded(&product(), l.task_id)
+        .await
+        .expect("retry");
     assert_eq!(claim_one(&s, 1).await.expect("back").task_id, l.task_id);
 }
 
@@ -536,7 +551,7 @@ pub async fn complete_many_fences_each_item(s: Subject) {
     let keys: Vec<String> = b.iter().filter(|l| l.dag.is_some()).map(node_key).collect();
     assert_eq!(keys, ["b"], "the node's completion freed its child");
     assert_eq!(b.len(), 2, "b and the released task");
-    let st = s.queue.dag_status(run).await.expect("status");
+    let st = s.queue.dag_status(&product(), run).await.expect("status");
     assert_eq!(st.done, 1);
 }
 
@@ -591,7 +606,7 @@ pub async fn dead_letters_are_listed_for_the_operator(s: Subject) {
         1
     );
     s.queue
-        .retry_discarded(leases[0].task_id)
+        .retry_discarded(&product(), leases[0].task_id)
         .await
         .expect("retry");
     assert_eq!(
@@ -634,7 +649,7 @@ pub async fn dag_chain_passes_results_in_order(s: Subject) {
         .edge("a", "b")
         .edge("b", "c");
     let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.state, st.total, st.done), (DagState::Running, 3, 0));
     assert_eq!(st.labels, ["first"]);
     assert_eq!(st.product_id, product());
@@ -644,16 +659,16 @@ pub async fn dag_chain_passes_results_in_order(s: Subject) {
     assert!(inputs(&a).is_empty());
     assert!(claim_one(&s, 1).await.is_none(), "b waits for a");
     s.queue.complete(&a, concat(&a)).await.expect("complete");
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.done, st.labels.clone()), (1, vec!["second".to_owned()]));
     let b = claim_one(&s, 1).await.expect("b runnable");
     assert_eq!(inputs(&b), [("a".to_owned(), json!("a"))]);
     s.queue.complete(&b, concat(&b)).await.expect("complete");
     assert_eq!(drain(&s, concat).await, ["c"]);
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.state, st.total, st.done), (DagState::Completed, 3, 3));
     assert!(st.labels.is_empty() && st.error.is_none());
-    let results = s.queue.dag_results(id).await.expect("results");
+    let results = s.queue.dag_results(&product(), id).await.expect("results");
     let got: Vec<(String, NodeState, Option<Value>)> = results
         .into_iter()
         .map(|r| (r.key, r.state, r.result))
@@ -689,7 +704,7 @@ pub async fn dag_fan_out_fan_in_joins_once_in_edge_order(s: Subject) {
         s.queue.complete(&root, json!("r")).await.expect("complete");
         let mut branches = claim(&s, 1, 10).await;
         assert_eq!(branches.len(), 5, "all branches runnable at once");
-        let st = s.queue.dag_status(id2).await.expect("status");
+        let st = s.queue.dag_status(&product(), id2).await.expect("status");
         assert_eq!(st.labels, ["branch"]);
         branches.reverse();
         for (n, b) in branches.iter().enumerate() {
@@ -722,7 +737,7 @@ pub async fn dag_fan_out_fan_in_joins_once_in_edge_order(s: Subject) {
         id2
     };
     for run in [id, id2] {
-        let st = s.queue.dag_status(run).await.expect("status");
+        let st = s.queue.dag_status(&product(), run).await.expect("status");
         assert_eq!((st.state, st.total, st.done), (DagState::Completed, 7, 7));
     }
     assert!(claim(&s, 1, 10).await.is_empty());
@@ -786,7 +801,7 @@ pub async fn concurrent_branch_completions_fire_the_join_once(s: Subject) {
         s.queue.complete(&l, json!("join")).await.expect("complete");
     }
     assert_eq!(joins, 1, "the join ran exactly once");
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     let n = u32::try_from(BRANCHES + 1).expect("small");
     assert_eq!((st.state, st.total, st.done), (DagState::Completed, n, n));
 }
@@ -872,7 +887,7 @@ pub async fn random_dags_run_each_node_once_after_its_parents(s: Subject) {
             }
         }
         assert!(done.iter().all(|d| *d), "every node ran: {done:?}");
-        let st = s.queue.dag_status(id).await.expect("status");
+        let st = s.queue.dag_status(&product(), id).await.expect("status");
         let total = u32::try_from(n).expect("small");
         assert_eq!(
             (st.state, st.total, st.done),
@@ -899,7 +914,7 @@ pub async fn dag_dynamic_map_grows_total(s: Subject) {
         .complete(&list, json!([1, 2, 3, 4]))
         .await
         .expect("complete");
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.total, st.done), (2 + 4 + 1, 1));
     assert_eq!(st.labels, ["squaring"]);
     let mut elements = claim(&s, 1, 10).await;
@@ -922,11 +937,11 @@ pub async fn dag_dynamic_map_grows_total(s: Subject) {
         [("list#combine".to_owned(), json!([1, 4, 9, 16]))]
     );
     s.queue.complete(&sum, json!(30)).await.expect("complete");
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.state, st.total, st.done), (DagState::Completed, 7, 7));
     let results: HashMap<String, Option<Value>> = s
         .queue
-        .dag_results(id)
+        .dag_results(&product(), id)
         .await
         .expect("results")
         .into_iter()
@@ -937,7 +952,7 @@ pub async fn dag_dynamic_map_grows_total(s: Subject) {
     assert_eq!(results["sum"], Some(json!(30)));
     let keys: Vec<String> = s
         .queue
-        .dag_results(id)
+        .dag_results(&product(), id)
         .await
         .expect("results")
         .into_iter()
@@ -976,7 +991,7 @@ pub async fn dag_empty_map_still_completes(s: Subject) {
         .complete(&after, json!("done"))
         .await
         .expect("complete");
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.state, st.total, st.done), (DagState::Completed, 3, 3));
 }
 
@@ -1007,7 +1022,7 @@ pub async fn failing_node_fails_dag_and_cancels_queued_siblings(s: Subject) {
         FailOutcome::Discarded,
         "one attempt only"
     );
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!(st.state, DagState::Failed);
     let err = st.error.expect("the error is reported");
     assert_eq!(err.node, node_key(failing));
@@ -1028,7 +1043,7 @@ pub async fn failing_node_fails_dag_and_cancels_queued_siblings(s: Subject) {
     assert!(claim(&s, 1, 10).await.is_empty(), "the join never runs");
     let states: HashMap<String, NodeState> = s
         .queue
-        .dag_results(id)
+        .dag_results(&product(), id)
         .await
         .expect("results")
         .into_iter()
@@ -1047,7 +1062,7 @@ pub async fn failing_node_fails_dag_and_cancels_queued_siblings(s: Subject) {
         cancelled, 3,
         "the queued sibling, the retried one and the join"
     );
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.state, st.done), (DagState::Failed, 2));
     assert!(st.labels.is_empty());
 }
@@ -1078,7 +1093,7 @@ pub async fn expired_task_of_a_failed_run_is_cancelled(s: Subject) {
     );
     let states: Vec<NodeState> = s
         .queue
-        .dag_results(id)
+        .dag_results(&product(), id)
         .await
         .expect("results")
         .into_iter()
@@ -1105,7 +1120,7 @@ pub async fn cancel_dag_stops_a_running_dag(s: Subject) {
         .edge("b", "c");
     let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
     let a = claim_one(&s, 1).await.expect("a");
-    let st = s.queue.cancel_dag(id).await.expect("cancel");
+    let st = s.queue.cancel_dag(&product(), id).await.expect("cancel");
     assert_eq!(st.state, DagState::Cancelled);
     assert!(
         s.queue
@@ -1115,12 +1130,16 @@ pub async fn cancel_dag_stops_a_running_dag(s: Subject) {
             .is_lease_lost()
     );
     assert!(claim(&s, 1, 10).await.is_empty(), "b was cancelled");
-    let results = s.queue.dag_results(id).await.expect("results");
+    let results = s.queue.dag_results(&product(), id).await.expect("results");
     assert!(
         results.iter().all(|r| r.state == NodeState::Cancelled),
         "{results:?}"
     );
-    let again = s.queue.cancel_dag(id).await.expect("cancel is idempotent");
+    let again = s
+        .queue
+        .cancel_dag(&product(), id)
+        .await
+        .expect("cancel is idempotent");
     assert_eq!((again.state, again.done), (DagState::Cancelled, 0));
     // A finished run stays as it was.
     let done = s
@@ -1129,9 +1148,12 @@ pub async fn cancel_dag_stops_a_running_dag(s: Subject) {
         .await
         .expect("enqueue dag");
     drain(&s, concat).await;
-    let st = s.queue.cancel_dag(done).await.expect("cancel");
+    let st = s.queue.cancel_dag(&product(), done).await.expect("cancel");
     assert_eq!(st.state, DagState::Completed);
-    let missing = s.queue.cancel_dag(parlance_ports::DagId(9_999_999)).await;
+    let missing = s
+        .queue
+        .cancel_dag(&product(), parlance_ports::DagId(9_999_999))
+        .await;
     assert!(missing.unwrap_err().is_not_found());
 }
 
@@ -1153,7 +1175,7 @@ pub async fn dag_shapes_are_validated(s: Subject) {
     assert!(claim(&s, 1, 10).await.is_empty(), "nothing was enqueued");
     let err = s
         .queue
-        .dag_status(parlance_ports::DagId(424_242))
+        .dag_status(&product(), parlance_ports::DagId(424_242))
         .await
         .unwrap_err();
     assert!(err.is_not_found());
@@ -1197,7 +1219,7 @@ pub async fn map_node_must_return_an_array(s: Subject) {
         .await
         .expect("still leased");
     assert_eq!(outcome, FailOutcome::Discarded);
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!(st.state, DagState::Failed);
     assert_eq!(st.done, 0);
 }
@@ -1226,7 +1248,7 @@ pub async fn dag_size_is_limited(s: Subject) {
         .await
         .expect("still leased");
     assert_eq!(outcome, FailOutcome::Discarded);
-    let st = s.queue.dag_status(id).await.expect("status");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.state, st.total), (DagState::Failed, 1));
 }
 
@@ -1258,9 +1280,138 @@ pub async fn purge_removes_old_finished_rows(s: Subject) {
         .await
         .expect("purge");
     assert_eq!(purged, 3, "the completed task, the node's task and the run");
-    assert!(s.queue.dag_status(run).await.unwrap_err().is_not_found());
+    assert!(
+        s.queue
+            .dag_status(&product(), run)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
     s.queue
-        .retry_discarded(leases[1].task_id)
+        .retry_discarded(&product(), leases[1].task_id)
         .await
         .expect("the dead letter survives");
+}
+
+/// The same dedup key under two products names two tasks; under one
+/// product it still blocks the duplicate.
+pub async fn dedup_keys_are_per_product(s: Subject) {
+    let mut theirs = task("b").dedup_key("k");
+    theirs.product_id = other_product();
+    let ids = s
+        .queue
+        .enqueue(&[task("a").dedup_key("k"), theirs, task("c").dedup_key("k")])
+        .await
+        .expect("enqueue");
+    assert!(ids[0].is_some() && ids[1].is_some(), "{ids:?}");
+    assert_eq!(ids[2], None, "a duplicate within the product");
+    let mut claimed: Vec<(ProductId, String)> = claim(&s, 1, 10)
+        .await
+        .into_iter()
+        .map(|l| (l.product_id, l.kind))
+        .collect();
+    claimed.sort();
+    assert_eq!(
+        claimed,
+        [
+            (product(), "a".to_owned()),
+            (other_product(), "b".to_owned())
+        ]
+    );
+}
+
+/// Another product can neither read, cancel nor list the results of a run
+/// (not found, nothing changed); the owning product still can.
+pub async fn a_dag_is_not_found_under_another_product(s: Subject) {
+    let dag = DagSpec::new(product())
+        .node(NodeSpec::new("a", "step", json!({})))
+        .node(NodeSpec::new("b", "step", json!({})))
+        .edge("a", "b");
+    let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
+    let other = other_product();
+    let err = s.queue.dag_status(&other, id).await.unwrap_err();
+    assert!(err.is_not_found(), "status: {err}");
+    let err = s.queue.dag_results(&other, id).await.unwrap_err();
+    assert!(err.is_not_found(), "results: {err}");
+    let err = s.queue.cancel_dag(&other, id).await.unwrap_err();
+    assert!(err.is_not_found(), "cancel: {err}");
+    // The run is untouched and still runs.
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
+    assert_eq!((st.state, st.done), (DagState::Running, 0));
+    let a = claim_one(&s, 1).await.expect("a still runs");
+    s.queue.complete(&a, json!("a")).await.expect("complete");
+    let results = s.queue.dag_results(&product(), id).await.expect("results");
+    assert_eq!(results[0].result, Some(json!("a")));
+    let st = s.queue.cancel_dag(&product(), id).await.expect("cancel");
+    assert_eq!((st.state, st.done), (DagState::Cancelled, 1));
+    assert!(claim(&s, 1, 10).await.is_empty(), "b was cancelled");
+}
+
+/// Another product cannot retry a dead letter (not found, still
+/// discarded); the owning product can.
+pub async fn a_discarded_task_is_not_found_under_another_product(s: Subject) {
+    let id = s.queue.enqueue(&[task("doomed")]).await.expect("enqueue")[0].expect("id");
+    let l = claim_one(&s, 1).await.expect("claim");
+    s.queue.fail(&l, "no", false).await.expect("fail");
+    let err = s
+        .queue
+        .retry_discarded(&other_product(), id)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert!(claim(&s, 1, 10).await.is_empty(), "still discarded");
+    let dead = s.queue.list_discarded("default", 10).await.expect("list");
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].id, &dead[0].product_id), (id, &product()));
+    s.queue
+        .retry_discarded(&product(), id)
+        .await
+        .expect("the owner retries");
+    assert_eq!(claim_one(&s, 1).await.expect("claimable").task_id, id);
+}
+
+/// A lease is also its product: the same task, token and worker presented
+/// under another product are refused and change nothing, for a plain task
+/// and for a DAG node.
+pub async fn a_lease_naming_another_product_is_lost(s: Subject) {
+    s.queue.enqueue(&[task("a")]).await.expect("enqueue");
+    let id = s
+        .queue
+        .enqueue_dag(&DagSpec::new(product()).node(NodeSpec::new("n", "step", json!({}))))
+        .await
+        .expect("enqueue dag");
+    let held = claim(&s, 1, 2).await;
+    assert_eq!(held.len(), 2);
+    for l in &held {
+        let forged = Lease {
+            product_id: other_product(),
+            ..l.clone()
+        };
+        for err in [
+            s.queue
+                .complete(&forged, json!("forged"))
+                .await
+                .unwrap_err(),
+            s.queue.fail(&forged, "forged", false).await.unwrap_err(),
+            s.queue.release(&forged).await.unwrap_err(),
+        ] {
+            assert!(err.is_lease_lost(), "{err}");
+        }
+        let many = s
+            .queue
+            .complete_many(&[(forged, json!("forged"))])
+            .await
+            .expect("complete many");
+        assert!(many[0].as_ref().unwrap_err().is_lease_lost());
+    }
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
+    assert_eq!((st.state, st.done), (DagState::Running, 0));
+    for l in &held {
+        s.queue
+            .complete(l, json!("ok"))
+            .await
+            .expect("the holder completes");
+    }
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
+    assert_eq!(st.state, DagState::Completed);
 }
