@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use parlance_core::ProductId;
 use parlance_ports::{QueueConfig, SystemClock, TaskId, TaskQueue as _};
 use parlance_postgres::{PgPool, PgTaskQueue};
 use tokio::net::TcpListener;
@@ -103,6 +104,9 @@ pub enum TasksAction {
     },
     /// Make a discarded task available again with a fresh attempt budget.
     Retry {
+        /// The product the task belongs to (`discarded` shows it).
+        #[arg(long, default_value = "default")]
+        product: String,
         /// The task id.
         id: i64,
     },
@@ -260,8 +264,8 @@ pub async fn worker(config: Config) -> anyhow::Result<()> {
 ///
 /// # Errors
 ///
-/// When the database cannot be reached or the action is refused (unknown
-/// task, a DAG node).
+/// When the database cannot be reached, the product id is invalid, or the
+/// action is refused (unknown task or another product's, a DAG node).
 pub async fn tasks(
     pool: PgPool,
     action: TasksAction,
@@ -274,8 +278,10 @@ pub async fn tasks(
                 writeln!(out, "{}", serde_json::to_string(&task)?)?;
             }
         }
-        TasksAction::Retry { id } => {
-            queue.retry_discarded(TaskId(id)).await?;
+        TasksAction::Retry { product, id } => {
+            let product =
+                ProductId::parse(&product).with_context(|| format!("product id {product:?}"))?;
+            queue.retry_discarded(&product, TaskId(id)).await?;
             writeln!(out, "task {id} is available again")?;
         }
     }

@@ -195,7 +195,8 @@ async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
     let node = |key: &str, label: &str| {
         NodeSpec::new(key, RECORD_KIND, serde_json::json!({})).label(label)
     };
-    let dag = DagSpec::new(ProductId::default_product())
+    let product = ProductId::default_product();
+    let dag = DagSpec::new(product.clone())
         .node(node("outline", "outlining"))
         .node(node("draft-a", "drafting"))
         .node(node("draft-b", "drafting"))
@@ -205,7 +206,7 @@ async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         .edge("draft-a", "merge")
         .edge("draft-b", "merge");
     let id = state.shared.queue.enqueue_dag(&dag).await?;
-    let status = state.shared.queue.dag_status(id).await?;
+    let status = state.shared.queue.dag_status(&product, id).await?;
     demo.say(&format!(
         "enqueued: {}/{} done, now {:?}",
         status.done, status.total, status.labels
@@ -227,18 +228,18 @@ async fn queue_scene<W: Write>(demo: &mut Demo<W>) -> anyhow::Result<()> {
         if step.claimed == 0 {
             break;
         }
-        let status = state.shared.queue.dag_status(id).await?;
+        let status = state.shared.queue.dag_status(&product, id).await?;
         demo.say(&format!(
             "worker step ran {} task(s): {}/{} done, now {:?}",
             step.completed, status.done, status.total, status.labels
         ))?;
     }
-    let status = state.shared.queue.dag_status(id).await?;
+    let status = state.shared.queue.dag_status(&product, id).await?;
     anyhow::ensure!(status.state.is_finished(), "the DAG did not finish");
     let merged = state
         .shared
         .queue
-        .dag_results(id)
+        .dag_results(&product, id)
         .await?
         .into_iter()
         .find(|n| n.key == "merge")

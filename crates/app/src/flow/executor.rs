@@ -8,6 +8,7 @@
 //! reached its session: a [`DagRunner`] does both.
 
 use async_trait::async_trait;
+use parlance_core::ProductId;
 use parlance_core::flow::{Running, TaskError};
 use parlance_ports::{DagId, DagState, TaskQueue};
 use serde_json::Value;
@@ -18,13 +19,15 @@ pub(crate) use parlance_core::flow::queue::plan_task_of;
 /// Stops the runs of DAGs and reports how they ended.
 #[async_trait]
 pub trait DagRunner: Send + Sync + 'static {
-    /// Stops the run behind `running` (cancelled by the user); its late
-    /// results are dropped by the session's compare-and-swap anyway.
-    async fn cancel(&self, running: &Running);
+    /// Stops the run behind `running` of `product`'s session (cancelled by
+    /// the user); its late results are dropped by the session's
+    /// compare-and-swap anyway.
+    async fn cancel(&self, product: &ProductId, running: &Running);
 
-    /// The error that ended the run behind `running` without reaching the
-    /// session (a worker lost on the last attempt), if the run is over.
-    async fn failure(&self, running: &Running) -> Option<TaskError>;
+    /// The error that ended the run behind `running` of `product`'s session
+    /// without reaching the session (a worker lost on the last attempt), if
+    /// the run is over.
+    async fn failure(&self, product: &ProductId, running: &Running) -> Option<TaskError>;
 }
 
 /// The runs of DAGs on the durable task queue.
@@ -47,16 +50,16 @@ impl QueueRunner {
 
 #[async_trait]
 impl DagRunner for QueueRunner {
-    async fn cancel(&self, running: &Running) {
+    async fn cancel(&self, product: &ProductId, running: &Running) {
         let Some(id) = running.dag_id else { return };
-        if let Err(e) = self.queue.cancel_dag(DagId(id)).await {
+        if let Err(e) = self.queue.cancel_dag(product, DagId(id)).await {
             tracing::warn!(error = %e, dag_id = id, "flow dag not cancelled");
         }
     }
 
-    async fn failure(&self, running: &Running) -> Option<TaskError> {
+    async fn failure(&self, product: &ProductId, running: &Running) -> Option<TaskError> {
         let id = running.dag_id?;
-        let status = match self.queue.dag_status(DagId(id)).await {
+        let status = match self.queue.dag_status(product, DagId(id)).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, dag_id = id, "flow dag status unavailable");

@@ -228,7 +228,7 @@ impl FlowService {
         let done = self.run(key, flow, command).await?;
         for effect in &done.decision.effects {
             if let FlowEffect::CancelRun(running) = effect {
-                self.runner.cancel(running).await;
+                self.runner.cancel(&key.product_id, running).await;
             }
         }
         let session = done.state.session();
@@ -265,7 +265,7 @@ impl FlowService {
     ) -> Result<AiResponse, ServiceError<FlowRecord>> {
         let mut stored = self.session(key, flow).await?;
         if let Some(r) = &stored.state.running
-            && let Some(err) = self.runner.failure(r).await
+            && let Some(err) = self.runner.failure(&key.product_id, r).await
         {
             self.fail(key, flow, err).await?;
             stored = self.session(key, flow).await?;

@@ -869,7 +869,10 @@ async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll
     // The run ends behind the session's back (an operator, or a worker
     // lost on the last attempt): no handler reports it.
     f.queue
-        .cancel_dag(parlance_ports::DagId(dag))
+        .cancel_dag(
+            &parlance_core::ProductId::parse("acme").unwrap(),
+            parlance_ports::DagId(dag),
+        )
         .await
         .unwrap();
     let body = f.poll("gated", &sid).await;

@@ -114,7 +114,7 @@ fn mixed_total(sleepers: usize) -> u32 {
 
 async fn final_result(queue: &dyn TaskQueue, id: DagId) -> Value {
     queue
-        .dag_results(id)
+        .dag_results(&product(), id)
         .await
         .unwrap()
         .into_iter()
@@ -139,7 +139,7 @@ async fn step_drains_a_dag_on_memory() {
         steps += 1;
     }
     assert!(steps >= 5, "a DAG runs in dependency waves: {steps}");
-    let st = queue.dag_status(id).await.unwrap();
+    let st = queue.dag_status(&product(), id).await.unwrap();
     assert_eq!(st.state, DagState::Completed);
     assert_eq!((st.done, st.total), (mixed_total(3), mixed_total(3)));
     assert_eq!(final_result(queue.as_ref(), id).await, mixed_expected(3));
@@ -260,17 +260,17 @@ impl TaskQueue for Outage {
     async fn recover_expired(&self) -> PortResult<RecoverReport> {
         self.inner.recover_expired().await
     }
-    async fn cancel_dag(&self, id: DagId) -> PortResult<DagStatus> {
-        self.inner.cancel_dag(id).await
+    async fn cancel_dag(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus> {
+        self.inner.cancel_dag(product, id).await
     }
-    async fn dag_status(&self, id: DagId) -> PortResult<DagStatus> {
-        self.inner.dag_status(id).await
+    async fn dag_status(&self, product: &ProductId, id: DagId) -> PortResult<DagStatus> {
+        self.inner.dag_status(product, id).await
     }
-    async fn dag_results(&self, id: DagId) -> PortResult<Vec<NodeResult>> {
-        self.inner.dag_results(id).await
+    async fn dag_results(&self, product: &ProductId, id: DagId) -> PortResult<Vec<NodeResult>> {
+        self.inner.dag_results(product, id).await
     }
-    async fn retry_discarded(&self, id: TaskId) -> PortResult<()> {
-        self.inner.retry_discarded(id).await
+    async fn retry_discarded(&self, product: &ProductId, id: TaskId) -> PortResult<()> {
+        self.inner.retry_discarded(product, id).await
     }
     async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>> {
         self.inner.list_discarded(queue, limit).await
@@ -350,7 +350,7 @@ async fn tasks_of_a_claim_whose_answer_was_lost_run_at_once() {
     }));
     wait_until("the run to complete", Duration::from_secs(30), || {
         let inner = inner.clone();
-        async move { inner.dag_status(id).await.unwrap().state == DagState::Completed }
+        async move { inner.dag_status(&product(), id).await.unwrap().state == DagState::Completed }
     })
     .await;
     assert_eq!(
@@ -460,7 +460,7 @@ async fn a_killed_worker_process_loses_no_dag_node() {
         || {
             let (q, p) = (&queue, pool.clone());
             async move {
-                let st = q.dag_status(id).await.unwrap();
+                let st = q.dag_status(&product(), id).await.unwrap();
                 let running = sqlx_count(
                     &p,
                     "SELECT count(*) FROM jobs WHERE dag_run_id = $1 AND state = 1",
@@ -481,7 +481,7 @@ async fn a_killed_worker_process_loses_no_dag_node() {
     )
     .await;
     assert!(!cut.is_empty(), "the kill interrupted running nodes");
-    let done_at_kill = queue.dag_status(id).await.unwrap().done;
+    let done_at_kill = queue.dag_status(&product(), id).await.unwrap().done;
     assert!(done_at_kill < mixed_total(SLEEPERS), "killed mid-DAG");
 
     let mut second = spawn_worker(
@@ -490,13 +490,19 @@ async fn a_killed_worker_process_loses_no_dag_node() {
     );
     wait_until("the DAG to finish", Duration::from_secs(180), || {
         let q = &queue;
-        async move { q.dag_status(id).await.unwrap().state.is_finished() }
+        async move {
+            q.dag_status(&product(), id)
+                .await
+                .unwrap()
+                .state
+                .is_finished()
+        }
     })
     .await;
     second.kill().unwrap();
     second.wait().unwrap();
 
-    let st = queue.dag_status(id).await.unwrap();
+    let st = queue.dag_status(&product(), id).await.unwrap();
     assert_eq!(st.state, DagState::Completed, "{st:?}");
     assert_eq!(
         (st.done, st.total),
@@ -611,9 +617,15 @@ async fn operators_list_and_retry_dead_letters() {
     let line: Value = serde_json::from_str(listed.trim()).unwrap();
     assert_eq!(line["id"], json!(id.0));
     assert_eq!(line["last_error"], json!("bad input"));
-    let retried = run(TasksAction::Retry { id: id.0 }).await.unwrap();
+    let retry = |product: &str| TasksAction::Retry {
+        product: product.to_owned(),
+        id: id.0,
+    };
+    let elsewhere = run(retry("default")).await.unwrap_err();
+    assert!(elsewhere.to_string().contains("not found"), "{elsewhere}");
+    let retried = run(retry("acme")).await.unwrap();
     assert_eq!(retried.trim(), format!("task {} is available again", id.0));
-    let err = run(TasksAction::Retry { id: id.0 }).await.unwrap_err();
+    let err = run(retry("acme")).await.unwrap_err();
     assert!(err.to_string().contains("not found"), "{err}");
 }
 
