@@ -884,8 +884,9 @@ pub(crate) async fn check_dags(pool: &PgPool, ledger: &Ledger, database_down: bo
         "SELECT r.id, r.state, r.total_nodes, r.done_nodes, count(n.id) AS nodes, \
          count(n.id) FILTER (WHERE n.state = 2 AND n.result IS NOT NULL) AS completed, \
          min(n.payload->>'session_id') FILTER (WHERE n.role = 0) AS session \
-         FROM dag_runs r LEFT JOIN dag_nodes n ON n.dag_run_id = r.id \
-         WHERE r.product_id = 'default' GROUP BY r.id ORDER BY r.id",
+         FROM dag_runs r LEFT JOIN dag_nodes n \
+         ON n.product_id = r.product_id AND n.dag_run_id = r.id \
+         WHERE r.product_id = 'default' GROUP BY r.product_id, r.id ORDER BY r.id",
     )
     .fetch_all(pool)
     .await
@@ -912,8 +913,8 @@ pub(crate) async fn check_dags(pool: &PgPool, ledger: &Ledger, database_down: bo
     let odd: Vec<String> = sqlx::query_scalar(
         "SELECT n.key || ' of run ' || n.dag_run_id || ': ' || count(j.id) || ' jobs, ' || \
          count(j.id) FILTER (WHERE j.state = 2) || ' completed' \
-         FROM dag_nodes n LEFT JOIN jobs j ON j.node_id = n.id WHERE n.role = 0 \
-         GROUP BY n.id HAVING count(j.id) <> 1 OR count(j.id) FILTER (WHERE j.state = 2) <> 1",
+         FROM dag_nodes n LEFT JOIN jobs j ON j.product_id = n.product_id AND j.node_id = n.id \
+         WHERE n.role = 0 GROUP BY n.product_id, n.id HAVING count(j.id) <> 1 OR count(j.id) FILTER (WHERE j.state = 2) <> 1",
     )
     .fetch_all(pool)
     .await
