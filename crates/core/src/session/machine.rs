@@ -211,8 +211,18 @@ impl SessionReport {
         decision.effects.first().cloned().unwrap_or_default()
     }
 
+    /// True when both outcomes are the default (field by field: the
+    /// derived comparison would compare the `&str` reasons by content).
     fn is_empty(&self) -> bool {
-        *self == SessionReport::default()
+        let nothing = |o: &SessionOutcome| {
+            let SessionOutcome {
+                transition,
+                cooldown,
+                ignored,
+            } = o;
+            transition.is_none() && *cooldown == CooldownChange::Unchanged && ignored.is_none()
+        };
+        nothing(&self.tick) && nothing(&self.result)
     }
 }
 
@@ -239,11 +249,11 @@ impl SessionState {
         &self,
         event: &SessionEvent,
         now: Timestamp,
-        tours: &TourCatalog,
+        settings: (f64, f64),
     ) -> Result<(), SessionError> {
         event.validate()?;
         if let SessionEvent::ProactiveTrigger { .. } | SessionEvent::OpenChat = event {
-            let state = self.state_after_tick(now, tours);
+            let state = self.state_after_tick(now, settings);
             if state != AssistState::Thinking {
                 return Err(SessionError::refused(event.kind(), state));
             }
@@ -297,10 +307,13 @@ impl Machine for SessionState {
         now: Timestamp,
     ) -> Result<Decision<Self>, SessionError> {
         let event = command.event();
+        // The tour settings in force, resolved once: only a tick back to
+        // thinking and a visual-guidance event change the tour.
+        let settings = self.resolved_settings(tours);
         if let Some(event) = event {
-            self.check(event, now, tours)?;
+            self.check(event, now, settings)?;
         }
-        let tick = self.tick(now, tours);
+        let tick = self.tick_in(now, settings);
         let result = match event {
             Some(event) => self.apply(event, now),
             None => SessionOutcome::default(),
@@ -323,7 +336,10 @@ impl Machine for SessionState {
             SessionCommand::Sweep => true,
             SessionCommand::Event(_) => ticked(&tick) || result.ignored.is_none(),
         };
-        decision.next_deadline = self.next_deadline(tours);
+        decision.next_deadline = match event {
+            Some(SessionEvent::VisualGuidance { .. }) => self.next_deadline(tours),
+            _ => self.next_deadline_in(settings),
+        };
         let report = SessionReport { tick, result };
         if !report.is_empty() {
             decision.effect(report);

@@ -546,10 +546,15 @@ impl SessionState {
     /// the timeout, so a tick exactly at the deadline may still find nothing
     /// to do; the next tick after it will.
     pub fn next_deadline(&self, tours: &TourCatalog) -> Option<Timestamp> {
+        self.next_deadline_in(self.resolved_settings(tours))
+    }
+
+    /// [`SessionState::next_deadline`] with the settings in force,
+    /// `(timeout, cooldown)`, already resolved.
+    pub(crate) fn next_deadline_in(&self, settings: (f64, f64)) -> Option<Timestamp> {
         match self.current_state {
             AssistState::Proactive | AssistState::Reactive => {
-                let (timeout, _) = self.resolved_settings(tours);
-                Some(self.last_interaction_at.plus_seconds(timeout))
+                Some(self.last_interaction_at.plus_seconds(settings.0))
             }
             AssistState::Thinking if self.thinking.cooldown_active => {
                 let period = self
@@ -571,10 +576,10 @@ impl SessionState {
     /// The state a tick at `now` would leave: `thinking` once the timeout in
     /// force has passed in an active state, else the current one. A pure
     /// read, so a command can be refused before anything changes.
-    pub(crate) fn state_after_tick(&self, now: Timestamp, tours: &TourCatalog) -> AssistState {
+    pub(crate) fn state_after_tick(&self, now: Timestamp, settings: (f64, f64)) -> AssistState {
         match self.current_state {
             AssistState::Thinking => AssistState::Thinking,
-            _ if self.timed_out(now, self.resolved_settings(tours).0) => AssistState::Thinking,
+            _ if self.timed_out(now, settings.0) => AssistState::Thinking,
             active => active,
         }
     }
@@ -594,6 +599,13 @@ impl SessionState {
     /// current sub-record's elapsed time. In `thinking`, clears a cooldown
     /// once `now - started >= period`.
     pub fn tick(&mut self, now: Timestamp, tours: &TourCatalog) -> SessionOutcome {
+        let settings = self.resolved_settings(tours);
+        self.tick_in(now, settings)
+    }
+
+    /// [`SessionState::tick`] with the settings in force, `(timeout,
+    /// cooldown)`, already resolved.
+    pub(crate) fn tick_in(&mut self, now: Timestamp, settings: (f64, f64)) -> SessionOutcome {
         match self.current_state {
             AssistState::Thinking => {
                 if self.thinking.tick(now, self.cooldown_period_s) {
@@ -606,7 +618,7 @@ impl SessionState {
                 }
             }
             from @ (AssistState::Proactive | AssistState::Reactive) => {
-                let (timeout, cooldown) = self.resolved_settings(tours);
+                let (timeout, cooldown) = settings;
                 if self.timed_out(now, timeout) {
                     self.current_state = AssistState::Thinking;
                     self.visual_guidance_active = false;
