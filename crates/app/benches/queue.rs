@@ -188,18 +188,18 @@ fn pgbench(url: &str, workers: usize, batch: usize, secs: u64) -> anyhow::Result
          FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
          ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
          WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
-         c AS (SELECT id FROM jobs WHERE state = 0 AND queue = 'default' AND run_at <= now() \
+         c AS (SELECT product_id, id FROM jobs WHERE state = 0 AND queue = 'default' AND run_at <= now() \
          ORDER BY priority, run_at, id LIMIT {batch} FOR UPDATE SKIP LOCKED), \
          u AS (UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
          lease_token = nextval('job_lease_tokens'), leased_by = ('00000000-0000-0000-0000-' || lpad(:client_id::text, 12, '0'))::uuid, \
          lease_expires_at = now() + coalesce(j.timeout_ms, 300000) * interval '1 millisecond' \
-         FROM c WHERE j.id = c.id \
+         FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
          RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
          j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at) \
-         SELECT array_agg(id) AS ids, array_agg(lease_token) AS toks FROM u \\gset\n\
+         SELECT array_agg(id) AS ids, array_agg(lease_token) AS toks, array_agg(product_id) AS ps FROM u \\gset\n\
          UPDATE jobs j SET state = 2, finished_at = now(), leased_by = NULL \
-         FROM UNNEST(:ids::int8[], :toks::int8[]) AS t(id, tok) \
-         WHERE j.id = t.id AND j.state = 1 AND j.lease_token = t.tok \
+         FROM UNNEST(:ids::int8[], :toks::int8[], :ps::text[]) AS t(id, tok, p) \
+         WHERE j.product_id = t.p AND j.id = t.id AND j.state = 1 AND j.lease_token = t.tok \
          AND j.leased_by = ('00000000-0000-0000-0000-' || lpad(:client_id::text, 12, '0'))::uuid RETURNING j.id;\n"
     );
     let path = std::env::temp_dir().join(format!("parlance-queue-bench-{batch}.sql"));
