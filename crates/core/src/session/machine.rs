@@ -307,8 +307,10 @@ impl Machine for SessionState {
         now: Timestamp,
     ) -> Result<Decision<Self>, SessionError> {
         let event = command.event();
-        // The tour settings in force, resolved once: only a tick back to
-        // thinking and a visual-guidance event change the tour.
+        // The tour settings in force, resolved once for the check and the
+        // tick; the deadline resolves them again when the tour may have
+        // changed (a tick back to thinking ends it, a visual-guidance event
+        // sets or ends it).
         let settings = self.resolved_settings(tours);
         if let Some(event) = event {
             self.check(event, now, settings)?;
@@ -336,9 +338,12 @@ impl Machine for SessionState {
             SessionCommand::Sweep => true,
             SessionCommand::Event(_) => ticked(&tick) || result.ignored.is_none(),
         };
-        decision.next_deadline = match event {
-            Some(SessionEvent::VisualGuidance { .. }) => self.next_deadline(tours),
-            _ => self.next_deadline_in(settings),
+        let tour_may_have_changed =
+            tick.transition.is_some() || matches!(event, Some(SessionEvent::VisualGuidance { .. }));
+        decision.next_deadline = if tour_may_have_changed {
+            self.next_deadline(tours)
+        } else {
+            self.next_deadline_in(settings)
         };
         let report = SessionReport { tick, result };
         if !report.is_empty() {

@@ -1145,6 +1145,34 @@ fn tick_then_operation(
     (tick, result)
 }
 
+#[test]
+fn a_timeout_that_ends_a_tour_times_the_next_command_by_the_session_settings() {
+    // The tour's 40 s timeout is in force while it runs; the tick that
+    // times it out ends the tour, so a chat opened by the same command
+    // times out by the session's own 37 s.
+    let tours = catalog();
+    let mut s = session().with_settings(37.0, 0.0).unwrap();
+    let proactive: SessionCommand = SessionEvent::ProactiveTrigger {
+        trigger_id: "t".into(),
+    }
+    .into();
+    let guided: SessionCommand = SessionEvent::VisualGuidance {
+        active: true,
+        tour_id: Some("flow_0".into()),
+    }
+    .into();
+    s.decide(&tours, &proactive, t0()).unwrap();
+    let d = s.decide(&tours, &guided, t0()).unwrap();
+    assert_eq!(d.next_deadline, Some(at(40.0)));
+    let d = s
+        .decide(&tours, &SessionEvent::OpenChat.into(), at(40.125))
+        .unwrap();
+    assert_eq!(s.state_name(), "reactive_assistance");
+    assert_eq!(s.active_tour_id(), None);
+    assert_eq!(d.next_deadline, Some(at(40.125 + 37.0)));
+    assert_eq!(d.next_deadline, s.next_deadline(&tours));
+}
+
 /// The session without the elapsed times a tick refreshes (derived data
 /// that is not worth a write).
 fn without_elapsed(s: &SessionState) -> SessionState {
