@@ -386,6 +386,17 @@ pub async fn fenced_operations_after_lease_loss_are_rejected(s: Subject) {
     assert!(claim_one(&s, 2).await.is_none());
 }
 
+/// Completing, failing and releasing `forged` each answer lease lost.
+async fn assert_lease_lost(s: &Subject, forged: &Lease) {
+    for err in [
+        s.queue.complete(forged, json!("forged")).await.unwrap_err(),
+        s.queue.fail(forged, "forged", false).await.unwrap_err(),
+        s.queue.release(forged).await.unwrap_err(),
+    ] {
+        assert!(err.is_lease_lost(), "{err}");
+    }
+}
+
 /// A lease is its task, its token and its worker: the same token presented
 /// for another worker is refused and changes nothing.
 pub async fn fence_names_the_worker(s: Subject) {
@@ -395,16 +406,7 @@ pub async fn fence_names_the_worker(s: Subject) {
         worker: worker(2),
         ..held.clone()
     };
-    for err in [
-        s.queue
-            .complete(&forged, json!("forged"))
-            .await
-            .unwrap_err(),
-        s.queue.fail(&forged, "forged", false).await.unwrap_err(),
-        s.queue.release(&forged).await.unwrap_err(),
-    ] {
-        assert!(err.is_lease_lost(), "{err}");
-    }
+    assert_lease_lost(&s, &forged).await;
     s.queue
         .complete(&held, json!("ok"))
         .await
@@ -1387,16 +1389,7 @@ pub async fn a_lease_naming_another_product_is_lost(s: Subject) {
             product_id: other_product(),
             ..l.clone()
         };
-        for err in [
-            s.queue
-                .complete(&forged, json!("forged"))
-                .await
-                .unwrap_err(),
-            s.queue.fail(&forged, "forged", false).await.unwrap_err(),
-            s.queue.release(&forged).await.unwrap_err(),
-        ] {
-            assert!(err.is_lease_lost(), "{err}");
-        }
+        assert_lease_lost(&s, &forged).await;
         let many = s
             .queue
             .complete_many(&[(forged, json!("forged"))])
