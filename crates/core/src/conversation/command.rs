@@ -493,11 +493,25 @@ impl Instance {
         d: &mut D,
     ) -> Result<(), ConversationError> {
         self.require(command, &[S::Active])?;
+        self.send_and_wait(text, next_heartbeat_s, "agent_send", now, d)
+    }
+
+    /// Sends the agent's `text`, moves to `WAITING_FOR_REPLY` by `cause`
+    /// and arms the timer; checks the text, the delay and the sequence
+    /// number first, so a refusal changes nothing.
+    fn send_and_wait(
+        &mut self,
+        text: &str,
+        next_heartbeat_s: Option<u64>,
+        cause: &'static str,
+        now: Timestamp,
+        d: &mut D,
+    ) -> Result<(), ConversationError> {
         check_text("text", text)?;
         check_delay(next_heartbeat_s)?;
         let seq = self.next_outbound_seq()?;
         self.outbound(Role::Agent, text, seq, now, d);
-        self.move_to(S::WaitingForReply, "agent_send", now, d);
+        self.move_to(S::WaitingForReply, cause, now, d);
         self.arm(next_heartbeat_s, now);
         Ok(())
     }
@@ -537,13 +551,8 @@ impl Instance {
         d: &mut D,
     ) -> Result<(), ConversationError> {
         self.require(command, &[S::HeartbeatScheduled])?;
-        check_text("text", text)?;
-        check_delay(next_heartbeat_s)?;
-        let seq = self.next_outbound_seq()?;
-        self.outbound(Role::Agent, text, seq, now, d);
+        self.send_and_wait(text, next_heartbeat_s, "send_follow_up", now, d)?;
         self.follow_ups_sent += 1;
-        self.move_to(S::WaitingForReply, "send_follow_up", now, d);
-        self.arm(next_heartbeat_s, now);
         Ok(())
     }
 
