@@ -307,10 +307,9 @@ impl Machine for SessionState {
         now: Timestamp,
     ) -> Result<Decision<Self>, SessionError> {
         let event = command.event();
-        // The tour settings in force, resolved once for the check and the
-        // tick; the deadline resolves them again when the tour may have
-        // changed (a tick back to thinking ends it, a visual-guidance event
-        // sets or ends it).
+        // The tour settings in force before the command, resolved once for
+        // the check and the tick; the deadline resolves them again, after
+        // the tick and the event may have changed the tour.
         let settings = self.resolved_settings(tours);
         if let Some(event) = event {
             self.check(event, now, settings)?;
@@ -338,13 +337,7 @@ impl Machine for SessionState {
             SessionCommand::Sweep => true,
             SessionCommand::Event(_) => ticked(&tick) || result.ignored.is_none(),
         };
-        let tour_may_have_changed =
-            tick.transition.is_some() || matches!(event, Some(SessionEvent::VisualGuidance { .. }));
-        decision.next_deadline = if tour_may_have_changed {
-            self.next_deadline(tours)
-        } else {
-            self.next_deadline_in(settings)
-        };
+        decision.next_deadline = self.next_deadline(tours);
         let report = SessionReport { tick, result };
         if !report.is_empty() {
             decision.effect(report);

@@ -546,15 +546,10 @@ impl SessionState {
     /// the timeout, so a tick exactly at the deadline may still find nothing
     /// to do; the next tick after it will.
     pub fn next_deadline(&self, tours: &TourCatalog) -> Option<Timestamp> {
-        self.next_deadline_in(self.resolved_settings(tours))
-    }
-
-    /// [`SessionState::next_deadline`] with the settings in force,
-    /// `(timeout, cooldown)`, already resolved.
-    pub(crate) fn next_deadline_in(&self, settings: (f64, f64)) -> Option<Timestamp> {
         match self.current_state {
             AssistState::Proactive | AssistState::Reactive => {
-                Some(self.last_interaction_at.plus_seconds(settings.0))
+                let (timeout, _) = self.resolved_settings(tours);
+                Some(self.last_interaction_at.plus_seconds(timeout))
             }
             AssistState::Thinking if self.thinking.cooldown_active => {
                 let period = self
