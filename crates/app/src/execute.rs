@@ -2,10 +2,15 @@
 //! decided again on the state that won when a compare-and-swap is lost, with
 //! bounded, jittered back-off.
 //!
+//! Commands on one record queue behind each other within the process
+//! (`queue`), so a compare-and-swap is lost only to another process.
+//!
 //! Every machine goes through [`Executor::run`] (a command known up front)
 //! or [`Executor::run_with`] (a command planned from the loaded state, when
 //! planning needs I/O: a turn's stages). Failures are one typed
 //! [`ServiceError`]; only the HTTP routes turn it into an answer.
+
+mod queue;
 
 use std::future::Future;
 use std::time::Duration;
@@ -156,8 +161,10 @@ impl<'a, M: Machine> Executor<'a, M> {
 
     /// Loads the record, asks `plan` for the command to decide on it (or
     /// on nothing, when it does not exist), decides it and commits the
-    /// decision with its audit entries and tasks. A lost compare-and-swap
-    /// starts over from the load, so `plan` may run more than once. `plan`
+    /// decision with its audit entries and tasks. Other commands of this
+    /// process on the same record wait until this one is done. A lost
+    /// compare-and-swap (to another process) starts over from the load, so
+    /// `plan` may run more than once. `plan`
     /// answering `None` means there is nothing to do: the record is
     /// returned as loaded.
     ///
@@ -178,6 +185,7 @@ impl<'a, M: Machine> Executor<'a, M> {
         Fut: Future<Output = Result<Option<M::Command>, ServiceError<M>>>,
     {
         let attempts = self.policy.attempts.max(1);
+        let _turn = queue::wait_turn::<M>(key).await;
         for attempt in 1..=attempts {
             if attempt > 1 {
                 tokio::time::sleep(self.policy.backoff(attempt)).await;
