@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask ci | test | docs | fuzz | bench`.
+//! Project automation: `cargo xtask ci | test | docs | fuzz | bench | soak`.
 //!
 //! Depends on no `parlance-*` crate, so it builds in seconds. It finds the
 //! workspace root from `CARGO_MANIFEST_DIR`, runs cargo through the `CARGO`
@@ -31,6 +31,11 @@ commands:
          (quick to compile), --secs N for N seconds on an optimised one
   bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
                 against PostgreSQL found or started as for ci
+  soak [--minutes N] [--out DIR]
+         mixed load on every machine against two serves and two workers on
+         PostgreSQL, with slow clients and oversized inputs; records requests,
+         answers by status, memory and sockets per process (target/soak/), and
+         fails on growth without bound or a lost acknowledged write
 ";
 
 fn main() -> Result<()> {
@@ -40,6 +45,7 @@ fn main() -> Result<()> {
         Some("test") => test(&args[1..]),
         Some("docs") => docs(),
         Some("bench") => bench(&args[1..]),
+        Some("soak") => soak(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         _ => {
             eprint!("{USAGE}");
@@ -126,6 +132,13 @@ fn bench(args: &[String]) -> Result<()> {
         }
     };
     cmd.run()
+}
+
+/// The soak run (`crates/app/benches/soak.rs`) in release mode.
+fn soak(args: &[String]) -> Result<()> {
+    let mut all = vec!["soak".to_owned()];
+    all.extend(args.iter().cloned());
+    bench(&all)
 }
 
 fn deny() -> Result<()> {
