@@ -32,7 +32,7 @@ pub fn routes() -> Router<Flows> {
 /// The answer to a flow call that failed: one answer per meaning, as for
 /// every machine ([`ApiError::from`]), keeping what only a flow knows: a
 /// validator's name and message, the template and limit of a render over
-/// its budget, the length of a full dialogue, and which session or flow
+/// its budget, the template or expression that failed on its data and why, the length of a full dialogue, and which session or flow
 /// does not exist.
 fn answer(e: ServiceError<FlowRecord>, session: Option<&FlowSessionId>) -> ApiError {
     match (e, session) {
@@ -49,6 +49,12 @@ fn answer(e: ServiceError<FlowRecord>, session: Option<&FlowSessionId>) -> ApiEr
                     api.with("template", what).with("limit", limit)
                 }
                 FlowError::DialogueFull { len } => api.with("len", len),
+                FlowError::Template { what, message } => {
+                    api.with("template", what).with("message", message)
+                }
+                FlowError::Expression { expr, message } => {
+                    api.with("expression", expr).with("message", message)
+                }
                 _ => api,
             }
         }

@@ -113,6 +113,41 @@ fn rust_flows() -> Vec<Flow> {
     ]
 }
 
+/// A flow whose templates and expressions fail, or build too much, on
+/// some inputs: each event from `ask` leads to a state whose template, or
+/// through a transition whose `cond` or `assign`, does one such thing.
+fn fragile_flow() -> Flow {
+    let mut cond = TransitionDef::new("cond_int", "ask", "plain");
+    cond.cond = vec![Condition::Expr("(actor_input | int) > 0".into())];
+    let mut unknown = TransitionDef::new("assign_unknown", "ask", "plain");
+    unknown.assign = vec![("n".into(), "no_such_function(actor_input)".into())];
+    let mut assign_big = TransitionDef::new("assign_big", "ask", "plain");
+    assign_big.assign = vec![("n".into(), "'x' * 100000000".into())];
+    FlowBuilder::new("fragile")
+        .template("ask.j2", "Ask.")
+        .template("plain.j2", "ok")
+        .template("int.j2", "{{ actor_input | int + 1 }}")
+        .template("huge.j2", "{{ 'x' * 10**9 }}")
+        .template("big.j2", "{{ ('x' * 100000000) | length }}")
+        .template("div.j2", "{{ 10 // (actor_input | length) }}")
+        .field("n", json!(0))
+        .user_state("ask", "ask.j2")
+        .user_state("plain", "plain.j2")
+        .user_state("int", "int.j2")
+        .user_state("huge", "huge.j2")
+        .user_state("big", "big.j2")
+        .user_state("div", "div.j2")
+        .on("to_int", "ask", "int")
+        .on("to_huge", "ask", "huge")
+        .on("to_big", "ask", "big")
+        .on("to_div", "ask", "div")
+        .transition(cond)
+        .transition(unknown)
+        .transition(assign_big)
+        .build()
+        .unwrap()
+}
+
 struct Fixture {
     server: TestServer,
     gate: Arc<Semaphore>,
@@ -178,7 +213,7 @@ async fn fixture_with(
     extra.insert("template".into(), Arc::new(Gated(gate.clone())));
     let known = |n: &str| Invokers::is_builtin(n) || extra.contains_key(n);
     let mut catalog = FlowCatalog::load_dir(&examples_dir(), &known).unwrap();
-    for f in rust_flows() {
+    for f in rust_flows().into_iter().chain([fragile_flow()]) {
         catalog.insert(f);
     }
     c.flows = catalog;
@@ -449,7 +484,10 @@ async fn keeps_reference_paths_and_response_shapes() {
         .iter()
         .map(|f| f["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["extraction", "failing", "gated", "picky", "qa"]);
+    assert_eq!(
+        names,
+        ["extraction", "failing", "fragile", "gated", "picky", "qa"]
+    );
     let (status, _, _) = f
         .server
         .send(Method::GET, "/v1/products/other/flows", None, true)
@@ -1083,4 +1121,64 @@ async fn a_flow_dag_survives_a_restart_on_postgres() {
     assert_eq!(model["state"], "confirm");
     assert_eq!(model["model"]["topics"], json!(["engines", "poetry"]));
     assert_eq!(model["model"]["complete"], true);
+}
+
+/// A template, condition or assignment that fails on the input, or would
+/// build a value over its size limit, answers a 422 problem and leaves the
+/// session, its dialogue and its audit trail exactly as they were.
+async fn input_dependent_render_failures_are_422_and_change_nothing_on(f: Fixture) {
+    let sid = f.start("fragile").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = (f.model("fragile", &sid).await, flow_trail(&f, &sid).await);
+    for (event, input, kind, member) in [
+        ("to_int", "text", "invalid-request", "template"),
+        ("cond_int", "text", "invalid-request", "expression"),
+        ("to_div", "", "invalid-request", "template"),
+        ("assign_unknown", "x", "invalid-request", "expression"),
+        ("to_huge", "", "limit-exceeded", "limit"),
+        ("to_big", "", "limit-exceeded", "limit"),
+        ("assign_big", "", "limit-exceeded", "limit"),
+    ] {
+        let (status, _, body) = f
+            .server
+            .send(
+                Method::POST,
+                "/v1/ai/fragile/event",
+                Some(&json!({"session_id": sid, "event": event, "event_input": input})),
+                true,
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{event}: {body}");
+        assert_eq!(
+            body["type"],
+            format!("urn:parlance:problem:{kind}"),
+            "{event}: {body}"
+        );
+        assert!(body.get(member).is_some(), "{event}: {body}");
+        if kind == "limit-exceeded" {
+            let limit = body["limit"].as_str().unwrap();
+            assert!(limit.ends_with("bytes per value"), "{event}: {body}");
+        }
+        let after = (f.model("fragile", &sid).await, flow_trail(&f, &sid).await);
+        assert_eq!(after, before, "{event} changed the session");
+    }
+    // The same session still takes an input its templates can use.
+    let (status, body) = f.event("fragile", &sid, "to_int", "41").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["response"], "42");
+}
+
+#[tokio::test]
+async fn input_dependent_render_failures_are_422_and_change_nothing() {
+    input_dependent_render_failures_are_422_and_change_nothing_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn input_dependent_render_failures_are_422_and_change_nothing_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    input_dependent_render_failures_are_422_and_change_nothing_on(fixture(Some(pool)).await).await;
 }

@@ -14,6 +14,7 @@ use super::def::{
     Condition, FlowDef, FlowProblem, ModelField, StateDef, StateKind, TemplateRef, TransitionDef,
 };
 use super::dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
+use super::limits;
 use super::machine::{FlowSessionId, cause};
 use crate::Timestamp;
 use crate::machine::{ErrorClass, MachineError, Name, NotAllowed, Transition};
@@ -195,7 +196,9 @@ pub enum FlowError {
         message: String,
     },
     /// A template or expression went over a limit: [`TEMPLATE_FUEL`]
-    /// instructions or [`MAX_RENDER_BYTES`] of output.
+    /// instructions, [`MAX_RENDER_BYTES`] of output, or a size limit on
+    /// what it builds ([`MAX_VALUE_BYTES`], [`MAX_SEQUENCE_ITEMS`],
+    /// [`MAX_EVAL_BYTES`]), refused before the value is built.
     #[error("rendering `{what}` went over its limit of {limit}")]
     RenderLimit {
         /// The template name or expression.
@@ -220,7 +223,19 @@ pub enum FlowError {
         /// The evaluator's message.
         message: String,
     },
-    /// A template failed to render.
+    /// A template failed on the data it was given (a filter applied to a
+    /// value of the wrong type, `|int` on text, a division by zero, a call
+    /// of something that is not there): the templates compile when the flow
+    /// is loaded, so this is the data's doing.
+    #[error("rendering `{what}` failed on its data: {message}")]
+    Template {
+        /// The template name.
+        what: String,
+        /// The renderer's message.
+        message: String,
+    },
+    /// A template failed for a fault of the flow definition: it names a
+    /// filter, test or template the flow does not have.
     #[error("rendering `{what}` failed: {message}")]
     Render {
         /// The template name.
@@ -264,9 +279,10 @@ impl MachineError for FlowError {
     fn class(&self) -> ErrorClass {
         match self {
             FlowError::NotAllowed(_) => ErrorClass::NotAllowed,
-            FlowError::Validator { .. } | FlowError::Hook { .. } | FlowError::Expression { .. } => {
-                ErrorClass::Invalid
-            }
+            FlowError::Validator { .. }
+            | FlowError::Hook { .. }
+            | FlowError::Expression { .. }
+            | FlowError::Template { .. } => ErrorClass::Invalid,
             FlowError::RenderLimit { .. } | FlowError::DialogueFull { .. } => {
                 ErrorClass::LimitExceeded
             }
@@ -321,6 +337,8 @@ pub const TEMPLATE_FUEL: u64 = 2_000_000;
 /// Bytes one render may write.
 pub const MAX_RENDER_BYTES: usize = 1024 * 1024;
 
+pub use super::limits::{MAX_EVAL_BYTES, MAX_SEQUENCE_ITEMS, MAX_VALUE_BYTES};
+
 /// Dialogue elements one session may hold; beyond, user events are refused
 /// with [`FlowError::DialogueFull`].
 pub const MAX_DIALOGUE: usize = 10_000;
@@ -346,26 +364,66 @@ impl std::io::Write for Capped {
     }
 }
 
+/// Whether a render error is the flow definition's fault: a name the
+/// definition spells (a filter, a test, a template, a block) that does not
+/// exist, or source that does not compile. Every other error depends on the
+/// values the template was given.
+fn definition_fault(kind: minijinja::ErrorKind) -> bool {
+    use minijinja::ErrorKind as K;
+    matches!(
+        kind,
+        K::SyntaxError
+            | K::TemplateNotFound
+            | K::UnknownFilter
+            | K::UnknownTest
+            | K::UnknownBlock
+            | K::BadInclude
+            | K::InvalidDelimiter
+            | K::BadEscape
+            | K::WriteFailure
+    )
+}
+
+/// The limit error for a render or evaluation of `what` that went over its
+/// fuel or a size limit, if it did.
+fn limit_error(what: &str, e: &minijinja::Error) -> Option<FlowError> {
+    if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        return Some(out_of_fuel(what));
+    }
+    limits::size_limit(e).map(|l| FlowError::RenderLimit {
+        what: what.to_owned(),
+        limit: l.0.clone(),
+    })
+}
+
 /// The typed error for a failed render of the template `what`.
 fn render_error(what: &str, e: &minijinja::Error) -> FlowError {
-    if e.kind() == minijinja::ErrorKind::OutOfFuel {
-        return out_of_fuel(what);
+    if let Some(limit) = limit_error(what, e) {
+        return limit;
     }
-    FlowError::Render {
-        what: what.to_owned(),
-        message: e.to_string(),
+    let (what, message) = (what.to_owned(), e.to_string());
+    if definition_fault(e.kind()) {
+        FlowError::Render { what, message }
+    } else {
+        FlowError::Template { what, message }
     }
 }
 
 /// The typed error for a failed evaluation of the expression `expr`.
 fn expr_error(expr: &str, e: &minijinja::Error) -> FlowError {
-    if e.kind() == minijinja::ErrorKind::OutOfFuel {
-        return out_of_fuel(expr);
+    if let Some(limit) = limit_error(expr, e) {
+        return limit;
     }
     FlowError::Expression {
         expr: expr.to_owned(),
         message: e.to_string(),
     }
+}
+
+/// Compiles the expression `expr` with its operators guarded, to check it.
+fn check_expr(env: &Environment<'static>, expr: &str) -> Result<(), minijinja::Error> {
+    let guarded = limits::guard_expr(expr)?;
+    env.compile_expression(&guarded).map(drop)
 }
 
 fn out_of_fuel(what: &str) -> FlowError {
@@ -606,8 +664,11 @@ impl Flow {
         };
         let mut env = Environment::new();
         env.set_fuel(Some(TEMPLATE_FUEL));
+        limits::install(&mut env);
         for (name, source) in &def.templates {
-            if let Err(e) = env.add_template_owned(name.clone(), source.clone()) {
+            let added = limits::guard_template(name, source)
+                .and_then(|guarded| env.add_template_owned(name.clone(), guarded));
+            if let Err(e) = added {
                 p(
                     format!("templates/{name}"),
                     format!("template does not compile: {e}"),
@@ -680,7 +741,7 @@ impl Flow {
             for (name, conds) in [("cond", &t.cond), ("unless", &t.unless)] {
                 for c in conds {
                     if let Condition::Expr(e) = c
-                        && let Err(err) = env.compile_expression(e)
+                        && let Err(err) = check_expr(&env, e)
                     {
                         p(
                             format!("{loc}.{name}"),
@@ -704,7 +765,7 @@ impl Flow {
                         format!("unknown model field `{field}`"),
                     );
                 }
-                if let Err(err) = env.compile_expression(expr) {
+                if let Err(err) = check_expr(&env, expr) {
                     p(
                         format!("{loc}.assign.{field}"),
                         format!("bad expression `{expr}`: {err}"),
@@ -900,6 +961,7 @@ impl Flow {
             out: Vec::new(),
             over: false,
         };
+        limits::start_budget();
         let rendered = template.render_captured_to(json_to_mj(data), &mut out);
         if out.over {
             return Err(FlowError::RenderLimit {
@@ -933,8 +995,10 @@ impl Flow {
 
     fn eval_mj(&self, expr: &str, data: &Value) -> Result<minijinja::Value, FlowError> {
         let err = |e: minijinja::Error| expr_error(expr, &e);
+        let guarded = limits::guard_expr(expr).map_err(err)?;
+        limits::start_budget();
         self.env
-            .compile_expression(expr)
+            .compile_expression(&guarded)
             .map_err(err)?
             .eval(json_to_mj(data))
             .map_err(err)
@@ -1622,7 +1686,7 @@ fn check_template(
             if !templates.contains_key(map) {
                 p(format!("{loc}.map"), format!("unknown template `{map}`"));
             }
-            if let Err(e) = env.compile_expression(over) {
+            if let Err(e) = check_expr(env, over) {
                 p(
                     format!("{loc}.over"),
                     format!("bad expression `{over}`: {e}"),

@@ -13,6 +13,7 @@ pub mod dag;
 pub mod def;
 pub mod dialogue;
 pub mod engine;
+mod limits;
 pub mod machine;
 pub mod queue;
 
@@ -23,8 +24,9 @@ pub use def::{
 pub use dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
 pub use engine::{
     Flow, FlowBuilder, FlowError, FlowSession, HookContext, HookFn, HookPoint, HookScope,
-    MAX_DIALOGUE, MAX_RENDER_BYTES, ON_COMPLETE, ON_ERROR, RESERVED_EVENTS, Running, TEMPLATE_FUEL,
-    TaskError, ValidatorContext, ValidatorFn, reason,
+    MAX_DIALOGUE, MAX_EVAL_BYTES, MAX_RENDER_BYTES, MAX_SEQUENCE_ITEMS, MAX_VALUE_BYTES,
+    ON_COMPLETE, ON_ERROR, RESERVED_EVENTS, Running, TEMPLATE_FUEL, TaskError, ValidatorContext,
+    ValidatorFn, reason,
 };
 pub use machine::{
     ClientEvent, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord, FlowSessionId,
