@@ -89,6 +89,18 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Whether `serve` runs a task worker in its own process.
     pub embedded_worker: bool,
+    /// How long a client has to send a request head, in seconds.
+    pub header_read_timeout_secs: u64,
+    /// How long a client has to send a request body after its head, in
+    /// seconds.
+    pub body_read_timeout_secs: u64,
+    /// How long a kept-alive connection may wait for its next request, or a
+    /// response wait for the client to read it, in seconds.
+    pub idle_timeout_secs: u64,
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// On shutdown, how long open requests may finish, in seconds.
+    pub drain_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -98,6 +110,24 @@ impl Default for ServerConfig {
             api_key: None,
             body_limit: 1024 * 1024,
             embedded_worker: true,
+            header_read_timeout_secs: 10,
+            body_read_timeout_secs: 30,
+            idle_timeout_secs: 60,
+            max_connections: 10_000,
+            drain_secs: 15,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The connection limits these settings describe.
+    pub fn serve_options(&self) -> crate::http::ServeOptions {
+        crate::http::ServeOptions {
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
+            body_read_timeout: Duration::from_secs(self.body_read_timeout_secs),
+            idle_timeout: Duration::from_secs(self.idle_timeout_secs),
+            max_connections: self.max_connections,
+            drain: Duration::from_secs(self.drain_secs),
         }
     }
 }
@@ -319,6 +349,36 @@ pub const SETTINGS: &[Setting] = &[
         Kind::Switch,
     ),
     setting(
+        "server.header_read_timeout_secs",
+        &["PARLANCE_HEADER_READ_TIMEOUT_SECS"],
+        Some("header-read-timeout"),
+        Kind::Number,
+    ),
+    setting(
+        "server.body_read_timeout_secs",
+        &["PARLANCE_BODY_READ_TIMEOUT_SECS"],
+        Some("body-read-timeout"),
+        Kind::Number,
+    ),
+    setting(
+        "server.idle_timeout_secs",
+        &["PARLANCE_IDLE_TIMEOUT_SECS"],
+        Some("idle-timeout"),
+        Kind::Number,
+    ),
+    setting(
+        "server.max_connections",
+        &["PARLANCE_MAX_CONNECTIONS"],
+        Some("max-connections"),
+        Kind::Number,
+    ),
+    setting(
+        "server.drain_secs",
+        &["PARLANCE_DRAIN_SECS"],
+        Some("drain-secs"),
+        Kind::Number,
+    ),
+    setting(
         "database.url",
         &["DATABASE_URL", "PARLANCE_DATABASE_URL"],
         Some("database-url"),
@@ -492,6 +552,22 @@ pub struct Flags {
     /// Run no task worker inside `serve` (`server.embedded_worker = false`).
     #[arg(long)]
     pub no_worker: bool,
+    /// Request head timeout, in seconds (`server.header_read_timeout_secs`).
+    #[arg(long)]
+    pub header_read_timeout: Option<u64>,
+    /// Request body timeout, in seconds (`server.body_read_timeout_secs`).
+    #[arg(long)]
+    pub body_read_timeout: Option<u64>,
+    /// Keep-alive and send idle timeout, in seconds
+    /// (`server.idle_timeout_secs`).
+    #[arg(long)]
+    pub idle_timeout: Option<u64>,
+    /// Most open connections (`server.max_connections`).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Shutdown drain deadline, in seconds (`server.drain_secs`).
+    #[arg(long)]
+    pub drain_secs: Option<u64>,
     /// PostgreSQL URL (`database.url`).
     #[arg(long, hide_env_values = true)]
     pub database_url: Option<String>,
@@ -586,6 +662,14 @@ impl Flags {
                 "server.embedded_worker",
                 self.no_worker.then_some(Value::Bool(false)),
             ),
+            (
+                "server.header_read_timeout_secs",
+                num(self.header_read_timeout),
+            ),
+            ("server.body_read_timeout_secs", num(self.body_read_timeout)),
+            ("server.idle_timeout_secs", num(self.idle_timeout)),
+            ("server.max_connections", usize_num(self.max_connections)),
+            ("server.drain_secs", num(self.drain_secs)),
             ("database.url", text(&self.database_url)),
             ("llm.base_url", text(&self.llm_base_url)),
             ("llm.model", text(&self.llm_model)),
@@ -772,6 +856,22 @@ impl Config {
                 "server.body_limit",
                 "must be at least 1",
             ));
+        }
+        for (key, v) in [
+            (
+                "server.header_read_timeout_secs",
+                self.server.header_read_timeout_secs,
+            ),
+            (
+                "server.body_read_timeout_secs",
+                self.server.body_read_timeout_secs,
+            ),
+            ("server.idle_timeout_secs", self.server.idle_timeout_secs),
+            ("server.max_connections", self.server.max_connections as u64),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::setting(key, "must be at least 1"));
+            }
         }
         for (key, path) in [
             ("flows.dir", &self.flows.dir),

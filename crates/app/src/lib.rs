@@ -477,5 +477,6 @@ pub fn router(state: &AppState) -> Router {
             state.body_limit,
             http::reject_large_bodies,
         ))
+        .layer(middleware::from_fn(http::reject_large_heads))
         .layer(TraceLayer::new_for_http())
 }

@@ -172,7 +172,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// `parlance serve`: builds the state from `config`, binds, serves until
-/// SIGINT or SIGTERM, then drains open requests.
+/// SIGINT or SIGTERM with the connection limits of `[server]`, then drains
+/// open requests until `server.drain_secs` and drops what is left.
 ///
 /// # Errors
 ///
@@ -207,10 +208,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .embedded_worker
         .then(|| state.start_worker(config.worker.runtime()));
     let sweepers = state.spawn_sweepers();
-    axum::serve(listener, router(&state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serve")?;
+    raise_open_files_limit(config.server.max_connections);
+    crate::http::serve(
+        listener,
+        router(&state),
+        config.server.serve_options(),
+        shutdown_signal(),
+    )
+    .await
+    .context("serve")?;
     for sweeper in sweepers {
         sweeper.abort();
     }
@@ -219,6 +225,23 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!("parlance stopped");
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard limit, so that
+/// `server.max_connections` can be reached, and warns when it still cannot.
+fn raise_open_files_limit(max_connections: usize) {
+    // Connections, plus room for the database pool, logs and the listener.
+    let wanted = max_connections as u64 + 256;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < wanted => tracing::warn!(
+            open_files = limit,
+            max_connections,
+            "the open-file limit is below `server.max_connections`; accepts will fail \
+             with `Too many open files` before the connection cap is reached"
+        ),
+        Ok(limit) => tracing::debug!(open_files = limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+    }
 }
 
 /// `parlance worker`: the same state as `serve` on the configured database

@@ -1,18 +1,21 @@
 //! What every route shares: problem+json errors, the JSON extractor, body
-//! limits, the fallbacks and the health probes. It names no feature; the
-//! crate root assembles the routers.
+//! and head limits, the fallbacks, the health probes, and the serving loop
+//! with its connection limits (`serve`). It names no feature; the crate root
+//! assembles the routers.
 
 mod error;
 pub(crate) mod health;
 mod json;
+pub mod serve;
 
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 
 pub use error::ApiError;
 pub use json::ApiJson;
+pub use serve::{ServeOptions, serve};
 
 /// The most items (events, actions, features, todos) one request may carry;
 /// more answer 422 `limit-exceeded` and change nothing.
@@ -33,6 +36,49 @@ pub fn check_items(field: &'static str, len: usize) -> Result<(), ApiError> {
         .with("max", MAX_ITEMS_PER_REQUEST));
     }
     Ok(())
+}
+
+/// Longest request target (path and query) answered, in bytes; longer ones
+/// answer 414 `uri-too-long`.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Most bytes of header lines (names, values and separators) in one request;
+/// more answer 431 `headers-too-large`.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Most header lines in one request; more answer 431 `headers-too-large`.
+pub const MAX_HEADERS: usize = 100;
+
+/// Refuses a request whose target or headers are over the limits above,
+/// before routing, as problem+json. Heads too large for hyper to buffer
+/// ([`serve::MAX_HEAD_BYTES`]) never get here: hyper answers them itself.
+pub(crate) async fn reject_large_heads(req: Request, next: Next) -> Result<Response, ApiError> {
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        return Err(ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri-too-long",
+            format!("the request target is {target} bytes; at most {MAX_URI_BYTES}"),
+        )
+        .with("max", MAX_URI_BYTES));
+    }
+    let headers = req.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers-too-large",
+            format!(
+                "the request has {} header lines in {bytes} bytes; at most {MAX_HEADERS} lines \
+                 in {MAX_HEADER_BYTES} bytes",
+                headers.len()
+            ),
+        ));
+    }
+    Ok(next.run(req).await)
 }
 
 /// Refuses a declared body over the limit before any handler runs; bodies
@@ -77,9 +123,12 @@ pub(crate) async fn problem_json(req: Request, next: Next) -> Response {
         400 => "bad-request",
         404 => "not-found",
         405 => "method-not-allowed",
+        408 => "request-timeout",
         413 => "payload-too-large",
+        414 => "uri-too-long",
         415 => "unsupported-media-type",
         422 => "invalid-request",
+        431 => "headers-too-large",
         _ => "client-error",
     };
     ApiError::new(status, kind, detail).into_response()
@@ -91,7 +140,7 @@ pub(crate) async fn not_found() -> ApiError {
 
 pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::new(
-        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        StatusCode::METHOD_NOT_ALLOWED,
         "method-not-allowed",
         "the route does not take this method",
     )

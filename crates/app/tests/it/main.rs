@@ -5,6 +5,7 @@ mod adoption_llm;
 mod agent;
 mod bad_input;
 mod concurrency;
+mod connections;
 mod conversation;
 mod faults;
 mod flow;
