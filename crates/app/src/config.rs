@@ -1145,6 +1145,35 @@ mod tests {
     }
 
     #[test]
+    fn connection_limits_come_from_every_layer_and_zero_is_refused() {
+        let defaults = Config::default().server.serve_options();
+        assert_eq!(defaults, crate::http::ServeOptions::default());
+        let (_f, mut flags) = file("[server]\nidle_timeout_secs = 5\nmax_connections = 7\n");
+        flags.drain_secs = Some(3);
+        let c = Config::load(
+            &flags,
+            env_of(&[("PARLANCE_HEADER_READ_TIMEOUT_SECS", "2")]),
+        )
+        .unwrap();
+        let o = c.server.serve_options();
+        assert_eq!(o.header_read_timeout, Duration::from_secs(2));
+        assert_eq!(o.body_read_timeout, Duration::from_secs(30));
+        assert_eq!(o.idle_timeout, Duration::from_secs(5));
+        assert_eq!(o.max_connections, 7);
+        assert_eq!(o.drain, Duration::from_secs(3));
+        for var in [
+            "PARLANCE_HEADER_READ_TIMEOUT_SECS",
+            "PARLANCE_BODY_READ_TIMEOUT_SECS",
+            "PARLANCE_IDLE_TIMEOUT_SECS",
+            "PARLANCE_MAX_CONNECTIONS",
+        ] {
+            let e = Config::load(&Flags::default(), env_of(&[(var, "0")])).unwrap_err();
+            assert!(e.to_string().contains(var), "{e}");
+            assert!(e.to_string().contains("at least 1"), "{e}");
+        }
+    }
+
+    #[test]
     fn secrets_never_show() {
         let c = Config::load(
             &Flags {

@@ -481,3 +481,66 @@ async fn heads_hyper_refuses_answer_an_empty_body_as_documented() {
     }
     healthz_answers(server.addr).await;
 }
+
+/// `parlance serve` takes its limits from the configuration: a silent
+/// connection is closed at `--header-read-timeout`, and on SIGTERM a request
+/// stalled on its body is dropped at `--drain-secs` and the process exits.
+#[tokio::test]
+async fn parlance_serve_applies_the_configured_limits() {
+    /// Killed and reaped when dropped, so a failing test leaves none behind.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let port = crate::load::free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_parlance"))
+        .args([
+            "serve",
+            "--no-worker",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .args(["--header-read-timeout", "1", "--body-read-timeout", "600"])
+        .args(["--drain-secs", "1"])
+        .env("PARLANCE_API_KEY", KEY)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start parlance serve");
+    let pid = child.id();
+    let mut proc = Killed(child);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    crate::support::wait_until(
+        "parlance serve to listen",
+        Duration::from_secs(60),
+        || async { TcpStream::connect(addr).await.is_ok() },
+    )
+    .await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(1 + 5)).await,
+        "a silent connection outlived --header-read-timeout"
+    );
+    let mut stalled = TcpStream::connect(addr).await.unwrap();
+    stalled.write_all(&event_head()).await.unwrap();
+    stalled.write_all(b"{").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert!(
+        closed_within(&mut stalled, Duration::from_secs(1 + 5)).await,
+        "a stalled request outlived --drain-secs"
+    );
+    crate::support::wait_until("parlance serve to exit", Duration::from_secs(10), || {
+        let exited = proc.0.try_wait().unwrap().is_some();
+        async move { exited }
+    })
+    .await;
+}
