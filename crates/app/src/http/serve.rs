@@ -10,8 +10,8 @@
 //! |---|---|---|
 //! | reading a request head | the accept, or the first byte after an idle wait | `header_read_timeout` after that |
 //! | handling a request | its head is read | none (the body has its own, below) |
-//! | sending the response | the handler answered | `idle_timeout` without a byte written |
-//! | idle (keep-alive) | the response was sent | `idle_timeout` |
+//! | sending the response | the handler answered, and each byte written | `idle_timeout` |
+//! | idle (keep-alive) | the response's last byte was written | `idle_timeout` |
 //!
 //! A request body must arrive within `body_read_timeout` of its head; a
 //! handler whose body read runs past it answers 408 `request-timeout` and the
@@ -351,10 +351,11 @@ impl Activity {
         }
     }
 
-    /// Bytes were taken by the client: a response being sent is not stalled.
+    /// Bytes were taken by the client: a response being sent (or, once its
+    /// body is handed over, still being flushed) is not stalled.
     fn wrote(&self) {
         let mut state = self.lock();
-        if state.0 == Phase::Sending {
+        if matches!(state.0, Phase::Sending | Phase::Idle) {
             state.1 = Instant::now();
         }
     }
@@ -498,7 +499,7 @@ impl http_body::Body for DeadlineBody {
 
 /// A response body that marks its connection idle once it is sent (or
 /// dropped).
-pub struct TrackedBody {
+struct TrackedBody {
     inner: Body,
     activity: Arc<Activity>,
 }

@@ -249,6 +249,53 @@ async fn a_connection_may_idle_past_the_header_timeout_until_the_idle_timeout() 
     );
 }
 
+#[tokio::test]
+async fn a_response_the_client_stops_reading_is_dropped_at_the_idle_timeout() {
+    const CHUNK: usize = 64 * 1024;
+    const SIZE: usize = 1024 * CHUNK;
+    // Streamed, so the body is still being produced when the send stalls.
+    let big = Router::new().route(
+        "/big",
+        get(|| async {
+            let chunks = futures::stream::iter(
+                (0..SIZE / CHUNK)
+                    .map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b'x'; CHUNK]))),
+            );
+            axum::body::Body::from_stream(chunks)
+        }),
+    );
+    let server = Served::start(
+        big,
+        ServeOptions {
+            idle_timeout: Duration::from_secs(1),
+            ..options()
+        },
+    )
+    .await;
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
+        .await
+        .unwrap();
+    // Read nothing until the send has stalled past the idle timeout.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut received = 0usize;
+    let mut chunk = vec![0u8; 64 * 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received += n,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a stalled response kept its connection");
+    assert!(
+        received < SIZE,
+        "the whole response was sent ({received} bytes) though the client read none of it in time"
+    );
+}
+
 /// A request for session events declaring a 100-byte body.
 fn event_head() -> Vec<u8> {
     format!(
