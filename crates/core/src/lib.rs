@@ -18,6 +18,7 @@ pub mod machine;
 pub mod outcome;
 pub mod queue;
 pub mod session;
+pub mod storable;
 pub mod structured;
 pub mod table;
 pub mod time;

@@ -24,8 +24,8 @@ pub mod tour;
 
 pub use apply::{AdoptionEffect, Detected, DetectedItem};
 pub use detector::{
-    Activity, ActivitySignalRule, ActivitySignals, SignalMatch, detect_completed_steps,
-    detect_completed_workflows, fnmatch,
+    Activity, ActivitySignalRule, ActivitySignals, GlobError, MAX_URL_GLOB_CHARS, SignalMatch,
+    UrlGlob, detect_completed_steps, detect_completed_workflows, fnmatch,
 };
 pub use error::AdoptionError;
 pub use gate::{ExplorationGateConfig, GateDecision, GateReason, evaluate_hard_gate};

@@ -35,6 +35,18 @@ pub enum PlanError {
         /// The cycle, first id repeated at the end.
         workflow_ids: Vec<String>,
     },
+    /// A `canonical_url_glob` over the length limit
+    /// ([`MAX_URL_GLOB_CHARS`](super::detector::MAX_URL_GLOB_CHARS)); its
+    /// rule is left out of the plan.
+    #[error("{path} is {length} characters long; at most {max}")]
+    GlobTooLong {
+        /// Where, e.g. `$[0].activity_signals.any_of[1].canonical_url_glob`.
+        path: String,
+        /// The pattern's length, in characters.
+        length: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A prerequisite names no workflow of the plan.
     #[error("workflow {workflow_id} requires unknown workflow {prerequisite}")]
     UnknownPrerequisite {
@@ -111,7 +123,8 @@ impl OnboardingWorkflow {
 }
 
 /// The result of lenient loading: the plan, what was skipped, and the plan
-/// errors (prerequisite cycles, unknown prerequisites).
+/// errors (URL globs over the length limit, prerequisite cycles, unknown
+/// prerequisites).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanLoad {
     /// The usable plan.
@@ -144,7 +157,12 @@ fn opt_text(v: Option<&V>, path: &str, issues: &mut Vec<PlanIssue>) -> String {
     }
 }
 
-fn parse_step(v: &V, path: &str, issues: &mut Vec<PlanIssue>) -> Option<WorkflowStep> {
+fn parse_step(
+    v: &V,
+    path: &str,
+    issues: &mut Vec<PlanIssue>,
+    errors: &mut Vec<PlanError>,
+) -> Option<WorkflowStep> {
     let step_id = match v.get("step_id") {
         Some(V::String(s)) if !s.is_empty() => s.clone(),
         _ => {
@@ -178,11 +196,17 @@ fn parse_step(v: &V, path: &str, issues: &mut Vec<PlanIssue>) -> Option<Workflow
             v.get("activity_signals"),
             &format!("{path}.activity_signals"),
             issues,
+            errors,
         ),
     })
 }
 
-fn parse_workflow(v: &V, path: &str, issues: &mut Vec<PlanIssue>) -> Option<OnboardingWorkflow> {
+fn parse_workflow(
+    v: &V,
+    path: &str,
+    issues: &mut Vec<PlanIssue>,
+    errors: &mut Vec<PlanError>,
+) -> Option<OnboardingWorkflow> {
     let workflow_id = match v.get("workflow_id") {
         Some(V::String(s)) if !s.is_empty() => s.clone(),
         _ => {
@@ -240,7 +264,7 @@ fn parse_workflow(v: &V, path: &str, issues: &mut Vec<PlanIssue>) -> Option<Onbo
                     issues.push(PlanIssue::new(&p, "not an object, skipped"));
                     continue;
                 }
-                if let Some(step) = parse_step(item, &p, issues) {
+                if let Some(step) = parse_step(item, &p, issues, errors) {
                     if steps.iter().any(|s| s.step_id == step.step_id) {
                         issues.push(PlanIssue::new(
                             format!("{p}.step_id"),
@@ -269,6 +293,7 @@ fn parse_workflow(v: &V, path: &str, issues: &mut Vec<PlanIssue>) -> Option<Onbo
             v.get("activity_signals"),
             &format!("{path}.activity_signals"),
             issues,
+            errors,
         ),
     })
 }
@@ -288,6 +313,7 @@ impl OnboardingPlan {
     /// [`Self::from_config`] on an ordered value.
     pub fn from_ordered_config(raw: &V) -> PlanLoad {
         let mut skipped = Vec::new();
+        let mut errors = Vec::new();
         let mut workflows: Vec<OnboardingWorkflow> = Vec::new();
         match raw {
             V::Array(items) => {
@@ -297,7 +323,7 @@ impl OnboardingPlan {
                         skipped.push(PlanIssue::new(&p, "not an object, skipped"));
                         continue;
                     }
-                    if let Some(w) = parse_workflow(item, &p, &mut skipped) {
+                    if let Some(w) = parse_workflow(item, &p, &mut skipped, &mut errors) {
                         if workflows.iter().any(|x| x.workflow_id == w.workflow_id) {
                             skipped.push(PlanIssue::new(
                                 format!("{p}.workflow_id"),
@@ -315,7 +341,7 @@ impl OnboardingPlan {
             )),
         }
         let plan = OnboardingPlan { workflows };
-        let errors = plan.check();
+        errors.extend(plan.check());
         PlanLoad {
             plan,
             skipped,
