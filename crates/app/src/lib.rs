@@ -458,6 +458,7 @@ pub fn router(state: &AppState) -> Router {
         .merge(agent::routes().with_state(state.agent.clone()))
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
+        .route_layer(middleware::from_fn(http::check_params))
         .layer(middleware::from_fn_with_state(
             state.keys.clone(),
             auth::require_key,

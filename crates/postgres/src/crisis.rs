@@ -7,7 +7,7 @@ use parlance_core::turn::{OwnerId, ThreadId};
 use parlance_ports::{CrisisLog, CrisisLogEntry, CrisisLogRecord, PortError, PortResult};
 use sqlx::{PgPool, Row as _};
 
-use crate::error::pg_err;
+use crate::error::{pg_err, stored_int};
 use crate::time::{from_pg, to_pg};
 
 /// The crisis log, stored in PostgreSQL.
@@ -85,7 +85,7 @@ impl CrisisLog for PgCrisisLog {
                         owner: owner.clone(),
                         thread: ThreadId::parse(thread)
                             .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-                        turn: u64::try_from(turn).unwrap_or(0),
+                        turn: stored_int("turn", turn)?,
                         at: from_pg(row.try_get("at")?),
                         assessment: CrisisAssessment {
                             level: u8::try_from(level).unwrap_or(3),

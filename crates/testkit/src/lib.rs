@@ -20,6 +20,7 @@ pub mod llm;
 pub mod memory_store;
 pub mod queue;
 pub mod session;
+pub mod storable;
 pub mod store;
 
 pub use parlance_ports::{ManualClock, SequentialIds};

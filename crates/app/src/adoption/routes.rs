@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use parlance_core::adoption::{
     Activity, AdoptionCommand, AdoptionEffect, AdoptionEvent, AdoptionKey, ExplorationGateConfig,
-    OnboardingPlan, OrderedValue, UserAdoptionState, UserId, evaluate_hard_gate, tour,
+    OnboardingPlan, OrderedValue, PlanError, UserAdoptionState, UserId, evaluate_hard_gate, tour,
 };
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{LlmError, Stored, Version};
@@ -388,9 +388,17 @@ async fn put_plan(
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ");
-        return Err(
-            ApiError::unprocessable(format!("plan rejected: {detail}")).with("errors", errors)
-        );
+        let mut e =
+            ApiError::unprocessable(format!("plan rejected: {detail}")).with("errors", errors);
+        // A value over a limit names its field within the body.
+        if let Some(PlanError::GlobTooLong { path, .. }) = load
+            .errors
+            .iter()
+            .find(|e| matches!(e, PlanError::GlobTooLong { .. }))
+        {
+            e = e.with("field", path.replacen('$', "workflows", 1));
+        }
+        return Err(e);
     }
     app.store
         .put_plan(&product, role_of(&req.role), &load.plan)

@@ -6,6 +6,7 @@
 mod error;
 pub(crate) mod health;
 mod json;
+mod params;
 pub mod serve;
 
 use axum::extract::{Request, State};
@@ -16,6 +17,7 @@ use axum::response::{IntoResponse as _, Response};
 pub use error::ApiError;
 pub use json::ApiJson;
 pub use serve::{ServeOptions, serve};
+pub(crate) use params::check_params;
 
 /// The most items (events, actions, features, todos) one request may carry;
 /// more answer 422 `limit-exceeded` and change nothing.

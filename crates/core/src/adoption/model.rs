@@ -449,7 +449,9 @@ impl OnboardingState {
         now: Timestamp,
     ) -> Result<&WorkflowProgress, AdoptionError> {
         let confidence = clamp_finite(confidence, 0.0, 1.0, "confidence")?;
-        let source = source.filter(|s| !s.is_empty());
+        // Trimmed as the snapshot reads it back, so a stored record loads
+        // as it was decided.
+        let source = source.map(str::trim).filter(|s| !s.is_empty());
         let entry = self
             .workflow_progress
             .entry_or_insert_with(workflow_id, || {

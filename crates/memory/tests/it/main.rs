@@ -19,7 +19,7 @@ mod conversation {
     use parlance_ports::{QueueConfig, SystemClock};
     use parlance_testkit::conversation::Subject;
 
-    fn subject() -> Subject {
+    pub(super) fn subject() -> Subject {
         let audit = Arc::new(MemoryAuditLog::new());
         let queue = Arc::new(MemoryTaskQueue::new(
             Arc::new(SystemClock),
@@ -102,7 +102,7 @@ mod adoption {
     use parlance_ports::{QueueConfig, SystemClock};
     use parlance_testkit::adoption::Subject;
 
-    async fn subject() -> Option<Subject> {
+    pub(super) async fn subject() -> Option<Subject> {
         let audit = Arc::new(MemoryAuditLog::new());
         let queue = Arc::new(MemoryTaskQueue::new(
             Arc::new(SystemClock),
@@ -237,4 +237,11 @@ mod crisis_log {
     parlance_testkit::crisis_log_suite!(async {
         Some(Arc::new(MemoryCrisisLog::new()) as parlance_testkit::crisis_log::Subject)
     });
+}
+
+mod storable {
+    parlance_testkit::storable_suite!(
+        adoption = super::adoption::subject(),
+        conversation = async { Some(super::conversation::subject()) },
+    );
 }

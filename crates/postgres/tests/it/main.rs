@@ -20,7 +20,7 @@ mod conversation {
     use parlance_postgres::{PgAuditLog, PgConversationStore, PgTaskQueue, testing::test_pool};
     use parlance_testkit::conversation::Subject;
 
-    async fn subject() -> Option<Subject> {
+    pub(super) async fn subject() -> Option<Subject> {
         let pool = test_pool().await?;
         let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
         let store = Arc::new(PgConversationStore::new(pool.clone(), queue.clone()));
@@ -157,7 +157,7 @@ mod adoption {
     use parlance_postgres::{PgAdoptionStore, PgAuditLog, PgTaskQueue, testing::test_pool};
     use parlance_testkit::adoption::Subject;
 
-    async fn subject() -> Option<Subject> {
+    pub(super) async fn subject() -> Option<Subject> {
         let pool = test_pool().await?;
         let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), QueueConfig::default());
         let store = Arc::new(PgAdoptionStore::new(pool.clone(), queue.clone()));
@@ -464,5 +464,70 @@ mod api_keys {
         );
         assert_eq!(keys.product_for(&[2; 32]).await.unwrap(), Some(other));
         assert!(b.revoked_at.is_none());
+    }
+}
+
+mod storable {
+    parlance_testkit::storable_suite!(
+        adoption = super::adoption::subject(),
+        conversation = super::conversation::subject(),
+    );
+}
+
+mod data_exceptions {
+    use parlance_ports::ErrorKind;
+    use parlance_postgres::error::port_error;
+    use parlance_postgres::testing::test_pool;
+
+    /// Every value PostgreSQL refuses as data (SQLSTATE class 22) is a
+    /// typed `Invalid`, which the service answers with 422, never `Other`
+    /// (500): NUL in `text` (22021), a `\u0000` escape in `jsonb` (22P05), a
+    /// number out of range (22003), a string too long (22001).
+    #[tokio::test]
+    async fn values_the_database_refuses_are_invalid() {
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let cases: [(&str, &str); 4] = [
+            ("22021", "SELECT $1::text"),
+            ("22P05", "SELECT $1::jsonb"),
+            ("22003", "SELECT $1::bigint + 9223372036854775807"),
+            (
+                "22001",
+                "SELECT CAST($1::text AS varchar(1))::char(1) || ''",
+            ),
+        ];
+        for (code, sql) in cases {
+            let query = sqlx::query(sql);
+            let query = match code {
+                "22021" => query.bind("a\0b"),
+                "22P05" => query.bind("\"a\\u0000b\""),
+                "22003" => query.bind(1_i64),
+                _ => query.bind("ab"),
+            };
+            let Err(e) = query.execute(&pool).await else {
+                if code == "22001" {
+                    // A cast truncates instead; covered below by an insert.
+                    continue;
+                }
+                panic!("{code}: the database took the value");
+            };
+            let got = match &e {
+                sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+                _ => None,
+            };
+            assert_eq!(got.as_deref(), Some(code), "{sql}: {e}");
+            assert_eq!(port_error("probe", e).kind, ErrorKind::Invalid, "{code}");
+        }
+        sqlx::query("CREATE TABLE short_text_probe (v varchar(1))")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let e = sqlx::query("INSERT INTO short_text_probe VALUES ($1)")
+            .bind("ab")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(port_error("probe", e).kind, ErrorKind::Invalid, "22001");
     }
 }
