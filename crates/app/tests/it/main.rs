@@ -15,6 +15,7 @@ mod scale_out;
 mod security;
 mod service;
 mod session;
+mod storable;
 mod support;
 mod tenancy;
 mod webhook;
