@@ -12,6 +12,8 @@
 
 mod queue;
 
+pub use queue::RecordQueues;
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -131,15 +133,19 @@ pub struct Executor<'a, M: Machine> {
     pub clock: &'a dyn Clock,
     /// How lost races are retried.
     pub policy: RetryPolicy,
+    /// Where commands on one record wait for each other.
+    pub queues: &'a RecordQueues,
 }
 
 impl<'a, M: Machine> Executor<'a, M> {
-    /// An executor with the standard retry policy.
+    /// An executor with the standard retry policy, queueing commands on
+    /// one record with every other executor of this process.
     pub fn new(store: &'a dyn MachineStore<M>, clock: &'a dyn Clock) -> Self {
         Self {
             store,
             clock,
             policy: RetryPolicy::STANDARD,
+            queues: RecordQueues::process(),
         }
     }
 
@@ -185,7 +191,7 @@ impl<'a, M: Machine> Executor<'a, M> {
         Fut: Future<Output = Result<Option<M::Command>, ServiceError<M>>>,
     {
         let attempts = self.policy.attempts.max(1);
-        let _turn = queue::wait_turn::<M>(key).await;
+        let _turn = self.queues.wait_turn::<M>(key).await;
         for attempt in 1..=attempts {
             if attempt > 1 {
                 tokio::time::sleep(self.policy.backoff(attempt)).await;

@@ -22,47 +22,68 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 /// A record: its machine, product and id.
 type RecordId = (EntityKind, String, String);
 
-/// The records with commands in flight, each with its queue.
+/// The records with commands in flight, each with its queue. Every
+/// executor of a process shares [`RecordQueues::process`]; another set
+/// behaves as another process would.
 #[derive(Default)]
-struct Records {
+pub struct RecordQueues {
     held: Mutex<HashMap<RecordId, Arc<AsyncMutex<()>>>>,
 }
 
-static RECORDS: LazyLock<Records> = LazyLock::new(Records::default);
+impl std::fmt::Debug for RecordQueues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordQueues").finish_non_exhaustive()
+    }
+}
+
+static PROCESS: LazyLock<RecordQueues> = LazyLock::new(RecordQueues::default);
+
+impl RecordQueues {
+    /// The queues every executor of this process uses by default.
+    pub fn process() -> &'static RecordQueues {
+        &PROCESS
+    }
+
+    /// Waits until no other command queued here is running on `key`'s
+    /// record. Cancelling the wait (a request dropped at its deadline)
+    /// leaves the queue as it was.
+    pub(super) async fn wait_turn<M: Machine>(&self, key: &M::Key) -> Turn<'_> {
+        let id: RecordId = (
+            M::KIND,
+            key.product_id().as_str().to_owned(),
+            key.entity_id().into_owned(),
+        );
+        let queue = {
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            held.entry(id.clone()).or_default().clone()
+        };
+        // A cancelled wait leaves its entry behind until the record is next
+        // used, when the last one out removes it.
+        let guard = queue.lock_owned().await;
+        Turn {
+            queues: self,
+            id,
+            guard: Some(guard),
+        }
+    }
+}
 
 /// The turn of one command on one record; the next command's starts when
 /// it is dropped.
-pub(super) struct Turn {
+pub(super) struct Turn<'a> {
+    queues: &'a RecordQueues,
     id: RecordId,
     guard: Option<OwnedMutexGuard<()>>,
 }
 
-/// Waits until no other command of this process is running on `key`'s
-/// record. Cancelling the wait (a request dropped at its deadline) leaves
-/// the queue as it was.
-pub(super) async fn wait_turn<M: Machine>(key: &M::Key) -> Turn {
-    let id: RecordId = (
-        M::KIND,
-        key.product_id().as_str().to_owned(),
-        key.entity_id().into_owned(),
-    );
-    let queue = {
-        let mut held = RECORDS.held.lock().unwrap_or_else(PoisonError::into_inner);
-        held.entry(id.clone()).or_default().clone()
-    };
-    // A cancelled wait leaves its entry behind until the record is next
-    // used, when the last one out removes it.
-    let guard = queue.lock_owned().await;
-    Turn {
-        id,
-        guard: Some(guard),
-    }
-}
-
-impl Drop for Turn {
+impl Drop for Turn<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut held = RECORDS.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = self
+            .queues
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Entry::Occupied(e) = held.entry(self.id.clone()) {
             // Only the map holds it: nobody is running or waiting.
             if Arc::strong_count(e.get()) == 1 {
@@ -75,7 +96,7 @@ impl Drop for Turn {
 /// `product`'s records with a queue (for tests).
 #[cfg(test)]
 fn queued_records(product: &str) -> usize {
-    RECORDS
+    PROCESS
         .held
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -101,7 +122,7 @@ mod tests {
             let key = SessionKey::new(product.clone(), format!("s{record}").parse().unwrap());
             let (inside, most) = (inside.clone(), most.clone());
             tasks.push(tokio::spawn(async move {
-                let _turn = wait_turn::<SessionState>(&key).await;
+                let _turn = RecordQueues::process().wait_turn::<SessionState>(&key).await;
                 let now = inside[record].fetch_add(1, Ordering::SeqCst) + 1;
                 most[record].fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parlance_app::conversation::sweep_once;
-use parlance_app::execute::{Executor, ServiceError};
+use parlance_app::execute::{Executor, RecordQueues, ServiceError};
 use parlance_app::worker::{Worker, WorkerConfig};
 use parlance_app::{AppState, Components};
 use parlance_core::ProductId;
@@ -564,9 +564,11 @@ async fn waiting_instance(state: &AppState, n: u128) -> ConversationKey {
     key
 }
 
-/// Two replies decided on the same read: one commit lands, the other finds
-/// the instance moved, writes nothing, and is decided again by the executor
-/// on the version that won; both replies are kept, in one version each.
+/// Two replies decided on the same read, by executors that do not queue
+/// behind each other (as in two processes): one commit lands, the other
+/// finds the instance moved, writes nothing, and is decided again by the
+/// executor on the version that won; both replies are kept, in one version
+/// each.
 async fn a_command_decided_on_a_stale_read_is_decided_again(state: AppState) {
     let key = waiting_instance(&state, 1).await;
     let start = state.conversations.store.load(&key).await.unwrap().unwrap();
@@ -580,10 +582,12 @@ async fn a_command_decided_on_a_stale_read_is_decided_again(state: AppState) {
         let (state, key) = (state.clone(), key.clone());
         let (barrier, decisions, seen) = (barrier.clone(), decisions.clone(), seen.clone());
         writers.push(tokio::spawn(async move {
-            let executor = Executor::new(
+            let own = RecordQueues::default();
+            let mut executor = Executor::new(
                 state.conversations.store.as_ref(),
                 state.shared.clock.as_ref(),
             );
+            executor.queues = &own;
             let ctx = ConversationContext::default();
             executor
                 .run_with(&key, &ctx, |loaded| {
