@@ -34,7 +34,10 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
-            axum::serve(listener, router(&state)).await.unwrap();
+            let options = parlance_app::http::ServeOptions::default();
+            parlance_app::http::serve(listener, router(&state), options, std::future::pending())
+                .await
+                .unwrap();
         });
         Self {
             addr,
