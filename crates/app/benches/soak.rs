@@ -116,7 +116,13 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn parlance(name: &str, args: &[&str], url: &str, model: SocketAddr, log: &Path) -> Result<Process> {
+fn parlance(
+    name: &str,
+    args: &[&str],
+    url: &str,
+    model: SocketAddr,
+    log: &Path,
+) -> Result<Process> {
     let flows = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/flows");
     let child = Command::new(env!("CARGO_BIN_EXE_parlance"))
         .args(args)
@@ -169,7 +175,13 @@ struct Client {
 impl Client {
     /// One call to serve `n % 2`; the status and JSON body (`None` when
     /// no answer came).
-    async fn call(&self, n: usize, method: reqwest::Method, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
+    async fn call(
+        &self,
+        n: usize,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Option<(u16, Value)> {
         let url = format!("{}{path}", self.roots[n % self.roots.len()]);
         let mut req = self.http.request(method, url).bearer_auth(KEY);
         if let Some(b) = body {
@@ -220,23 +232,57 @@ async fn client_loop(c: Client, id: usize, stop: Arc<AtomicBool>) {
         round += 1;
         let n = id + round;
         // Session: an event, acknowledged versions kept.
-        let event = if round % 7 == 1 { "open_chat" } else { "user_message" };
+        let event = if round % 7 == 1 {
+            "open_chat"
+        } else {
+            "user_message"
+        };
         let path = format!("/products/{PRODUCT}/sessions/{session}/events");
-        if let Some((200 | 201, v)) = c.call(n, reqwest::Method::POST, &path, Some(json!({"type": event}))).await {
+        if let Some((200 | 201, v)) = c
+            .call(
+                n,
+                reqwest::Method::POST,
+                &path,
+                Some(json!({"type": event})),
+            )
+            .await
+        {
             if let Some(version) = v["version"].as_i64() {
-                c.tally.session_versions.lock().unwrap().entry(session.clone()).or_default().push(version);
+                c.tally
+                    .session_versions
+                    .lock()
+                    .unwrap()
+                    .entry(session.clone())
+                    .or_default()
+                    .push(version);
             }
         }
         // Adoption: a mastery event and a read.
         let user = format!("/products/{PRODUCT}/users/soak-{id}/adoption");
         let mastery = json!({"events": [{"kind": "set_mastery", "rating": (round % 100) as i64, "level": "proficient", "description": "soak"}]});
-        c.call(n, reqwest::Method::POST, &format!("{user}/events"), Some(mastery)).await;
+        c.call(
+            n,
+            reqwest::Method::POST,
+            &format!("{user}/events"),
+            Some(mastery),
+        )
+        .await;
         c.call(n + 1, reqwest::Method::GET, &user, None).await;
         // Conversation: a new one every 40 replies, replies kept.
         if conversation.as_ref().is_none_or(|(_, k)| *k >= 40) {
             let body = json!({"contact_id": format!("soak-{id}-{round}"), "objective": "soak", "todos": []});
-            conversation = match c.call(n, reqwest::Method::POST, &format!("/products/{PRODUCT}/conversations"), Some(body)).await {
-                Some((201, v)) => v["conversation"]["instance_id"].as_str().map(|s| (s.to_owned(), 0)),
+            conversation = match c
+                .call(
+                    n,
+                    reqwest::Method::POST,
+                    &format!("/products/{PRODUCT}/conversations"),
+                    Some(body),
+                )
+                .await
+            {
+                Some((201, v)) => v["conversation"]["instance_id"]
+                    .as_str()
+                    .map(|s| (s.to_owned(), 0)),
                 _ => None,
             };
         }
@@ -244,14 +290,34 @@ async fn client_loop(c: Client, id: usize, stop: Arc<AtomicBool>) {
             *k += 1;
             let reply = format!("reply {id}/{round}");
             let path = format!("/products/{PRODUCT}/conversations/{cid}/replies");
-            if let Some((200 | 201, _)) = c.call(n, reqwest::Method::POST, &path, Some(json!({"text": reply}))).await {
-                c.tally.replies.lock().unwrap().entry(cid.clone()).or_default().push(reply);
+            if let Some((200 | 201, _)) = c
+                .call(
+                    n,
+                    reqwest::Method::POST,
+                    &path,
+                    Some(json!({"text": reply})),
+                )
+                .await
+            {
+                c.tally
+                    .replies
+                    .lock()
+                    .unwrap()
+                    .entry(cid.clone())
+                    .or_default()
+                    .push(reply);
             }
         }
         // Agent: a turn every third round (three model calls).
         if round % 3 == 0 {
             let body = json!({"message": format!("hello {round}"), "user_id": format!("soak-{id}"), "session_id": format!("soak-{id}"), "channel": "WEB"});
-            c.call(n, reqwest::Method::POST, &format!("/products/{PRODUCT}/agent/turns"), Some(body)).await;
+            c.call(
+                n,
+                reqwest::Method::POST,
+                &format!("/products/{PRODUCT}/agent/turns"),
+                Some(body),
+            )
+            .await;
         }
         // Flow: the Q&A example, a 10 KB question every fifth input, polled
         // until the model's answer has been handed back.
@@ -259,34 +325,70 @@ async fn client_loop(c: Client, id: usize, stop: Arc<AtomicBool>) {
         // Hostile input now and then: a body over the limit, a NUL.
         if round % 10 == 0 {
             let big = format!("{{\"type\": \"{}\"}}", "x".repeat(BODY_LIMIT + 1));
-            c.raw(n, &format!("/products/{PRODUCT}/sessions/{session}/events"), big.into_bytes()).await;
+            c.raw(
+                n,
+                &format!("/products/{PRODUCT}/sessions/{session}/events"),
+                big.into_bytes(),
+            )
+            .await;
             let path = format!("/products/{PRODUCT}/conversations/none/replies");
-            c.call(n, reqwest::Method::POST, &path, Some(json!({"text": "a\u{0}b"}))).await;
+            c.call(
+                n,
+                reqwest::Method::POST,
+                &path,
+                Some(json!({"text": "a\u{0}b"})),
+            )
+            .await;
         }
     }
 }
 
 async fn flow_step(c: &Client, n: usize, flow: &mut Option<String>, round: usize, id: usize) {
     if flow.is_none() || round % 50 == 0 {
-        *flow = match c.call(n, reqwest::Method::POST, "/ai/qa/start_session", None).await {
+        *flow = match c
+            .call(n, reqwest::Method::POST, "/ai/qa/start_session", None)
+            .await
+        {
             Some((200, v)) => v["session_id"].as_str().map(str::to_owned),
             _ => None,
         };
     }
     let Some(sid) = flow.clone() else { return };
-    let input = if round % 5 == 0 { text(10 * 1024, round) } else { format!("question {id}/{round}") };
+    let input = if round % 5 == 0 {
+        text(10 * 1024, round)
+    } else {
+        format!("question {id}/{round}")
+    };
     let event = json!({"session_id": sid, "event": "user_input", "event_input": input});
-    match c.call(n, reqwest::Method::POST, "/ai/qa/event", Some(event)).await {
+    match c
+        .call(n, reqwest::Method::POST, "/ai/qa/event", Some(event))
+        .await
+    {
         Some((200, _)) => {
-            c.tally.flow_inputs.lock().unwrap().entry(sid.clone()).or_default().push(input);
+            c.tally
+                .flow_inputs
+                .lock()
+                .unwrap()
+                .entry(sid.clone())
+                .or_default()
+                .push(input);
         }
         // Not in a state that takes input (an answer still running): poll.
         _ => {}
     }
     for _ in 0..200 {
         let poll = json!({"session_id": sid, "event": "poll", "event_input": ""});
-        match c.call(n, reqwest::Method::POST, "/ai/qa/event", Some(poll)).await {
-            Some((200, v)) if v["next_actions"].as_array().is_some_and(|a| a.iter().any(|x| x == "user_input")) => return,
+        match c
+            .call(n, reqwest::Method::POST, "/ai/qa/event", Some(poll))
+            .await
+        {
+            Some((200, v))
+                if v["next_actions"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x == "user_input")) =>
+            {
+                return;
+            }
             Some((200, _)) => tokio::time::sleep(Duration::from_millis(20)).await,
             _ => return,
         }
@@ -307,9 +409,15 @@ async fn slow_clients(roots: Arc<Vec<SocketAddr>>, stop: Arc<AtomicBool>, held: 
         let addr = roots[n % roots.len()];
         let held = held.clone();
         tokio::spawn(async move {
-            let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else { return };
+            let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                return;
+            };
             held.fetch_add(1, Ordering::Relaxed);
-            let _ = s.write_all(b"POST /v1/products/default/sessions/slow/events HTTP/1.1\r\nHost: x\r\n").await;
+            let _ = s
+                .write_all(
+                    b"POST /v1/products/default/sessions/slow/events HTTP/1.1\r\nHost: x\r\n",
+                )
+                .await;
             let mut buf = [0u8; 256];
             // Until the server closes it (or an answer arrives and then EOF).
             while let Ok(k) = s.read(&mut buf).await {
@@ -335,7 +443,10 @@ fn observe(pid: u32) -> (u64, u64) {
     let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
             d.filter_map(|e| e.ok())
-                .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
                 .count() as u64
         })
         .unwrap_or(0);
@@ -370,7 +481,11 @@ fn plot(samples: &[Sample], names: &[String], out: &Path) -> Result<()> {
     let (top, bottom) = root.split_vertically(350);
     let end = samples.last().map_or(1.0, |s| s.secs / 60.0);
     let colors = [RED, BLUE, GREEN, MAGENTA];
-    let panel = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>, title: &str, pick: &dyn Fn(&(u64, u64)) -> f64, unit: &str| -> Result<()> {
+    let panel = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+                 title: &str,
+                 pick: &dyn Fn(&(u64, u64)) -> f64,
+                 unit: &str|
+     -> Result<()> {
         let max = samples
             .iter()
             .flat_map(|s| s.procs.iter().map(pick))
@@ -381,7 +496,11 @@ fn plot(samples: &[Sample], names: &[String], out: &Path) -> Result<()> {
             .x_label_area_size(30)
             .y_label_area_size(60)
             .build_cartesian_2d(0.0..end, 0.0..max * 1.1)?;
-        chart.configure_mesh().x_desc("minutes").y_desc(unit).draw()?;
+        chart
+            .configure_mesh()
+            .x_desc("minutes")
+            .y_desc(unit)
+            .draw()?;
         for (i, name) in names.iter().enumerate() {
             let color = colors[i % colors.len()];
             chart
@@ -392,11 +511,25 @@ fn plot(samples: &[Sample], names: &[String], out: &Path) -> Result<()> {
                 .label(name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         }
-        chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE)
+            .border_style(BLACK)
+            .draw()?;
         Ok(())
     };
-    panel(&top, "resident memory per process", &|p| p.0 as f64 / 1024.0, "MiB")?;
-    panel(&bottom, "open sockets per process", &|p| p.1 as f64, "sockets")?;
+    panel(
+        &top,
+        "resident memory per process",
+        &|p| p.0 as f64 / 1024.0,
+        "MiB",
+    )?;
+    panel(
+        &bottom,
+        "open sockets per process",
+        &|p| p.1 as f64,
+        "sockets",
+    )?;
     root.present()?;
     Ok(())
 }
@@ -410,9 +543,15 @@ async fn main() -> Result<()> {
     };
     let url = {
         let base = std::env::var("DATABASE_URL")?;
-        let db = pool.connect_options().get_database().unwrap_or("test").to_owned();
+        let db = pool
+            .connect_options()
+            .get_database()
+            .unwrap_or("test")
+            .to_owned();
         let (head, _) = base.split_once('?').unwrap_or((&base, ""));
-        let (server, _) = head.rsplit_once('/').context("DATABASE_URL has no database")?;
+        let (server, _) = head
+            .rsplit_once('/')
+            .context("DATABASE_URL has no database")?;
         format!("{server}/{db}")
     };
     let model = fake_model().await;
@@ -421,19 +560,46 @@ async fn main() -> Result<()> {
     for (i, port) in ports.iter().enumerate() {
         let bind = format!("127.0.0.1:{port}");
         let limit = BODY_LIMIT.to_string();
-        let serve = ["serve", "--no-worker", "--bind", &bind, "--body-limit", &limit];
-        procs.push(parlance(&format!("serve-{}", i + 1), &serve, &url, model, &args.out.join(format!("serve-{}.log", i + 1)))?);
+        let serve = [
+            "serve",
+            "--no-worker",
+            "--bind",
+            &bind,
+            "--body-limit",
+            &limit,
+        ];
+        procs.push(parlance(
+            &format!("serve-{}", i + 1),
+            &serve,
+            &url,
+            model,
+            &args.out.join(format!("serve-{}.log", i + 1)),
+        )?);
     }
     for i in 0..2 {
-        procs.push(parlance(&format!("worker-{}", i + 1), &["worker"], &url, model, &args.out.join(format!("worker-{}.log", i + 1)))?);
+        procs.push(parlance(
+            &format!("worker-{}", i + 1),
+            &["worker"],
+            &url,
+            model,
+            &args.out.join(format!("worker-{}.log", i + 1)),
+        )?);
     }
-    let roots: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}/v1")).collect();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
+    let roots: Vec<String> = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}/v1"))
+        .collect();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()?;
     for root in &roots {
         let health = root.trim_end_matches("/v1").to_owned() + "/healthz";
         let started = Instant::now();
         while http.get(&health).send().await.is_err() {
-            ensure!(started.elapsed() < Duration::from_secs(60), "{health} never answered");
+            ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "{health} never answered"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -442,17 +608,26 @@ async fn main() -> Result<()> {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let held = Arc::new(AtomicU64::new(0));
-    println!("soak: {} minutes, {CLIENTS} clients, {SLOW_PER_SEC} slow connections/s, output in {}", args.minutes, args.out.display());
+    println!(
+        "soak: {} minutes, {CLIENTS} clients, {SLOW_PER_SEC} slow connections/s, output in {}",
+        args.minutes,
+        args.out.display()
+    );
     let mut clients = Vec::new();
     for id in 0..CLIENTS {
         let c = Client {
-            http: reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()?,
             roots: Arc::new(roots.clone()),
             tally: tally.clone(),
         };
         clients.push(tokio::spawn(client_loop(c, id, stop.clone())));
     }
-    let addrs: Vec<SocketAddr> = ports.iter().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))).collect();
+    let addrs: Vec<SocketAddr> = ports
+        .iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+        .collect();
     let slow = tokio::spawn(slow_clients(Arc::new(addrs), stop.clone(), held.clone()));
 
     let started = Instant::now();
@@ -474,7 +649,11 @@ async fn main() -> Result<()> {
             procs: pids.iter().map(|pid| observe(*pid)).collect(),
         };
         for (name, (rss, sockets)) in names.iter().zip(&sample.procs) {
-            writeln!(csv, "{:.0},{},{},{name},{rss},{sockets}", sample.secs, sample.requests, sample.slow_held)?;
+            writeln!(
+                csv,
+                "{:.0},{},{},{name},{rss},{sockets}",
+                sample.secs, sample.requests, sample.slow_held
+            )?;
         }
         println!(
             "soak: {:>5.0}s {:>8} requests, {:>4} slow held, rss MiB {:?}, sockets {:?}",
@@ -503,30 +682,78 @@ async fn main() -> Result<()> {
     for (session, versions) in tally.session_versions.lock().unwrap().clone() {
         let distinct: BTreeSet<i64> = versions.iter().copied().collect();
         if distinct.len() != versions.len() {
-            lost.push(format!("session {session}: two acknowledged events share a version"));
+            lost.push(format!(
+                "session {session}: two acknowledged events share a version"
+            ));
         }
         let path = format!("/products/{PRODUCT}/sessions/{session}");
-        let now = check.call(0, reqwest::Method::GET, &path, None).await.map(|(_, v)| v["version"].as_i64().unwrap_or(0));
+        let now = check
+            .call(0, reqwest::Method::GET, &path, None)
+            .await
+            .map(|(_, v)| v["version"].as_i64().unwrap_or(0));
         if now < distinct.last().copied() {
-            lost.push(format!("session {session}: at version {now:?}, below acknowledged {:?}", distinct.last()));
+            lost.push(format!(
+                "session {session}: at version {now:?}, below acknowledged {:?}",
+                distinct.last()
+            ));
         }
     }
     for (cid, replies) in tally.replies.lock().unwrap().clone() {
         let path = format!("/products/{PRODUCT}/conversations/{cid}");
-        let view = check.call(0, reqwest::Method::GET, &path, None).await.map(|(_, v)| v).unwrap_or(Value::Null);
-        let have: BTreeSet<&str> = view["transcript"].as_array().into_iter().flatten().filter_map(|m| m["text"].as_str()).collect();
-        lost.extend(replies.iter().filter(|r| !have.contains(r.as_str())).map(|r| format!("conversation {cid}: reply {r:?} missing")));
+        let view = check
+            .call(0, reqwest::Method::GET, &path, None)
+            .await
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null);
+        let have: BTreeSet<&str> = view["transcript"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["text"].as_str())
+            .collect();
+        lost.extend(
+            replies
+                .iter()
+                .filter(|r| !have.contains(r.as_str()))
+                .map(|r| format!("conversation {cid}: reply {r:?} missing")),
+        );
     }
     for (sid, inputs) in tally.flow_inputs.lock().unwrap().clone() {
-        let body = check.call(0, reqwest::Method::GET, &format!("/ai/qa/model/{sid}"), None).await.map(|(_, v)| v).unwrap_or(Value::Null);
-        let model: Value = body["response"].as_str().and_then(|s| serde_json::from_str(s).ok()).unwrap_or(Value::Null);
-        let have: BTreeSet<&str> = model["dialogue"].as_array().into_iter().flatten().filter(|l| l["actor"] == "user").filter_map(|l| l["actor_text"].as_str()).collect();
-        lost.extend(inputs.iter().filter(|i| !have.contains(i.as_str())).map(|i| format!("flow session {sid}: input of {} bytes missing", i.len())));
+        let body = check
+            .call(
+                0,
+                reqwest::Method::GET,
+                &format!("/ai/qa/model/{sid}"),
+                None,
+            )
+            .await
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null);
+        let model: Value = body["response"]
+            .as_str()
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or(Value::Null);
+        let have: BTreeSet<&str> = model["dialogue"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| l["actor"] == "user")
+            .filter_map(|l| l["actor_text"].as_str())
+            .collect();
+        lost.extend(
+            inputs
+                .iter()
+                .filter(|i| !have.contains(i.as_str()))
+                .map(|i| format!("flow session {sid}: input of {} bytes missing", i.len())),
+        );
     }
 
     let by_status = tally.by_status.lock().unwrap().clone();
     let total = tally.requests.load(Ordering::Relaxed);
-    println!("soak: {total} requests in {:.1} minutes; answers by status (0: none): {by_status:?}", started.elapsed().as_secs_f64() / 60.0);
+    println!(
+        "soak: {total} requests in {:.1} minutes; answers by status (0: none): {by_status:?}",
+        started.elapsed().as_secs_f64() / 60.0
+    );
     let mut failures = lost;
     for (i, name) in names.iter().enumerate() {
         let rss: Vec<f64> = samples.iter().map(|s| s.procs[i].0 as f64).collect();
@@ -535,14 +762,27 @@ async fn main() -> Result<()> {
         let peak_sockets = sockets.iter().copied().fold(0.0, f64::max);
         println!("soak: {name}: peak {peak:.0} MiB, peak {peak_sockets:.0} sockets");
         if let Some((middle, last)) = grows(&rss, 1.25, 32.0 * 1024.0) {
-            failures.push(format!("{name}: memory keeps growing ({:.0} -> {:.0} MiB)", middle / 1024.0, last / 1024.0));
+            failures.push(format!(
+                "{name}: memory keeps growing ({:.0} -> {:.0} MiB)",
+                middle / 1024.0,
+                last / 1024.0
+            ));
         }
         if let Some((middle, last)) = grows(&sockets, 1.5, 64.0) {
-            failures.push(format!("{name}: open sockets keep growing ({middle:.0} -> {last:.0})"));
+            failures.push(format!(
+                "{name}: open sockets keep growing ({middle:.0} -> {last:.0})"
+            ));
         }
     }
-    let server_errors: u64 = by_status.iter().filter(|(s, _)| **s >= 500).map(|(_, n)| n).sum();
-    println!("soak: 5xx answers: {server_errors}; unanswered: {}", by_status.get(&0).copied().unwrap_or(0));
+    let server_errors: u64 = by_status
+        .iter()
+        .filter(|(s, _)| **s >= 500)
+        .map(|(_, n)| n)
+        .sum();
+    println!(
+        "soak: 5xx answers: {server_errors}; unanswered: {}",
+        by_status.get(&0).copied().unwrap_or(0)
+    );
     if failures.is_empty() {
         println!("soak: passed");
         Ok(())

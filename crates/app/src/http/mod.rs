@@ -16,8 +16,8 @@ use axum::response::{IntoResponse as _, Response};
 
 pub use error::ApiError;
 pub use json::ApiJson;
-pub use serve::{ServeOptions, serve};
 pub(crate) use params::check_params;
+pub use serve::{ServeOptions, serve};
 
 /// The most items (events, actions, features, todos) one request may carry;
 /// more answer 422 `limit-exceeded` and change nothing.
