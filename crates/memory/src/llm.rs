@@ -289,6 +289,15 @@ impl LlmClient for OfflineLlm {
             });
         }
         lock(&self.received).push(request.clone());
+        // It answers at once, so only a deadline already gone is missed.
+        if request
+            .remaining(std::time::Instant::now())
+            .is_some_and(|left| left.is_zero())
+        {
+            return Err(LlmError::Timeout {
+                after: std::time::Duration::ZERO,
+            });
+        }
         match self.scripted(request) {
             Some(Reply::Error(e)) => Err(e),
             Some(Reply::Answer {
@@ -721,6 +730,20 @@ mod tests {
             let v = fill_schema(&schema, &prompt_facts(&request));
             proptest::prop_assert_eq!(parlance_core::validate(&schema, &v), Ok(()), "{} for {}", v, schema);
         }
+    }
+
+    #[tokio::test]
+    async fn a_passed_deadline_is_a_timeout() {
+        let llm = OfflineLlm::new();
+        let now = std::time::Instant::now();
+        let late = CompletionRequest::new(vec![Message::user("hello")]).with_deadline(now);
+        assert!(matches!(
+            llm.complete(&late).await,
+            Err(LlmError::Timeout { .. })
+        ));
+        let in_time = CompletionRequest::new(vec![Message::user("hello")])
+            .with_deadline(now + std::time::Duration::from_secs(60));
+        assert!(llm.complete(&in_time).await.is_ok());
     }
 
     #[tokio::test]

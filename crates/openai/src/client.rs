@@ -106,7 +106,7 @@ impl Http {
             };
         }
         // The URL is left out: it is in the logs' context already.
-        let message = strip_url(e);
+        let message = wire::scrub(&strip_url(e));
         if e.is_connect() || e.is_request() || e.is_body() {
             LlmError::Unavailable {
                 message,
@@ -118,20 +118,37 @@ impl Http {
     }
 
     /// Runs `attempt` under the timeout, retrying retryable errors with
-    /// back-off until the budget is spent.
-    async fn with_retries<T, F, Fut>(&self, what: &'static str, mut attempt: F) -> LlmResult<T>
+    /// back-off until the budget is spent. With a `deadline`, each attempt's
+    /// limit is the configured timeout or what is left, whichever is
+    /// shorter; no attempt starts once it has passed, and no back-off wait
+    /// that would end at or after it is begun: the call fails instead.
+    async fn with_retries<T, F, Fut>(
+        &self,
+        what: &'static str,
+        deadline: Option<Instant>,
+        mut attempt: F,
+    ) -> LlmResult<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = LlmResult<T>>,
     {
+        let began = Instant::now();
         let mut tries = 0u32;
         loop {
+            let Some(limit) = self.attempt_limit(deadline, Instant::now()) else {
+                tracing::warn!(
+                    what,
+                    tries,
+                    "model call deadline passed; no further attempt"
+                );
+                return Err(LlmError::Timeout {
+                    after: began.elapsed(),
+                });
+            };
             let started = Instant::now();
-            let result = match tokio::time::timeout(self.config.timeout, attempt()).await {
+            let result = match tokio::time::timeout(limit, attempt()).await {
                 Ok(r) => r,
-                Err(_) => Err(LlmError::Timeout {
-                    after: self.config.timeout,
-                }),
+                Err(_) => Err(LlmError::Timeout { after: limit }),
             };
             let elapsed_ms = started.elapsed().as_millis() as u64;
             match result {
@@ -144,6 +161,16 @@ impl Http {
                         tracing::warn!(what, error = %e, "model asked for a longer wait than allowed; giving up");
                         return Err(e);
                     };
+                    if deadline.is_some_and(|d| Instant::now() + delay >= d) {
+                        tracing::warn!(
+                            what,
+                            tries,
+                            delay_ms = delay.as_millis() as u64,
+                            error = %e,
+                            "no time left before the deadline for another attempt; giving up"
+                        );
+                        return Err(e);
+                    }
                     tracing::warn!(
                         what,
                         attempt = tries + 1,
@@ -158,6 +185,18 @@ impl Http {
                     tracing::warn!(what, tries, elapsed_ms, error = %e, "model call failed");
                     return Err(e);
                 }
+            }
+        }
+    }
+
+    /// The limit of an attempt starting at `now`: the configured timeout,
+    /// cut to what is left before `deadline`; `None` when nothing is left.
+    fn attempt_limit(&self, deadline: Option<Instant>, now: Instant) -> Option<Duration> {
+        match deadline {
+            None => Some(self.config.timeout),
+            Some(d) => {
+                let left = d.saturating_duration_since(now);
+                (!left.is_zero()).then(|| left.min(self.config.timeout))
             }
         }
     }
@@ -273,7 +312,7 @@ impl LlmClient for OpenAiClient {
         let model = self.http.config.model.as_str();
         let span = call_span(request, &body);
         self.http
-            .with_retries("chat", || async {
+            .with_retries("chat", request.deadline, || async {
                 let res = self.http.send(&self.url, &body).await?;
                 let bytes = res.bytes().await.map_err(|e| self.http.classify(&e))?;
                 let v: Value = serde_json::from_slice(&bytes).map_err(|e| LlmError::Other {
@@ -291,7 +330,9 @@ impl LlmClient for OpenAiClient {
         let body = wire::chat_body(request, &self.http.config.model, true);
         let res = self
             .http
-            .with_retries("chat stream", || self.http.send(&self.url, &body))
+            .with_retries("chat stream", request.deadline, || {
+                self.http.send(&self.url, &body)
+            })
             .instrument(call_span(request, &body))
             .await?;
         let is_json = res
@@ -301,11 +342,13 @@ impl LlmClient for OpenAiClient {
             .is_some_and(|v| v.starts_with("application/json"));
         if is_json {
             // A server that ignores `stream` answers whole: replay it.
-            let bytes = tokio::time::timeout(self.http.config.timeout, res.bytes())
+            let limit = self
+                .http
+                .attempt_limit(request.deadline, Instant::now())
+                .unwrap_or(Duration::ZERO);
+            let bytes = tokio::time::timeout(limit, res.bytes())
                 .await
-                .map_err(|_| LlmError::Timeout {
-                    after: self.http.config.timeout,
-                })?
+                .map_err(|_| LlmError::Timeout { after: limit })?
                 .map_err(|e| self.http.classify(&e))?;
             let v: Value = serde_json::from_slice(&bytes).map_err(|e| LlmError::Other {
                 message: format!("malformed response body: {e}"),
@@ -325,6 +368,7 @@ impl LlmClient for OpenAiClient {
             done: false,
             saw_model: false,
             idle: self.http.config.timeout,
+            deadline: request.deadline,
             http: self.http.clone(),
         };
         Ok(Box::pin(futures_util::stream::unfold(state, next_chunk)))
@@ -347,7 +391,10 @@ struct StreamState {
     pending: VecDeque<LlmResult<CompletionChunk>>,
     done: bool,
     saw_model: bool,
+    /// The longest wait for the first chunk and between chunks.
     idle: Duration,
+    /// When the caller stops waiting, if it said.
+    deadline: Option<Instant>,
     http: Http,
 }
 
@@ -365,7 +412,10 @@ impl StreamState {
             .map_err(|e| format!("malformed stream event: {e}"))
             .and_then(|v| {
                 if event == Some("error") {
-                    return Err(format!("server error in stream: {}", v));
+                    return Err(format!(
+                        "server error in stream: {}",
+                        wire::error_message(data.as_bytes())
+                    ));
                 }
                 wire::stream_chunks(&v, !self.saw_model)
             });
@@ -394,11 +444,13 @@ async fn next_chunk(mut s: StreamState) -> Option<(LlmResult<CompletionChunk>, S
         if s.done {
             return None;
         }
-        match tokio::time::timeout(s.idle, s.bytes.next()).await {
+        let wait = s.deadline.map_or(s.idle, |d| {
+            d.saturating_duration_since(Instant::now()).min(s.idle)
+        });
+        match tokio::time::timeout(wait, s.bytes.next()).await {
             Err(_) => {
                 s.done = true;
-                s.pending
-                    .push_back(Err(LlmError::Timeout { after: s.idle }));
+                s.pending.push_back(Err(LlmError::Timeout { after: wait }));
             }
             Ok(None) => {
                 if let Some(e) = s.decoder.finish() {
@@ -480,7 +532,7 @@ impl EmbeddingProvider for OpenAiEmbedder {
         let body = wire::embeddings_body(texts, &self.model, self.dimensions);
         let (vectors, model, usage) = self
             .http
-            .with_retries("embeddings", || async {
+            .with_retries("embeddings", None, || async {
                 let res = self.http.send(&self.url, &body).await?;
                 let bytes = res.bytes().await.map_err(|e| self.http.classify(&e))?;
                 let v: Value = serde_json::from_slice(&bytes).map_err(|e| LlmError::Other {

@@ -7,8 +7,16 @@ use parlance_ports::{
 };
 use serde_json::{Map, Value, json};
 
-/// Longest server error message kept.
-const MAX_ERROR_CHARS: usize = 300;
+/// Longest server error message kept, in bytes (cut on a character
+/// boundary).
+const MAX_ERROR_BYTES: usize = 512;
+
+/// What a redacted secret is replaced by.
+const REDACTED: &str = "[redacted]";
+
+/// Shortest run of token characters taken for a key or token on its own
+/// (hex digests, base64 and JWT-like strings).
+const LONG_TOKEN: usize = 24;
 
 /// The body of `POST /chat/completions`.
 pub(crate) fn chat_body(request: &CompletionRequest, model: &str, stream: bool) -> Value {
@@ -297,14 +305,16 @@ pub(crate) fn embeddings_response(body: &Value, expected: usize) -> Result<Vec<V
 }
 
 /// The message of an error body (`{"error": {"message": ...}}`,
-/// `{"error": "..."}`, or the raw text), cut to a readable length.
+/// `{"error": "..."}`, or the raw text), scrubbed of anything that looks
+/// like a key ([`scrub`]) and cut to [`MAX_ERROR_BYTES`]. Servers echo
+/// requests, headers and keys in their errors, and these messages reach
+/// logs and error values.
 pub(crate) fn error_message(body: &[u8]) -> String {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
-    let msg = match parsed.as_ref().and_then(|v| v.get("error")) {
+    match parsed.as_ref().and_then(|v| v.get("error")) {
         Some(e) => error_text(e),
-        None => String::from_utf8_lossy(body).trim().to_owned(),
-    };
-    truncate(&msg)
+        None => scrub(String::from_utf8_lossy(body).trim()),
+    }
 }
 
 fn error_text(e: &Value) -> String {
@@ -315,16 +325,118 @@ fn error_text(e: &Value) -> String {
             .and_then(text)
             .unwrap_or_else(|| other.to_string()),
     };
-    truncate(&msg)
+    scrub(&msg)
 }
 
-fn truncate(s: &str) -> String {
-    if s.chars().count() > MAX_ERROR_CHARS {
-        let cut: String = s.chars().take(MAX_ERROR_CHARS).collect();
-        format!("{cut}...")
-    } else {
-        s.to_owned()
+/// Characters a key, token or word is made of.
+fn is_token_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | '/' | '~')
+}
+
+/// Names whose value, after `=` or `:`, is a secret.
+fn names_a_secret(word: &str) -> bool {
+    let w = word.to_ascii_lowercase();
+    let w = w.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    [
+        "api_key",
+        "api-key",
+        "apikey",
+        "key",
+        "access_token",
+        "refresh_token",
+        "token",
+        "secret",
+        "client_secret",
+        "password",
+        "authorization",
+        "x-api-key",
+    ]
+    .iter()
+    .any(|n| w == *n || w.ends_with(&format!("_{n}")) || w.ends_with(&format!("-{n}")))
+}
+
+/// A word that is a key on its own: an `sk-`/`pk_`/`rk-` style key, or a
+/// long run of letters and digits (hex, base64, a JWT).
+fn is_secret_word(word: &str) -> bool {
+    let body = |p: &str| word.strip_prefix(p).is_some_and(|rest| rest.len() >= 8);
+    if [
+        "sk-", "sk_", "pk_", "pk-", "rk-", "rk_", "key-", "xoxb-", "ghp_",
+    ]
+    .iter()
+    .any(|p| body(p))
+    {
+        return true;
     }
+    word.len() >= LONG_TOKEN
+        && word.chars().any(|c| c.is_ascii_digit())
+        && word.chars().any(|c| c.is_ascii_alphabetic())
+}
+
+/// `s` with anything that looks like a secret replaced by `[redacted]`:
+/// keys by their shape (`sk-...`, long hex or base64 runs), the word after
+/// `Bearer` or `Basic`, and the value after a secret's name and `=` or `:`
+/// (`api_key=...`, `"token": "..."`); then cut to [`MAX_ERROR_BYTES`] on a
+/// character boundary, with `...` when cut.
+pub(crate) fn scrub(s: &str) -> String {
+    #[derive(PartialEq)]
+    enum Next {
+        Plain,
+        /// After a secret's name: its value follows a `=` or `:`.
+        Name,
+        /// The next word is a secret.
+        Secret,
+    }
+    let mut out = String::with_capacity(s.len().min(MAX_ERROR_BYTES + 3));
+    let mut next = Next::Plain;
+    let mut rest = s;
+    while let Some(first) = rest.chars().next() {
+        let tok = is_token_char(first);
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| is_token_char(c) != tok)
+            .map_or(rest.len(), |(i, _)| i);
+        let (piece, after) = rest.split_at(end);
+        rest = after;
+        if !tok {
+            next = match next {
+                Next::Name if piece.contains(['=', ':']) => Next::Secret,
+                Next::Secret if !piece.contains(['\n', ',', ';', '&']) => Next::Secret,
+                _ => Next::Plain,
+            };
+            out.push_str(piece);
+            continue;
+        }
+        let scheme = piece.eq_ignore_ascii_case("bearer") || piece.eq_ignore_ascii_case("basic");
+        if scheme {
+            // `Authorization: Bearer <token>`: the token is the secret.
+            out.push_str(piece);
+            next = Next::Secret;
+        } else if next == Next::Secret || is_secret_word(piece) {
+            out.push_str(REDACTED);
+            next = Next::Plain;
+        } else {
+            out.push_str(piece);
+            next = if names_a_secret(piece) {
+                Next::Name
+            } else {
+                Next::Plain
+            };
+        }
+    }
+    truncate(&out)
+}
+
+/// `s` cut to at most [`MAX_ERROR_BYTES`] bytes on a character boundary,
+/// with `...` appended when cut.
+fn truncate(s: &str) -> String {
+    if s.len() <= MAX_ERROR_BYTES {
+        return s.to_owned();
+    }
+    let mut cut = MAX_ERROR_BYTES;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
 }
 
 #[cfg(test)]
@@ -404,6 +516,67 @@ mod tests {
             "model not found"
         );
         assert_eq!(error_message(b"  plain  "), "plain");
+    }
+
+    #[test]
+    fn keys_in_error_bodies_are_redacted() {
+        let cases = [
+            (
+                r#"{"error": {"message": "Incorrect API key provided: sk-proj-AbC123xyz789. You can find your API key at https://platform.openai.com/account/api-keys."}}"#,
+                "sk-proj-AbC123xyz789",
+            ),
+            (
+                "upstream said: Authorization: Bearer abc.def-ghi_jkl was refused",
+                "abc.def-ghi_jkl",
+            ),
+            (
+                "GET /v1/models?api_key=s3cr3t-value&x=1 failed",
+                "s3cr3t-value",
+            ),
+            (r#"{"error": {"code": 1, "api_key": "hunter2"}}"#, "hunter2"),
+            (
+                "digest 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 rejected",
+                "9f86d081884c7d659a2feaa0c55ad015",
+            ),
+            (
+                "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl0 expired",
+                "eyJhbGciOiJIUzI1NiJ9",
+            ),
+            ("password: letmein, user: bob", "letmein"),
+            ("api-key = 'quoted-secret' used", "quoted-secret"),
+        ];
+        for (body, secret) in cases {
+            let shown = error_message(body.as_bytes());
+            assert!(!shown.contains(secret), "{secret} left in {shown}");
+            assert!(shown.contains("[redacted]"), "{shown}");
+        }
+        let plain = "The model `gpt-4o-mini` does not exist or you do not have access to it.";
+        assert_eq!(error_message(plain.as_bytes()), plain);
+        assert_eq!(
+            error_message(br#"{"error": {"message": "Rate limit reached for requests"}}"#),
+            "Rate limit reached for requests"
+        );
+        assert_eq!(
+            scrub("user: bob, key: k-123 and more"),
+            "user: bob, key: [redacted] and more"
+        );
+    }
+
+    #[test]
+    fn long_error_bodies_are_cut_on_a_char_boundary() {
+        let long = "é".repeat(400);
+        let shown = error_message(long.as_bytes());
+        assert!(shown.ends_with("..."), "{shown}");
+        let kept = shown.trim_end_matches("...");
+        assert!(kept.len() <= MAX_ERROR_BYTES && kept.len() >= MAX_ERROR_BYTES - 1);
+        assert!(kept.chars().all(|c| c == 'é'));
+        let words = "word ".repeat(1000);
+        assert!(error_message(words.as_bytes()).len() <= MAX_ERROR_BYTES + 3);
+        let short = "x".repeat(MAX_ERROR_BYTES);
+        assert_eq!(error_message(short.as_bytes()), short);
+        // A key straddling the cut is redacted before the cut, never half shown.
+        let straddle = format!("{} sk-abcdefghijklmnop1234", "y ".repeat(250));
+        assert!(!error_message(straddle.as_bytes()).contains("sk-abc"));
     }
 
     #[test]

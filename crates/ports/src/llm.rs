@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_core::Stream;
@@ -193,6 +193,13 @@ pub struct CompletionRequest {
     /// The name of the prompt this request renders (for logs and scripted
     /// replies; never sent to the server).
     pub prompt_name: Option<String>,
+    /// When the caller stops waiting: a client starts no attempt and no
+    /// back-off wait that would end after it, and cuts an attempt's time
+    /// limit to what is left; past it the call fails as
+    /// [`LlmError::Timeout`]. `None` leaves only the client's own limits.
+    /// Never sent to the server, nor serialised.
+    #[serde(skip)]
+    pub deadline: Option<Instant>,
 }
 
 impl CompletionRequest {
@@ -241,6 +248,18 @@ impl CompletionRequest {
     pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
         self.max_tokens = Some(max_tokens);
         self
+    }
+
+    /// Sets the deadline, or keeps the one already set when it is earlier.
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+        self
+    }
+
+    /// What is left until the deadline (zero once it passed); `None`
+    /// without a deadline.
+    pub fn remaining(&self, now: Instant) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(now))
     }
 
     /// The text of the last user message, or `""`.
@@ -650,6 +669,20 @@ mod tests {
             after: Duration::from_secs(3),
         };
         assert_eq!(e.to_string(), "model request timed out after 3000ms");
+    }
+
+    #[test]
+    fn the_earlier_deadline_wins() {
+        let now = Instant::now();
+        let soon = now + Duration::from_secs(1);
+        let later = now + Duration::from_secs(5);
+        let r = CompletionRequest::default().with_deadline(later);
+        assert_eq!(r.deadline, Some(later));
+        let r = r.with_deadline(soon).with_deadline(later);
+        assert_eq!(r.deadline, Some(soon));
+        assert_eq!(r.remaining(now), Some(Duration::from_secs(1)));
+        assert_eq!(r.remaining(later), Some(Duration::ZERO));
+        assert_eq!(CompletionRequest::default().remaining(now), None);
     }
 
     #[test]

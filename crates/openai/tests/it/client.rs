@@ -419,3 +419,114 @@ async fn embedding_failures_are_classified_and_dimensions_checked() {
         LlmError::Invalid { status: 404, .. }
     ));
 }
+
+/// A server that never answers in time, a client patient for a minute with
+/// three retries: the request's deadline bounds the whole call.
+#[tokio::test]
+async fn the_deadline_bounds_attempts_and_retries() {
+    let server = FakeServer::start().await;
+    for _ in 0..4 {
+        server.push(Step::Slow(
+            Duration::from_secs(30),
+            Box::new(answer("too late")),
+        ));
+    }
+    let client = OpenAiClient::new(
+        config(&server)
+            .with_timeout(Duration::from_secs(60))
+            .with_retries(3, Duration::from_millis(10), Duration::from_millis(20)),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let request = hello().with_deadline(started + Duration::from_millis(400));
+    let e = client.complete(&request).await.unwrap_err();
+    assert!(matches!(e, LlmError::Timeout { .. }), "{e:?}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    assert_eq!(server.hits(), 1, "no attempt starts after the deadline");
+}
+
+/// A back-off that would end after the deadline is not begun: the error
+/// comes back at once.
+#[tokio::test]
+async fn no_back_off_ends_after_the_deadline() {
+    let server = FakeServer::start().await;
+    server.push(status(503, Some(2)));
+    server.push(answer("after the wait"));
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    let started = Instant::now();
+    let request = hello().with_deadline(started + Duration::from_millis(500));
+    let e = client.complete(&request).await.unwrap_err();
+    assert!(matches!(e, LlmError::Unavailable { .. }), "{e:?}");
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    assert_eq!(server.hits(), 1);
+    // Without a deadline the same answer is waited for.
+    server.push(status(503, Some(1)));
+    server.push(answer("after the wait"));
+    let r = client.complete(&hello()).await.unwrap();
+    assert_eq!(r.content, "after the wait");
+}
+
+/// A deadline already past starts no attempt at all.
+#[tokio::test]
+async fn a_passed_deadline_sends_nothing() {
+    let server = FakeServer::start().await;
+    server.push(answer("never asked"));
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    let request = hello().with_deadline(Instant::now());
+    let e = client.complete(&request).await.unwrap_err();
+    assert!(matches!(e, LlmError::Timeout { .. }), "{e:?}");
+    assert_eq!(server.hits(), 0);
+    assert!(client.stream(&request).await.is_err());
+    assert_eq!(server.hits(), 0);
+}
+
+/// A stream stalls: the deadline ends it before the idle limit would.
+#[tokio::test]
+async fn the_deadline_ends_a_stalled_stream() {
+    let server = FakeServer::start().await;
+    let events = stream_events("a b c", &[], "stop", json!(null));
+    let pieces = vec![
+        (Duration::ZERO, events[0].clone()),
+        (Duration::from_secs(30), events[1].clone()),
+    ];
+    server.push(Step::Sse(pieces));
+    let client = OpenAiClient::new(config(&server).with_timeout(Duration::from_secs(60))).unwrap();
+    let started = Instant::now();
+    let request = hello().with_deadline(started + Duration::from_millis(400));
+    let mut stream = client.stream(&request).await.unwrap();
+    let mut last = None;
+    while let Some(item) = stream.next().await {
+        last = Some(item);
+    }
+    assert!(
+        matches!(last, Some(Err(LlmError::Timeout { .. }))),
+        "{last:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+/// An error body echoing a key comes back scrubbed and cut.
+#[tokio::test]
+async fn error_bodies_are_scrubbed_and_cut() {
+    let server = FakeServer::start().await;
+    let echoed = format!(
+        "Incorrect API key provided: sk-live-abcdef0123456789. Authorization: Bearer tok_0123456789abcdef {}",
+        "x".repeat(2000)
+    );
+    server.push(Step::Raw {
+        status: 401,
+        content_type: "application/json",
+        body: json!({"error": {"message": echoed}}).to_string(),
+    });
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    let e = client.complete(&hello()).await.unwrap_err();
+    let LlmError::Invalid { status, message } = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(*status, 401);
+    assert!(!message.contains("sk-live-abcdef"), "{message}");
+    assert!(!message.contains("tok_0123456789abcdef"), "{message}");
+    assert!(message.len() <= 512 + 3, "{}", message.len());
+    assert!(!e.to_string().contains("sk-live"));
+}

@@ -391,5 +391,6 @@ pub(crate) fn decode_request(body: &Value) -> CompletionRequest {
         tools,
         tool_choice,
         prompt_name: None,
+        deadline: None,
     }
 }
