@@ -72,6 +72,8 @@ pub struct Config {
     pub channel: ChannelConfig,
     /// Task workers (the one inside `serve` and `parlance worker`).
     pub worker: WorkerSettings,
+    /// Time budgets of requests.
+    pub budget: BudgetConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -221,6 +223,51 @@ impl Default for ChannelConfig {
         Self {
             webhook_url: None,
             webhook_secret_env: "PARLANCE_WEBHOOK_SECRET".to_owned(),
+        }
+    }
+}
+
+/// `[budget]`: how long a request may take, per route family, in
+/// milliseconds; past it the client gets 504 `deadline-exceeded`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Machine commands (sessions, adoption, conversations).
+    pub commands_ms: u64,
+    /// Agent turns and the agent's other writes.
+    pub agent_ms: u64,
+    /// Flow sessions and events.
+    pub flows_ms: u64,
+    /// Reads.
+    pub reads_ms: u64,
+    /// How long the crisis gate waits for the model before its keyword
+    /// classifier decides.
+    pub crisis_gate_ms: u64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        let b = crate::budget::Budgets::default();
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Self {
+            commands_ms: ms(b.commands),
+            agent_ms: ms(b.agent),
+            flows_ms: ms(b.flows),
+            reads_ms: ms(b.reads),
+            crisis_gate_ms: ms(b.crisis_gate),
+        }
+    }
+}
+
+impl BudgetConfig {
+    /// The budgets the router enforces.
+    pub fn budgets(&self) -> crate::budget::Budgets {
+        crate::budget::Budgets {
+            commands: Duration::from_millis(self.commands_ms),
+            agent: Duration::from_millis(self.agent_ms),
+            flows: Duration::from_millis(self.flows_ms),
+            reads: Duration::from_millis(self.reads_ms),
+            crisis_gate: Duration::from_millis(self.crisis_gate_ms),
         }
     }
 }
@@ -512,6 +559,36 @@ pub const SETTINGS: &[Setting] = &[
         &["PARLANCE_WORKER_TEST_HANDLERS"],
         Some("test-handlers"),
         Kind::Switch,
+    ),
+    setting(
+        "budget.commands_ms",
+        &["PARLANCE_BUDGET_COMMANDS_MS"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "budget.agent_ms",
+        &["PARLANCE_BUDGET_AGENT_MS"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "budget.flows_ms",
+        &["PARLANCE_BUDGET_FLOWS_MS"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "budget.reads_ms",
+        &["PARLANCE_BUDGET_READS_MS"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "budget.crisis_gate_ms",
+        &["PARLANCE_BUDGET_CRISIS_GATE_MS"],
+        None,
+        Kind::Number,
     ),
     setting(
         "log.format",
@@ -885,6 +962,17 @@ impl Config {
                     key,
                     format!("names {}, which does not exist", p.display()),
                 ));
+            }
+        }
+        for (key, v) in [
+            ("budget.commands_ms", self.budget.commands_ms),
+            ("budget.agent_ms", self.budget.agent_ms),
+            ("budget.flows_ms", self.budget.flows_ms),
+            ("budget.reads_ms", self.budget.reads_ms),
+            ("budget.crisis_gate_ms", self.budget.crisis_gate_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::setting(key, "must be at least 1"));
             }
         }
         if self.worker.queue.is_empty() {

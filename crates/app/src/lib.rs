@@ -19,6 +19,7 @@
 pub mod adoption;
 pub mod agent;
 pub mod auth;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod conversation;
@@ -45,8 +46,8 @@ use parlance_core::ProductId;
 use parlance_core::flow::{FlowRecord, RunnerOptions};
 use parlance_memory::{
     HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryCheckpointStore,
-    MemoryConversationStore, MemoryCrisisLog, MemoryFlowStore, MemoryMemoryStore,
-    MemorySessionStore, MemoryTaskQueue, MemoryTourCatalogs, OfflineLlm,
+    MemoryConversationStore, MemoryFlowStore, MemoryMemoryStore, MemorySessionStore,
+    MemoryTaskQueue, MemoryTourCatalogs, OfflineLlm,
 };
 use parlance_ports::{
     AuditLog, Channel, Clock, EmbeddingProvider, IdGen, LlmClient, QueueConfig, SystemClock,
@@ -91,6 +92,8 @@ pub struct AppState {
     pub flows: Flows,
     /// The support agent.
     pub agent: Agent,
+    /// Time budgets of requests, per route family.
+    pub budgets: budget::Budgets,
 }
 
 impl std::fmt::Debug for AppState {
@@ -137,6 +140,8 @@ pub struct Components {
     /// moves the service's clock by hand while retries back off in real
     /// time); `clock` when `None`.
     pub queue_clock: Option<Arc<dyn Clock>>,
+    /// Time budgets of requests, per route family, and the crisis gate's.
+    pub budgets: budget::Budgets,
 }
 
 impl Components {
@@ -167,6 +172,7 @@ impl Components {
             body_limit: Config::default().server.body_limit,
             queue: QueueConfig::default(),
             queue_clock: None,
+            budgets: budget::Budgets::default(),
         }
     }
 
@@ -197,6 +203,7 @@ impl Components {
         c.embedder = models.embedder;
         c.body_limit = config.server.body_limit;
         c.queue = config.worker.queue_config();
+        c.budgets = config.budget.budgets();
         if let Some(dir) = &config.flows.dir {
             c.flows = FlowCatalog::load_dir(dir, &Invokers::is_builtin)
                 .with_context(|| format!("`flows.dir` {}", dir.display()))?;
@@ -236,6 +243,7 @@ impl Components {
             body_limit,
             queue: queue_config,
             queue_clock,
+            budgets,
         } = self;
         let queue_clock = queue_clock.unwrap_or_else(|| clock.clone());
         let stores = match &backend {
@@ -247,8 +255,10 @@ impl Components {
             ids,
             audit: stores.audit,
             queue: stores.queue.clone(),
-            llm,
-            embedder,
+            // Every model and embedding call made while serving a request
+            // ends by the request's deadline.
+            llm: Arc::new(budget::BudgetedLlm::new(llm)),
+            embedder: Arc::new(budget::BudgetedEmbedder::new(embedder)),
         };
         let flows = FlowService::new(FlowDeps {
             catalog: Arc::new(flows),
@@ -289,8 +299,10 @@ impl Components {
                 memory_store: stores.memory_store,
                 crisis_log: stores.crisis_log,
                 agent_data: Arc::new(agent_data),
+                crisis_budget: budgets.crisis_gate,
             },
             shared,
+            budgets,
         }
     }
 }
@@ -326,6 +338,7 @@ impl Stores {
             config.dag_limits,
         ));
         let conversations = Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone()));
+        let threads = MemoryCheckpointStore::new(audit.clone());
         Self {
             sessions: sessions.clone(),
             due_sessions: sessions,
@@ -336,9 +349,10 @@ impl Stores {
             conversation_index: conversations,
             flow_records: flows.clone(),
             flows,
-            threads: Arc::new(MemoryCheckpointStore::new(audit.clone())),
+            // A turn's crisis assessment is written with the turn.
+            crisis_log: threads.crisis_log(),
+            threads: Arc::new(threads),
             memory_store: Arc::new(MemoryMemoryStore::new()),
-            crisis_log: Arc::new(MemoryCrisisLog::new()),
             audit,
             queue,
         }
@@ -462,6 +476,10 @@ pub fn router(state: &AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.keys.clone(),
             auth::require_key,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.budgets,
+            budget::enforce,
         ));
     Router::new()
         .route("/healthz", get(http::health::healthz))

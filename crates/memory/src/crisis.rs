@@ -20,16 +20,23 @@ impl MemoryCrisisLog {
     }
 }
 
+impl MemoryCrisisLog {
+    /// Appends `entries` in order; returns the last `seq` (0 for none).
+    pub(crate) fn append(&self, entries: impl IntoIterator<Item = CrisisLogEntry>) -> i64 {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seq = records.last().map_or(0, |r| r.seq);
+        for entry in entries {
+            seq += 1;
+            records.push(CrisisLogRecord { seq, entry });
+        }
+        seq
+    }
+}
+
 #[async_trait]
 impl CrisisLog for MemoryCrisisLog {
     async fn record(&self, entry: &CrisisLogEntry) -> PortResult<i64> {
-        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        let seq = records.last().map_or(1, |r| r.seq + 1);
-        records.push(CrisisLogRecord {
-            seq,
-            entry: entry.clone(),
-        });
-        Ok(seq)
+        Ok(self.append([entry.clone()]))
     }
 
     async fn list(

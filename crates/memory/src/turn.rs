@@ -4,7 +4,10 @@
 //! gate like every in-memory machine; a record holds the whole thread, and a
 //! commit applies the decision's [`TurnEffect::Write`] delta to it (the
 //! decided state may hold only a window of its lists, so it is never stored
-//! as is).
+//! as is). The crisis-log entries a turn carries
+//! ([`CRISIS_LOG_DELTA`](parlance_ports::CRISIS_LOG_DELTA)) are appended to
+//! the store's crisis log under the same gate, only when the thread is
+//! written.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,13 +15,17 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use parlance_core::ProductId;
 use parlance_core::queue::DagLimits;
+use parlance_core::turn::CheckpointDelta;
 use parlance_core::turn::{
     Checkpoint, MemoryFilter, MemoryId, MemoryKind, MemoryRecord, OwnerId, ProceduralProfile,
     QueryEmbedding, Retrieved, ThreadId, TurnEffect, TurnKey, retrieve_from,
 };
-use parlance_ports::{Commit, Committed, MachineStore, MemoryStore, PortError, PortResult, Stored};
+use parlance_ports::{
+    Commit, Committed, MachineStore, MemoryStore, PortError, PortResult, Stored,
+    split_crisis_entries,
+};
 
-use crate::{MemoryAuditLog, Records};
+use crate::{MemoryAuditLog, MemoryCrisisLog, Records};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -28,25 +35,37 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct MemoryCheckpointStore {
     records: Records<Checkpoint>,
+    crisis_log: Arc<MemoryCrisisLog>,
 }
 
 impl MemoryCheckpointStore {
     /// No threads yet; commits write their audit entries (a thread's
-    /// decisions have none today) to `audit`.
+    /// decisions have none today) to `audit`, and the crisis-log entries
+    /// turns carry to a crisis log of its own ([`Self::crisis_log`]).
     pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
         Self {
             records: Records::new(audit, None, DagLimits::default()),
+            crisis_log: Arc::new(MemoryCrisisLog::new()),
         }
+    }
+
+    /// Writes the crisis-log entries turns carry to `log` instead.
+    pub fn with_crisis_log(mut self, log: Arc<MemoryCrisisLog>) -> Self {
+        self.crisis_log = log;
+        self
+    }
+
+    /// The crisis log this store's commits write to.
+    pub fn crisis_log(&self) -> Arc<MemoryCrisisLog> {
+        self.crisis_log.clone()
     }
 }
 
-/// The whole thread `current` (a new one when `None`) with the decision's
-/// [`TurnEffect::Write`] deltas applied in order; its version is set when
-/// it is stored.
-fn written(current: Option<&Stored<Checkpoint>>, c: &Commit<'_, Checkpoint>) -> Checkpoint {
+/// The whole thread `current` (a new one when `None`) with `deltas`
+/// applied in order; its version is set when it is stored.
+fn written(current: Option<&Stored<Checkpoint>>, deltas: &[CheckpointDelta]) -> Checkpoint {
     let mut thread = current.map(|s| s.state.clone()).unwrap_or_default();
-    for effect in &c.decision.effects {
-        let TurnEffect::Write(delta) = effect;
+    for delta in deltas {
         thread.apply(delta);
     }
     thread
@@ -65,15 +84,26 @@ impl MachineStore<Checkpoint> for MemoryCheckpointStore {
         if !c.decision.tasks.is_empty() {
             return Err(PortError::invalid("a turn thread enqueues no tasks"));
         }
+        // The thread's deltas, and the crisis-log entries they carry.
+        let mut deltas = Vec::with_capacity(c.decision.effects.len());
+        let mut entries = Vec::new();
+        for effect in &c.decision.effects {
+            let TurnEffect::Write(delta) = effect;
+            let (thread, carried) = split_crisis_entries(&c.key.thread, delta)?;
+            deltas.push(thread.into_owned());
+            entries.extend(carried);
+        }
         let version = self
             .records
             .commit(
                 &c,
                 Checkpoint::default(),
-                |current| Ok(written(current, &c)),
+                |current| Ok(written(current, &deltas)),
                 |stored, _, thread| {
                     stored.state = thread;
                     stored.state.version = stored.version.0;
+                    // Under the gate, with the thread: both or neither.
+                    self.crisis_log.append(entries);
                 },
             )
             .await?;

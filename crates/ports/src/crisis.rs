@@ -1,13 +1,86 @@
 //! The crisis log: every crisis-gate assessment, with its provenance, for
 //! safety review.
+//!
+//! A turn's assessment is committed with the turn or not at all: the turn
+//! carries it in its checkpoint delta, in the reserved list
+//! [`CRISIS_LOG_DELTA`], and the thread store writes it to the crisis log in
+//! the same commit (never to the thread). A turn whose commit is lost, or
+//! that fails before its commit, leaves no entry, and a turn run again after
+//! a lost commit leaves exactly one.
+
+use std::borrow::Cow;
 
 use async_trait::async_trait;
 use parlance_core::turn::seed::{CrisisAssessment, CrisisAudit};
-use parlance_core::turn::{OwnerId, ThreadId};
+use parlance_core::turn::{CheckpointDelta, OwnerId, ThreadId, ThreadKey};
 use parlance_core::{ProductId, Timestamp};
 use serde::{Deserialize, Serialize};
 
-use crate::PortResult;
+use crate::{PortError, PortResult};
+
+/// The checkpoint-delta list whose entries are [`CrisisLogEntry`] values
+/// (as JSON) for the thread store to write to the crisis log in the turn's
+/// commit. No state field can have this name (`$` is not a field
+/// character), so it never reaches a thread.
+pub const CRISIS_LOG_DELTA: &str = "$crisis_log";
+
+/// Adds `entries` to a turn's `delta`, for the thread store to write to
+/// the crisis log in the turn's commit.
+///
+/// # Errors
+///
+/// `Invalid` when an entry does not encode.
+pub fn carry_crisis_entries(
+    delta: &mut CheckpointDelta,
+    entries: &[CrisisLogEntry],
+) -> PortResult<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let values = entries
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| PortError::invalid(format!("crisis log entry does not encode: {e}")))?;
+    delta
+        .appends
+        .entry(CRISIS_LOG_DELTA.to_owned())
+        .or_default()
+        .extend(values);
+    Ok(())
+}
+
+/// Splits the delta of a turn on `thread` into what the thread stores (the
+/// delta without [`CRISIS_LOG_DELTA`], borrowed when it has none) and the
+/// crisis-log entries the same commit writes.
+///
+/// # Errors
+///
+/// `Invalid` when an entry of the reserved list is not a crisis-log entry,
+/// or names another product, owner or thread than the turn's.
+pub fn split_crisis_entries<'d>(
+    thread: &ThreadKey,
+    delta: &'d CheckpointDelta,
+) -> PortResult<(Cow<'d, CheckpointDelta>, Vec<CrisisLogEntry>)> {
+    let Some(values) = delta.appends.get(CRISIS_LOG_DELTA) else {
+        return Ok((Cow::Borrowed(delta), Vec::new()));
+    };
+    let entries = values
+        .iter()
+        .map(|v| serde_json::from_value::<CrisisLogEntry>(v.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| PortError::invalid(format!("a crisis log entry in a turn: {e}")))?;
+    if entries.iter().any(|e| {
+        e.product_id != thread.product_id || e.owner != thread.owner || e.thread != thread.thread
+    }) {
+        return Err(PortError::invalid(
+            "a turn carries a crisis log entry of another thread",
+        ));
+    }
+    let mut kept = delta.clone();
+    kept.appends.remove(CRISIS_LOG_DELTA);
+    Ok((Cow::Owned(kept), entries))
+}
 
 /// One assessment to record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,7 +30,10 @@ pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use channel::{Channel, Outbound};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 pub use conversation::{ConversationStore, ListFilter};
-pub use crisis::{CrisisLog, CrisisLogEntry, CrisisLogRecord};
+pub use crisis::{
+    CRISIS_LOG_DELTA, CrisisLog, CrisisLogEntry, CrisisLogRecord, carry_crisis_entries,
+    split_crisis_entries,
+};
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
 pub use flow::{ChainProgress, FlowStore};

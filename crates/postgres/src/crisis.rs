@@ -10,6 +10,39 @@ use sqlx::{PgPool, Row as _};
 use crate::error::{pg_err, stored_int};
 use crate::time::{from_pg, to_pg};
 
+/// Inserts one assessment through `ex` (the pool, or the transaction of
+/// the turn that carries it); returns its `seq`.
+pub(crate) async fn insert_entry<'e, E>(ex: E, e: &CrisisLogEntry) -> Result<i64, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    let turn = i64::try_from(e.turn)
+        .map_err(|_| sqlx::Error::Protocol("crisis log turn out of range".to_owned()))?;
+    sqlx::query(
+        "INSERT INTO crisis_log (product_id, owner_id, thread_id, turn, at, level, confidence, \
+         reason, needs_crisis_response, needs_clarification, classifier_path, override_kind, \
+         llm_failure_occurred, route) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING seq",
+    )
+    .bind(e.product_id.as_str())
+    .bind(e.owner.as_str())
+    .bind(e.thread.as_str())
+    .bind(turn)
+    .bind(to_pg(e.at))
+    .bind(i16::from(e.assessment.level.min(3)))
+    .bind(e.assessment.confidence)
+    .bind(&e.assessment.reason)
+    .bind(e.assessment.needs_crisis_response)
+    .bind(e.assessment.needs_clarification)
+    .bind(&e.audit.classifier_path)
+    .bind(e.audit.override_kind.as_deref())
+    .bind(e.audit.llm_failure_occurred)
+    .bind(&e.route)
+    .fetch_one(ex)
+    .await
+    .and_then(|row| row.try_get::<i64, _>("seq"))
+}
+
 /// The crisis log, stored in PostgreSQL.
 #[derive(Debug, Clone)]
 pub struct PgCrisisLog {
@@ -26,31 +59,12 @@ impl PgCrisisLog {
 #[async_trait]
 impl CrisisLog for PgCrisisLog {
     async fn record(&self, e: &CrisisLogEntry) -> PortResult<i64> {
-        let turn = i64::try_from(e.turn).map_err(|_| PortError::invalid("turn out of range"))?;
-        sqlx::query(
-            "INSERT INTO crisis_log (product_id, owner_id, thread_id, turn, at, level, confidence, \
-             reason, needs_crisis_response, needs_clarification, classifier_path, override_kind, \
-             llm_failure_occurred, route) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING seq",
-        )
-        .bind(e.product_id.as_str())
-        .bind(e.owner.as_str())
-        .bind(e.thread.as_str())
-        .bind(turn)
-        .bind(to_pg(e.at))
-        .bind(i16::from(e.assessment.level.min(3)))
-        .bind(e.assessment.confidence)
-        .bind(&e.assessment.reason)
-        .bind(e.assessment.needs_crisis_response)
-        .bind(e.assessment.needs_clarification)
-        .bind(&e.audit.classifier_path)
-        .bind(e.audit.override_kind.as_deref())
-        .bind(e.audit.llm_failure_occurred)
-        .bind(&e.route)
-        .fetch_one(&self.pool)
-        .await
-        .and_then(|row| row.try_get::<i64, _>("seq"))
-        .map_err(pg_err("record crisis assessment"))
+        if i64::try_from(e.turn).is_err() {
+            return Err(PortError::invalid("turn out of range"));
+        }
+        insert_entry(&self.pool, e)
+            .await
+            .map_err(pg_err("record crisis assessment"))
     }
 
     async fn list(

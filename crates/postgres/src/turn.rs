@@ -7,8 +7,11 @@
 //! from the decision's [`TurnEffect::Write`] delta. Nothing already stored is
 //! rewritten, so a commit writes the same bytes however long the thread is.
 //! A decision that carries audit entries writes them in the same
-//! transaction (a thread's decisions carry none today, so a turn is one
-//! autocommitted statement).
+//! transaction (a thread's decisions carry none today), and so do the
+//! crisis-log entries a turn carries in its delta
+//! ([`CRISIS_LOG_DELTA`](parlance_ports::CRISIS_LOG_DELTA)): they are
+//! inserted into `crisis_log` only when the thread row is written. A turn
+//! carrying neither is one autocommitted statement.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,13 +25,14 @@ use parlance_core::turn::{
 };
 use parlance_ports::{
     Commit, Committed, MachineStore, MemoryStore, PortError, PortResult, Stored, Version,
-    audit_entries,
+    audit_entries, split_crisis_entries,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row as _};
 
 use crate::audit::insert_entries;
+use crate::crisis::insert_entry;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
@@ -173,7 +177,8 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
             return Err(PortError::invalid("a turn thread enqueues no tasks"));
         }
         let thread = &c.key.thread;
-        let delta = delta_of(&c);
+        let whole = delta_of(&c);
+        let (delta, crisis) = split_crisis_entries(thread, &whole)?;
         let objects = Value::Object(
             delta
                 .objects
@@ -206,7 +211,7 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
             Some(v) => statement.bind(v.as_i64()),
         };
         let audit = audit_entries::<Checkpoint>(c.key, c.decision, c.now);
-        let version: Option<i64> = if audit.is_empty() {
+        let version: Option<i64> = if audit.is_empty() && crisis.is_empty() {
             // The hot path: one autocommitted statement.
             statement
                 .fetch_optional(&self.pool)
@@ -222,6 +227,11 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
                 insert_entries(&mut *tx, &audit)
                     .await
                     .map_err(pg_err("append turn audit entries"))?;
+                for entry in &crisis {
+                    insert_entry(&mut *tx, entry)
+                        .await
+                        .map_err(pg_err("record the turn's crisis assessment"))?;
+                }
                 tx.commit().await.map_err(pg_err("commit turn"))?;
             }
             version

@@ -13,12 +13,14 @@
 
 use std::sync::Arc;
 
+use parlance_core::turn::seed::{CrisisAssessment, CrisisAudit};
 use parlance_core::turn::{
     Checkpoint, CheckpointDelta, LoadWindow, OwnerId, ThreadId, ThreadKey, TurnCommand, TurnKey,
 };
 use parlance_core::{Decision, Machine, ProductId, Timestamp, Transition};
 use parlance_ports::{
-    AuditLog, Commit, Committed, ErrorKind, MachineStore, PortResult, TaskQueue, TaskSpec, Version,
+    AuditLog, CRISIS_LOG_DELTA, Commit, Committed, CrisisLog, CrisisLogEntry, ErrorKind,
+    MachineStore, PortResult, TaskQueue, TaskSpec, Version, carry_crisis_entries,
 };
 use serde_json::{Value, json};
 
@@ -41,20 +43,25 @@ macro_rules! checkpoint_store_suite {
                 a_commit_writes_its_delta_not_the_decided_state,
                 a_commit_writes_the_audit_entries_it_carries,
                 a_commit_carrying_a_task_is_refused,
+                crisis_entries_commit_with_the_turn_and_never_reach_the_thread,
+                a_lost_commit_leaves_no_crisis_entry_and_its_retry_one,
+                a_crisis_entry_of_another_thread_is_refused,
             ]
         }
     };
 }
 
-/// The subject of this suite: a thread store with the audit log its
-/// commits write to and a queue (a thread's commits enqueue nothing; the
-/// generic suite checks that they did not).
+/// The subject of this suite: a thread store with the audit log and the
+/// crisis log its commits write to and a queue (a thread's commits enqueue
+/// nothing; the generic suite checks that they did not).
 #[derive(Clone)]
 pub struct Subject {
     /// The store under test.
     pub store: Arc<dyn MachineStore<Checkpoint>>,
     /// The audit log its commits write to.
     pub audit: Arc<dyn AuditLog>,
+    /// The crisis log its commits write the entries turns carry to.
+    pub crisis_log: Arc<dyn CrisisLog>,
     /// A queue on the same backend.
     pub queue: Arc<dyn TaskQueue>,
 }
@@ -458,4 +465,117 @@ pub async fn a_commit_carrying_a_task_is_refused(s: Subject) {
     let got = thread(&s, &k).await;
     assert_eq!(got.version, 1);
     assert_eq!(got.lists["history"].len(), 2);
+}
+
+/// The assessment of turn `turn` on the thread at `k`.
+fn crisis_entry(k: &ThreadKey, turn: u64) -> CrisisLogEntry {
+    CrisisLogEntry {
+        product_id: k.product_id.clone(),
+        owner: k.owner.clone(),
+        thread: k.thread.clone(),
+        turn,
+        at: now(),
+        assessment: CrisisAssessment {
+            level: 3,
+            confidence: 0.9,
+            reason: format!("turn {turn}"),
+            needs_crisis_response: true,
+            needs_clarification: false,
+        },
+        audit: CrisisAudit {
+            override_kind: None,
+            classifier_path: "keyword_fallback".to_owned(),
+            llm_failure_occurred: true,
+        },
+        route: "crisis".to_owned(),
+    }
+}
+
+/// `turn(n, text)` carrying the assessment of turn `n` on `k`.
+fn assessed_turn(k: &ThreadKey, n: u64, text: &str) -> CheckpointDelta {
+    let mut d = turn(n, text);
+    carry_crisis_entries(&mut d, &[crisis_entry(k, n)]).expect("entry encodes");
+    d
+}
+
+/// The crisis-log entries of `k`'s owner on `k`'s thread, oldest first.
+async fn crisis_entries(s: &Subject, k: &ThreadKey) -> Vec<CrisisLogEntry> {
+    s.crisis_log
+        .list(&k.product_id, &k.owner, None, 1000)
+        .await
+        .expect("list crisis log")
+        .into_iter()
+        .map(|r| r.entry)
+        .filter(|e| e.thread == k.thread)
+        .collect()
+}
+
+/// The crisis-log entries a turn carries are written with the turn, in
+/// order, and never become a list of the thread.
+pub async fn crisis_entries_commit_with_the_turn_and_never_reach_the_thread(s: Subject) {
+    let k = key("p", "u", "t");
+    commit(&s, &k, 0, assessed_turn(&k, 1, "one"))
+        .await
+        .expect("commit 1");
+    commit(&s, &k, 1, turn(2, "two")).await.expect("commit 2");
+    commit(&s, &k, 2, assessed_turn(&k, 3, "three"))
+        .await
+        .expect("commit 3");
+    let logged = crisis_entries(&s, &k).await;
+    assert_eq!(logged, vec![crisis_entry(&k, 1), crisis_entry(&k, 3)]);
+    let got = thread(&s, &k).await;
+    assert!(
+        !got.lists.contains_key(CRISIS_LOG_DELTA),
+        "the crisis log reached the thread: {:?}",
+        got.lists.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(got.lists["history"].len(), 6);
+}
+
+/// A turn whose commit is lost to another leaves no crisis entry; the same
+/// turn run again on the thread that won leaves exactly one.
+pub async fn a_lost_commit_leaves_no_crisis_entry_and_its_retry_one(s: Subject) {
+    let k = key("p", "u", "t");
+    commit(&s, &k, 0, turn(1, "one")).await.expect("commit 1");
+    // Two turns began on version 1; the other one wins.
+    let lost = decided(1, assessed_turn(&k, 2, "mine"));
+    commit(&s, &k, 1, turn(2, "theirs"))
+        .await
+        .expect("the winner");
+    let err = commit_decided(&s, &k, 1, &lost)
+        .await
+        .expect_err("a lost commit");
+    assert!(err.is_conflict(), "{err}");
+    assert_eq!(crisis_entries(&s, &k).await, vec![], "a lost turn logged");
+    // A new thread whose creation is lost: nothing either.
+    let fresh = key("p", "u", "fresh");
+    commit(&s, &fresh, 0, turn(1, "first"))
+        .await
+        .expect("create");
+    let err = commit(&s, &fresh, 0, assessed_turn(&fresh, 1, "also first"))
+        .await
+        .expect_err("the thread exists");
+    assert!(err.is_conflict(), "{err}");
+    assert_eq!(crisis_entries(&s, &fresh).await, vec![]);
+    // The retry, on the thread as it is now.
+    commit(&s, &k, 2, assessed_turn(&k, 3, "mine again"))
+        .await
+        .expect("the retry");
+    assert_eq!(crisis_entries(&s, &k).await, vec![crisis_entry(&k, 3)]);
+}
+
+/// A turn cannot log an assessment under another product, owner or
+/// thread: the commit is refused and writes nothing.
+pub async fn a_crisis_entry_of_another_thread_is_refused(s: Subject) {
+    let k = key("p", "u", "t");
+    let other = key("q", "u", "t");
+    let mut d = turn(1, "one");
+    carry_crisis_entries(&mut d, &[crisis_entry(&other, 1)]).expect("entry encodes");
+    let err = commit(&s, &k, 0, d)
+        .await
+        .expect_err("another thread's entry");
+    assert_eq!(err.kind, ErrorKind::Invalid, "{err}");
+    assert_eq!(load(&s, &k, LoadWindow::all()).await, None);
+    assert_eq!(crisis_entries(&s, &other).await, vec![]);
+    assert_eq!(crisis_entries(&s, &k).await, vec![]);
 }

@@ -11,6 +11,7 @@ mod stages;
 mod tests;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use parlance_core::turn::Checkpoint;
 use parlance_ports::{CrisisLog, MachineStore, MemoryStore};
@@ -29,8 +30,12 @@ pub struct Agent {
     pub threads: Arc<dyn MachineStore<Checkpoint>>,
     /// Long-term memory per owner.
     pub memory_store: Arc<dyn MemoryStore>,
-    /// Every crisis-gate assessment.
+    /// Every crisis-gate assessment (written by the threads' commits; read
+    /// here).
     pub crisis_log: Arc<dyn CrisisLog>,
     /// The resource directory and knowledge base.
     pub agent_data: Arc<AgentData>,
+    /// How long the crisis gate waits for the model before its keyword
+    /// classifier decides.
+    pub crisis_budget: Duration,
 }

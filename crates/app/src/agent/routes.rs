@@ -43,7 +43,9 @@ pub fn routes() -> Router<Agent> {
 /// or message, 404 for a thread with no turn, 503 when a stage or the model
 /// failed (the turn could not be planned; nothing was changed), the
 /// executor's answers for the thread's store (503 `contended` when every
-/// attempt lost its commit), 500 for a graph or state that cannot run.
+/// attempt lost its commit), 504 `deadline-exceeded` when the request's
+/// budget ran out before the turn's commit (nothing was committed), 500 for
+/// a graph or state that cannot run.
 pub(super) fn answer(e: AgentError) -> ApiError {
     match e {
         AgentError::NoOwner | AgentError::BadId(_) | AgentError::EmptyMessage => {
@@ -51,6 +53,7 @@ pub(super) fn answer(e: AgentError) -> ApiError {
         }
         AgentError::NoThread => ApiError::not_found(e.to_string()),
         AgentError::Turn(TurnRunError::Service(e)) => e.into(),
+        AgentError::Turn(TurnRunError::Deadline) => crate::budget::exhausted_now(),
         AgentError::Turn(stage @ TurnRunError::Stage { .. }) => {
             // The answer names the stage; what made it fail is logged here.
             let cause = std::error::Error::source(&stage);

@@ -114,7 +114,7 @@ fn context(
         llm: state.shared.llm.clone(),
         response_llm: None,
         memory_store: state.memory_store.clone(),
-        crisis_log: state.crisis_log.clone(),
+        crisis_budget: state.crisis_budget,
         embedder: Some(state.shared.embedder.clone()),
         data: state.agent_data.clone(),
         clock: state.shared.clock.clone(),

@@ -6,6 +6,7 @@
 //! stamped by the runner outside the graph.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parlance_core::ProductId;
@@ -18,12 +19,12 @@ use parlance_core::agent::triage::{
 use parlance_core::parse_structured;
 use parlance_core::turn::seed::{Message, Role, Route, SessionMemory, SupportDelta, SupportState};
 use parlance_core::turn::{
-    Checkpoint, END, Graph, MemoryEntry, MemoryId, MemoryKind, MemoryRecord, OwnerId,
-    SemanticEntry, ThreadId, WorkingMemoryEntry, format_working_memory_entries,
+    Checkpoint, CheckpointDelta, END, Graph, MemoryEntry, MemoryId, MemoryKind, MemoryRecord,
+    OwnerId, SemanticEntry, ThreadId, WorkingMemoryEntry, format_working_memory_entries,
 };
 use parlance_ports::{
-    Clock, CompletionRequest, CrisisLog, CrisisLogEntry, EmbeddingProvider, IdGen, LlmClient,
-    MachineStore, MemoryStore, Message as LlmMessage, PortError,
+    Clock, CompletionRequest, CrisisLogEntry, EmbeddingProvider, IdGen, LlmClient, LlmError,
+    MachineStore, MemoryStore, Message as LlmMessage, PortError, carry_crisis_entries,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -52,8 +53,8 @@ pub(super) struct AgentContext {
     pub response_llm: Option<Arc<dyn LlmClient>>,
     /// Long-term memory.
     pub memory_store: Arc<dyn MemoryStore>,
-    /// Where crisis assessments go.
-    pub crisis_log: Arc<dyn CrisisLog>,
+    /// How long the crisis gate waits for the model.
+    pub crisis_budget: Duration,
     /// The embedding provider, for retrieval and stored facts.
     pub embedder: Option<Arc<dyn EmbeddingProvider>>,
     /// The operator's directory and knowledge base.
@@ -188,6 +189,36 @@ pub(super) fn runner(
         .stage("grounded_lookup", GroundedLookup)
         .stage("finalize_turn", FinalizeTurn)
         .stage("memory_extraction", MemoryExtraction)
+        .outbox(crisis_log_entry)
+}
+
+/// The crisis gate's assessment of this turn, carried into the turn's
+/// commit for the crisis log: it is recorded with the turn or not at all,
+/// once however often the turn is planned.
+fn crisis_log_entry(s: &SupportState, c: &AgentContext) -> Result<CheckpointDelta, StageError> {
+    let mut carried = CheckpointDelta::default();
+    if !s.diagnostics.contains_key("crisis_classifier_path") {
+        // The gate did not run (a graph without it): nothing to record.
+        return Ok(carried);
+    }
+    let entry = CrisisLogEntry {
+        product_id: c.product_id.clone(),
+        owner: c.owner.clone(),
+        thread: c.thread.clone(),
+        turn: s.session_progress.turn_count.unwrap_or(0),
+        at: c.clock.now(),
+        assessment: s.crisis.clone(),
+        audit: s.crisis_audit.clone(),
+        route: if s.crisis.needs_crisis_response {
+            "crisis"
+        } else {
+            "dispatch"
+        }
+        .to_owned(),
+    };
+    carry_crisis_entries(&mut carried, &[entry])
+        .map_err(StageError::port(Dependency::CrisisLog))?;
+    Ok(carried)
 }
 
 /// Loads `working_memory` by hybrid retrieval, the procedural profile and
@@ -254,8 +285,10 @@ impl Stage<SupportState, AgentContext> for TurnMemoryContext {
     }
 }
 
-/// The model classifier first; the keyword classifier when it fails or
-/// answers malformed JSON, and as a floor otherwise. Logs every assessment.
+/// The model classifier first, given the gate's own short budget; the
+/// keyword classifier when it fails, has not answered within that budget,
+/// or answers malformed JSON, and as a floor otherwise. The assessment is
+/// recorded in the crisis log by the turn's commit ([`crisis_log_entry`]).
 pub(super) struct CrisisGate;
 
 #[async_trait]
@@ -268,8 +301,16 @@ impl Stage<SupportState, AgentContext> for CrisisGate {
         let request = CompletionRequest::new(messages)
             .with_prompt_name("crisis_gate")
             .with_temperature(0.0)
-            .with_json_schema("crisis_assessment", schema.clone());
-        let llm = match c.llm.complete(&request).await {
+            .with_json_schema("crisis_assessment", schema.clone())
+            .with_deadline(Instant::now() + c.crisis_budget);
+        // The gate's own budget bounds the call even for a model that
+        // ignores the request's deadline.
+        let called = tokio::time::timeout(c.crisis_budget, c.llm.complete(&request))
+            .await
+            .unwrap_or(Err(LlmError::Timeout {
+                after: c.crisis_budget,
+            }));
+        let llm = match called {
             Ok(answer) => match parse_structured::<LlmAssessment>(&answer.content, &schema) {
                 Ok(a) => Some(a),
                 Err(e) => {
@@ -284,28 +325,12 @@ impl Stage<SupportState, AgentContext> for CrisisGate {
         };
         let (assessment, audit) = crisis::decide(llm, &keyword);
         let crisis_route = assessment.needs_crisis_response;
-        let entry = CrisisLogEntry {
-            product_id: c.product_id.clone(),
-            owner: c.owner.clone(),
-            thread: c.thread.clone(),
-            turn: s.session_progress.turn_count.unwrap_or(0),
-            at: c.clock.now(),
-            assessment: assessment.clone(),
-            audit: audit.clone(),
-            route: if crisis_route { "crisis" } else { "dispatch" }.to_owned(),
-        };
-        let logged = match c.crisis_log.record(&entry).await {
-            Ok(_) => "recorded",
-            Err(e) => {
-                tracing::error!(error = %e, "crisis log unavailable; assessment not recorded");
-                "failed"
-            }
-        };
         Ok(SupportDelta {
             route: crisis_route.then_some(Some(Route::Crisis)),
             diagnostics: diag(&[
                 ("crisis_classifier_path", json!(audit.classifier_path)),
-                ("crisis_log", json!(logged)),
+                // Written by the turn's commit: a turn that answers has it.
+                ("crisis_log", json!("recorded")),
             ]),
             crisis: Some(assessment),
             crisis_audit: Some(audit),

@@ -33,11 +33,12 @@ struct Harness {
 
 impl Harness {
     fn new(llm: OfflineLlm) -> Self {
+        let threads = MemoryCheckpointStore::new(Arc::new(MemoryAuditLog::new()));
         Self {
             llm: Arc::new(llm),
             store: Arc::new(MemoryMemoryStore::new()),
-            log: Arc::new(MemoryCrisisLog::new()),
-            threads: Arc::new(MemoryCheckpointStore::new(Arc::new(MemoryAuditLog::new()))),
+            log: threads.crisis_log(),
+            threads: Arc::new(threads),
             ids: Arc::new(SequentialIds::new()),
             product: ProductId::parse("p").unwrap(),
         }
@@ -51,7 +52,7 @@ impl Harness {
             llm: self.llm.clone(),
             response_llm: None,
             memory_store: self.store.clone(),
-            crisis_log: self.log.clone(),
+            crisis_budget: std::time::Duration::from_secs(3),
             embedder: Some(Arc::new(HashingEmbedder::default())),
             data: Arc::new(AgentData::examples().unwrap()),
             clock: Arc::new(ManualClock::new()),
@@ -665,4 +666,166 @@ async fn a_contended_turn_and_a_failed_stage_are_503s_that_changed_nothing() {
         body["detail"],
         "stage memory_control failed; nothing was changed, retry later"
     );
+}
+
+/// The crisis log commits with the turn: a thread store whose commits fail
+/// or are lost, around the real one.
+mod crisis_log_with_the_turn {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use async_trait::async_trait;
+    use parlance_core::turn::{Checkpoint, ThreadKey, TurnKey};
+    use parlance_ports::{
+        Commit, Committed, CompletionRequest, CompletionResponse, CrisisLog, LlmClient, LlmResult,
+        MachineStore, ManualClock, PortError, PortResult, Stored,
+    };
+
+    use super::*;
+    use crate::turn::TurnRunError;
+
+    /// Fails the next commits with the queued errors, then commits.
+    struct Flaky {
+        inner: Arc<MemoryCheckpointStore>,
+        failures: Mutex<VecDeque<PortError>>,
+    }
+
+    #[async_trait]
+    impl MachineStore<Checkpoint> for Flaky {
+        async fn load(&self, key: &TurnKey) -> PortResult<Option<Stored<Checkpoint>>> {
+            self.inner.load(key).await
+        }
+
+        async fn commit(&self, c: Commit<'_, Checkpoint>) -> PortResult<Committed<Checkpoint>> {
+            let failure = self.failures.lock().unwrap().pop_front();
+            match failure {
+                Some(e) => Err(e),
+                None => self.inner.commit(c).await,
+            }
+        }
+    }
+
+    async fn turn_on(
+        h: &Harness,
+        store: Arc<dyn MachineStore<Checkpoint>>,
+        ctx: &AgentContext,
+        message: &str,
+    ) -> Result<SupportOutput, TurnRunError> {
+        let key = ThreadKey {
+            product_id: h.product.clone(),
+            owner: ctx.owner.clone(),
+            thread: ctx.thread.clone(),
+        };
+        let input = SupportInput {
+            message: message.to_owned(),
+            user_id: Some("u1".to_owned()),
+            session_id: Some("s1".to_owned()),
+            ..SupportInput::default()
+        };
+        runner(store, Arc::new(ManualClock::new()))
+            .run(ctx, &key, input, SupportLoaded::default())
+            .await
+            .map(|r| r.output)
+    }
+
+    async fn logged(h: &Harness) -> Vec<parlance_ports::CrisisLogRecord> {
+        h.log
+            .list(&h.product, &OwnerId::parse("u1").unwrap(), None, 100)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_turn_whose_commit_fails_leaves_no_crisis_entry() {
+        let h = Harness::new(OfflineLlm::new());
+        let flaky = Arc::new(Flaky {
+            inner: h.threads.clone(),
+            failures: Mutex::new(VecDeque::from([PortError::unavailable("disk full")])),
+        });
+        let ctx = h.ctx("u1", "s1");
+        let e = turn_on(&h, flaky.clone(), &ctx, "I want to end my life")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, TurnRunError::Service(_)), "{e:?}");
+        assert_eq!(logged(&h).await, vec![], "a failed turn logged its gate");
+        // The same turn again commits, and logs once.
+        let out = turn_on(&h, flaky, &ctx, "I want to end my life")
+            .await
+            .unwrap();
+        assert_eq!(out.response_type, "crisis");
+        let log = logged(&h).await;
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].entry.turn, 1);
+        assert_eq!(log[0].entry.route, "crisis");
+    }
+
+    #[tokio::test]
+    async fn a_retried_turn_writes_one_crisis_entry() {
+        let h = Harness::new(OfflineLlm::new());
+        let flaky = Arc::new(Flaky {
+            inner: h.threads.clone(),
+            failures: Mutex::new(VecDeque::from([
+                PortError::conflict("lost"),
+                PortError::conflict("lost again"),
+            ])),
+        });
+        let ctx = h.ctx("u1", "s1");
+        let out = turn_on(&h, flaky, &ctx, "I want to end my life")
+            .await
+            .unwrap();
+        assert_eq!(out.response_type, "crisis");
+        assert_eq!(
+            h.prompts("crisis_gate").len(),
+            3,
+            "the gate ran once per attempt"
+        );
+        let log = logged(&h).await;
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_eq!(log[0].entry.thread.as_str(), "s1");
+    }
+
+    /// A model that accepts the call and never answers, whatever deadline
+    /// the request carries.
+    struct Silent;
+
+    #[async_trait]
+    impl LlmClient for Silent {
+        fn describe(&self) -> String {
+            "silent".to_owned()
+        }
+
+        fn default_model(&self) -> &str {
+            "silent"
+        }
+
+        async fn complete(&self, _request: &CompletionRequest) -> LlmResult<CompletionResponse> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn the_gate_decides_by_keywords_within_its_budget() {
+        let h = Harness::new(OfflineLlm::new());
+        let mut ctx = h.ctx("u1", "s1");
+        ctx.llm = Arc::new(Silent);
+        ctx.crisis_budget = Duration::from_millis(200);
+        let started = Instant::now();
+        let out = tokio::time::timeout(
+            Duration::from_secs(10),
+            turn_on(&h, h.threads.clone(), &ctx, "I want to end my life"),
+        )
+        .await
+        .expect("the gate waited past its budget")
+        .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(out.response_type, "crisis");
+        assert_eq!(d(&out, "crisis_classifier_path"), "keyword_fallback");
+        let log = logged(&h).await;
+        assert!(log[0].entry.audit.llm_failure_occurred);
+    }
 }

@@ -147,7 +147,20 @@ pub enum TurnRunError {
     /// attempt lost its commit to another turn, or the thread refused it.
     #[error(transparent)]
     Service(#[from] ServiceError<Checkpoint>),
+    /// The request's time budget ran out before the turn could commit.
+    #[error("the turn's time budget ran out before its commit")]
+    Deadline,
 }
+
+/// What a turn's commit writes besides its reducer fields, from the turn's
+/// final state: more delta lists for the thread store, such as the
+/// crisis-log entries of
+/// [`CRISIS_LOG_DELTA`](parlance_ports::CRISIS_LOG_DELTA), which commit
+/// with the turn or not at all.
+pub type Outbox<S, C> = Arc<dyn Fn(&S, &C) -> Result<CheckpointDelta, StageError> + Send + Sync>;
+
+/// The name a failing [`Outbox`] is reported under.
+pub const OUTBOX: &str = "outbox";
 
 /// One stage's wall time.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -206,6 +219,7 @@ pub struct TurnRunner<S: TurnView, C: ?Sized> {
     store: Arc<dyn MachineStore<Checkpoint>>,
     clock: Arc<dyn Clock>,
     window: LoadWindow,
+    outbox: Option<Outbox<S, C>>,
 }
 
 impl<S, C> TurnRunner<S, C>
@@ -231,7 +245,18 @@ where
             store,
             clock,
             window: S::load_window(),
+            outbox: None,
         }
+    }
+
+    /// What each turn's commit writes besides its reducer fields
+    /// ([`Outbox`]), computed from the turn's final state on every attempt.
+    pub fn outbox(
+        mut self,
+        f: impl Fn(&S, &C) -> Result<CheckpointDelta, StageError> + Send + Sync + 'static,
+    ) -> Self {
+        self.outbox = Some(Arc::new(f));
+        self
     }
 
     /// The implementation of stage `name`.
@@ -255,12 +280,15 @@ where
     /// Runs one turn on `key`'s thread through the executor: load, begin,
     /// the graph's steps, finish, commit. A lost commit re-runs the whole
     /// turn on the new checkpoint (stages may therefore run more than once).
+    /// Under a request's deadline ([`crate::budget::current`]), a turn
+    /// planned after it passed is not committed.
     ///
     /// # Errors
     ///
     /// [`TurnRunError::Stage`] when a stage fails; `MissingStage`, `Graph`
     /// or `Turn` for a graph or state that cannot run; `Service` when the
-    /// thread cannot be loaded or committed (contended, a port failure).
+    /// thread cannot be loaded or committed (contended, a port failure);
+    /// `Deadline` when the request's budget ran out before the commit.
     pub async fn run(
         &self,
         ctx: &C,
@@ -294,12 +322,21 @@ where
                 };
                 let (planned, fault) = (&planned, &fault);
                 async move {
-                    match self.plan(ctx, begun, started).await {
+                    let planned_in_time = self.plan(ctx, begun, started).await.and_then(|p| {
+                        let late =
+                            crate::budget::current().is_some_and(|d| d.expired(Instant::now()));
+                        if late {
+                            Err(TurnRunError::Deadline)
+                        } else {
+                            Ok(p)
+                        }
+                    });
+                    match planned_in_time {
                         Ok((delta, plan)) => {
                             *lock(planned) = Some(plan);
                             Ok(Some(TurnCommand::commit(base, delta)))
                         }
-                        Err(e @ TurnRunError::Stage { .. }) => {
+                        Err(e @ (TurnRunError::Stage { .. } | TurnRunError::Deadline)) => {
                             Err(ServiceError::Planning(Box::new(e)))
                         }
                         Err(e) => {
@@ -351,7 +388,15 @@ where
         let timings = self.run_graph(ctx, &mut state).await?;
         let total_millis = started.elapsed().as_secs_f64() * 1000.0;
         state.record_stage_time("turn_total", total_millis);
+        let carried = match &self.outbox {
+            Some(outbox) => outbox(&state, ctx).map_err(|source| TurnRunError::Stage {
+                stage: OUTBOX,
+                source,
+            })?,
+            None => CheckpointDelta::default(),
+        };
         let (output, delta) = finish_turn(state)?;
+        let delta = delta.then(&carried);
         let plan = Planned {
             output,
             bytes_written: delta.encoded_len(),

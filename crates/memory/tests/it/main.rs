@@ -144,8 +144,10 @@ mod checkpoint {
 
     fn subject() -> Subject {
         let audit = Arc::new(MemoryAuditLog::new());
+        let store = MemoryCheckpointStore::new(audit.clone());
         Subject {
-            store: Arc::new(MemoryCheckpointStore::new(audit.clone())),
+            crisis_log: store.crisis_log(),
+            store: Arc::new(store),
             audit,
             queue: Arc::new(MemoryTaskQueue::new(
                 Arc::new(SystemClock),

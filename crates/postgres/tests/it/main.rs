@@ -44,7 +44,7 @@ mod checkpoint {
 
     use parlance_ports::{QueueConfig, SystemClock};
     use parlance_postgres::{
-        PgAuditLog, PgCheckpointStore, PgPool, PgTaskQueue, testing::test_pool,
+        PgAuditLog, PgCheckpointStore, PgCrisisLog, PgPool, PgTaskQueue, testing::test_pool,
     };
     use parlance_testkit::checkpoint::Subject;
 
@@ -52,6 +52,7 @@ mod checkpoint {
         Subject {
             store: Arc::new(PgCheckpointStore::new(pool.clone())),
             audit: Arc::new(PgAuditLog::new(pool.clone())),
+            crisis_log: Arc::new(PgCrisisLog::new(pool.clone())),
             queue: Arc::new(PgTaskQueue::new(
                 pool,
                 Arc::new(SystemClock),
