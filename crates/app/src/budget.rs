@@ -156,6 +156,12 @@ pub fn current() -> Option<Deadline> {
     CURRENT.try_with(|d| *d).ok()
 }
 
+/// Runs `f` with `deadline` as the [`current`] one, without stopping it:
+/// what it calls observes the deadline on its own.
+pub async fn scoped<F: Future>(deadline: Deadline, f: F) -> F::Output {
+    CURRENT.scope(deadline, f).await
+}
+
 /// Runs `f` with `deadline` as the [`current`] one, stopping it when the
 /// deadline passes (`None` then).
 pub async fn within<F: Future>(deadline: Deadline, f: F) -> Option<F::Output> {
@@ -335,6 +341,53 @@ mod tests {
         assert_eq!(d.model_deadline(), now + Duration::from_secs(59));
         assert!(!d.expired(now));
         assert!(d.expired(now + Duration::from_secs(60)));
+    }
+
+    #[tokio::test]
+    async fn a_request_past_its_budget_gets_a_504_problem() {
+        use axum::body::Body;
+        use axum::routing::post;
+        use tower::ServiceExt as _;
+
+        let budgets = Budgets {
+            commands: Duration::from_millis(100),
+            ..Budgets::default()
+        };
+        let app = axum::Router::new()
+            .route(
+                "/slow",
+                post(|| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    "done"
+                }),
+            )
+            .route(
+                "/seen",
+                post(|| async {
+                    current()
+                        .map(|d| d.budget.as_millis().to_string())
+                        .unwrap_or_default()
+                }),
+            )
+            .layer(axum::middleware::from_fn_with_state(budgets, enforce));
+        let req = |path: &str| Request::post(path).body(Body::empty()).unwrap();
+        let started = Instant::now();
+        let res = app.clone().oneshot(req("/slow")).await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["type"], "urn:parlance:problem:deadline-exceeded");
+        assert_eq!(v["budget_ms"], 100);
+        assert_eq!(v["family"], "commands");
+        let res = app.oneshot(req("/seen")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"100", "the handler sees its deadline");
     }
 
     #[tokio::test]

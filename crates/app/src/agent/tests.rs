@@ -805,6 +805,31 @@ mod crisis_log_with_the_turn {
     }
 
     #[tokio::test]
+    async fn a_turn_past_its_deadline_commits_nothing() {
+        let h = Harness::new(OfflineLlm::new());
+        let ctx = h.ctx("u1", "s1");
+        let gone = crate::budget::Deadline::new(
+            crate::budget::Family::Agent,
+            Duration::ZERO,
+            Instant::now(),
+        );
+        let e = crate::budget::scoped(
+            gone,
+            turn_on(&h, h.threads.clone(), &ctx, "I want to end my life"),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, TurnRunError::Deadline), "{e:?}");
+        let key = TurnKey::whole(ThreadKey {
+            product_id: h.product.clone(),
+            owner: ctx.owner.clone(),
+            thread: ctx.thread.clone(),
+        });
+        assert!(h.threads.load(&key).await.unwrap().is_none());
+        assert_eq!(logged(&h).await, vec![]);
+    }
+
+    #[tokio::test]
     async fn the_gate_decides_by_keywords_within_its_budget() {
         let h = Harness::new(OfflineLlm::new());
         let mut ctx = h.ctx("u1", "s1");
