@@ -79,12 +79,16 @@ async fn timed(
 async fn a_crisis_turn_answers_within_its_budget_by_keywords() {
     let s = server().await;
     let turn = json!({"message": "I want to end my life", "user_id": "u1", "session_id": "s1"});
-    let (status, _, out, took) = timed(&s, Method::POST, &format!("{BASE}/turns"), Some(&turn)).await;
+    let (status, _, out, took) =
+        timed(&s, Method::POST, &format!("{BASE}/turns"), Some(&turn)).await;
     assert_eq!(status, StatusCode::OK, "{out}");
     assert!(took < 2 * BUDGET, "the turn took {took:?}");
     assert_eq!(out["response_type"], "crisis");
     assert_eq!(out["crisis"]["needs_crisis_response"], true);
-    assert_eq!(out["diagnostics"]["crisis_classifier_path"], "keyword_fallback");
+    assert_eq!(
+        out["diagnostics"]["crisis_classifier_path"],
+        "keyword_fallback"
+    );
     assert_eq!(out["diagnostics"]["route"], "crisis");
     let (status, _, log, _) = timed(&s, Method::GET, &format!("{BASE}/crisis-log/u1"), None).await;
     assert_eq!(status, StatusCode::OK);
@@ -97,11 +101,16 @@ async fn a_crisis_turn_answers_within_its_budget_by_keywords() {
 #[tokio::test]
 async fn a_turn_needing_the_model_answers_within_its_budget() {
     let s = server().await;
-    let turn = json!({"message": "Work has been stressful lately", "user_id": "u1", "session_id": "s1"});
-    let (status, _, out, took) = timed(&s, Method::POST, &format!("{BASE}/turns"), Some(&turn)).await;
+    let turn =
+        json!({"message": "Work has been stressful lately", "user_id": "u1", "session_id": "s1"});
+    let (status, _, out, took) =
+        timed(&s, Method::POST, &format!("{BASE}/turns"), Some(&turn)).await;
     assert_eq!(status, StatusCode::OK, "{out}");
     assert!(took < 2 * BUDGET, "the turn took {took:?}");
-    assert_eq!(out["diagnostics"]["crisis_classifier_path"], "keyword_fallback");
+    assert_eq!(
+        out["diagnostics"]["crisis_classifier_path"],
+        "keyword_fallback"
+    );
     assert_eq!(out["diagnostics"]["reply_source"], "fallback");
     assert_eq!(out["diagnostics"]["memory_extraction"], "llm_failed");
 }
@@ -154,7 +163,10 @@ async fn racing_turns_log_once_each(mut c: Components) {
     c.agent_data = AgentData::examples().unwrap();
     let s = TestServer::start(c.build(), Arc::new(ManualClock::new())).await;
     let turn = |m: &str| json!({"message": m, "user_id": "u1", "session_id": "s1"});
-    let (a, b) = (turn("I want to end my life"), turn("I feel like I want to die"));
+    let (a, b) = (
+        turn("I want to end my life"),
+        turn("I feel like I want to die"),
+    );
     let path = format!("{BASE}/turns");
     let ((sa, _, oa), (sb, _, ob)) = tokio::join!(
         s.send(Method::POST, &path, Some(&a), true),
@@ -162,7 +174,12 @@ async fn racing_turns_log_once_each(mut c: Components) {
     );
     assert_eq!((sa, sb), (StatusCode::OK, StatusCode::OK), "{oa} {ob}");
     let (_, _, thread) = s
-        .send(Method::GET, &format!("{BASE}/threads/s1?user_id=u1"), None, true)
+        .send(
+            Method::GET,
+            &format!("{BASE}/threads/s1?user_id=u1"),
+            None,
+            true,
+        )
         .await;
     assert_eq!(thread["version"], 2);
     let (_, _, log) = s

@@ -7,6 +7,7 @@ mod bad_input;
 mod concurrency;
 mod connections;
 mod conversation;
+mod deadlines;
 mod faults;
 mod flow;
 mod load;
