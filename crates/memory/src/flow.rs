@@ -161,6 +161,19 @@ impl FlowStore for MemoryFlowStore {
             .ok_or_else(|| PortError::not_found(format!("no flow session {}", key.entity_id())))
     }
 
+    async fn dialogue_prefix(&self, key: &FlowKey, len: u64) -> PortResult<Vec<DialogueElement>> {
+        let _settled = self.settled.read().await;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        self.records
+            .lock()
+            .get(&record_key(key))
+            .map(|s| {
+                let all = s.state.dialogue();
+                all[..len.min(all.len())].to_vec()
+            })
+            .ok_or_else(|| PortError::not_found(format!("no flow session {}", key.entity_id())))
+    }
+
     async fn task_done(
         &self,
         key: &FlowKey,

@@ -47,6 +47,13 @@ pub trait FlowStore: Send + Sync + 'static {
     /// not exist.
     async fn dialogue(&self, key: &FlowKey) -> PortResult<Vec<DialogueElement>>;
 
+    /// The first `len` elements of the dialogue, oldest first (all of it
+    /// when it is shorter): the dialogue as it was when it had `len`
+    /// elements, since it is append-only. A worker rebuilds the render data
+    /// a DAG was planned with from it. `NotFound` when the session does not
+    /// exist.
+    async fn dialogue_prefix(&self, key: &FlowKey, len: u64) -> PortResult<Vec<DialogueElement>>;
+
     /// Records finished tasks of a chain (`done += done`, `total +=
     /// add_total`); `NotFound` when the chain does not exist. Workers call
     /// it as tasks finish, outside the session's compare-and-swap.

@@ -359,6 +359,25 @@ impl FlowStore for PgFlowStore {
         dialogue_of(&row).map_err(pg_err("decode flow dialogue"))
     }
 
+    async fn dialogue_prefix(&self, key: &FlowKey, len: u64) -> PortResult<Vec<DialogueElement>> {
+        let row = sqlx::query(
+            "SELECT d.actors, d.events, d.texts, d.ats FROM flow_sessions s LEFT JOIN LATERAL (\
+             SELECT array_agg(actor ORDER BY seq) AS actors, array_agg(event ORDER BY seq) AS events, \
+             array_agg(actor_text ORDER BY seq) AS texts, array_agg(at ORDER BY seq) AS ats \
+             FROM flow_dialogue WHERE product_id = s.product_id AND session_id = s.session_id \
+             AND seq <= $3) d ON true \
+             WHERE s.product_id = $1 AND s.session_id = $2",
+        )
+        .bind(key.product_id.as_str())
+        .bind(key.session_id.as_str())
+        .bind(i64::try_from(len).unwrap_or(i64::MAX))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load flow dialogue"))?
+        .ok_or_else(|| PortError::not_found("no such flow session"))?;
+        dialogue_of(&row).map_err(pg_err("decode flow dialogue"))
+    }
+
     async fn task_done(
         &self,
         key: &FlowKey,

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parlance_core::flow::{
-    FlowBuilder, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord, FlowSessionId,
-    RunnerOptions, TemplateRef,
+    ContextRef, FlowBuilder, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord,
+    FlowSessionId, RunnerOptions, TemplateRef,
 };
 use parlance_core::{Decision, Machine, ProductId, Task, Timestamp};
 use parlance_ports::{
@@ -39,6 +39,8 @@ macro_rules! flow_store_suite {
                 each_commit_audits_its_transition_with_the_flow,
                 unknown_sessions_and_chains_are_absent,
                 reads_are_scoped_by_product,
+                a_dialogue_prefix_is_the_dialogue_as_it_was,
+                a_dag_node_names_the_context_the_store_gives_back,
             ]
         }
     };
@@ -533,6 +535,14 @@ pub async fn unknown_sessions_and_chains_are_absent(f: Fixture) {
         f.store.dialogue(&key).await.expect_err("missing").kind,
         ErrorKind::NotFound
     );
+    assert_eq!(
+        f.store
+            .dialogue_prefix(&key, 1)
+            .await
+            .expect_err("missing")
+            .kind,
+        ErrorKind::NotFound
+    );
     assert_eq!(f.store.progress(&key, "c").await.expect("progress"), None);
     assert_eq!(
         f.store
@@ -573,4 +583,81 @@ pub async fn reads_are_scoped_by_product(f: Fixture) {
             .any(|e| matches!(e, FlowEffect::Dialogue(_))),
         "the change appended to a's dialogue"
     );
+}
+
+/// The first `len` elements of the dialogue, in order: none, some, all, and
+/// all when `len` is past the end.
+pub async fn a_dialogue_prefix_is_the_dialogue_as_it_was(f: Fixture) {
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    let asked = change(&f, &key).await;
+    let all = asked.state.dialogue().to_vec();
+    assert_eq!(all.len(), 2, "the greeting and the question");
+    assert_eq!(f.store.dialogue(&key).await.expect("dialogue"), all);
+    for len in 0..=3u64 {
+        let prefix = f.store.dialogue_prefix(&key, len).await.expect("prefix");
+        let want = &all[..usize::try_from(len).expect("small").min(all.len())];
+        assert_eq!(prefix, want, "prefix of {len}");
+    }
+}
+
+/// A DAG node's payload names the render data it was planned with; the
+/// session and the dialogue prefix the store holds give it back, also once
+/// the session has moved on in the same chain.
+pub async fn a_dag_node_names_the_context_the_store_gives_back(f: Fixture) {
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    let asked = change(&f, &key).await;
+    let planned = f
+        .context
+        .flow
+        .render_data(asked.state.session(), asked.state.dialogue(), now());
+    let worker = WorkerId(uuid::Uuid::from_u128(9));
+    let leases = f
+        .queue
+        .claim(
+            &worker,
+            parlance_core::queue::DEFAULT_QUEUE,
+            10,
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("claim");
+    let lease = leases
+        .iter()
+        .find(|l| l.kind == parlance_core::flow::queue::INVOKE_KIND)
+        .expect("the invoker node is runnable");
+    assert!(
+        lease.payload.get("context").is_none(),
+        "no copy of the data"
+    );
+    let cr: ContextRef =
+        serde_json::from_value(lease.payload["context_ref"].clone()).expect("a context reference");
+    let rebuild = |session: &parlance_core::flow::FlowSession,
+                   dialogue: &[parlance_core::flow::DialogueElement]| {
+        f.context
+            .flow
+            .render_data(session, dialogue, cr.planned_at().expect("a time"))
+    };
+    let session = f
+        .store
+        .session(&key)
+        .await
+        .expect("session")
+        .expect("stored");
+    let prefix = f
+        .store
+        .dialogue_prefix(&key, cr.dialogue_len)
+        .await
+        .expect("prefix");
+    assert_eq!(prefix.len() as u64, cr.dialogue_len);
+    assert_eq!(rebuild(&session.state, &prefix), planned);
+    // The prefix stays what it was after the session moves on.
+    change(&f, &key).await;
+    let later = f
+        .store
+        .dialogue_prefix(&key, cr.dialogue_len)
+        .await
+        .expect("prefix");
+    assert_eq!(later, prefix);
 }

@@ -1,7 +1,16 @@
 //! The task handlers that run flow DAG nodes on workers.
 //!
 //! Each node carries the session, the invocation and its plan task in its
-//! payload; parent results arrive as the node's inputs. Every finished node
+//! payload; parent results arrive as the node's inputs. The render data is
+//! not in the payload: it names the data the DAG was planned with (a
+//! [`ContextRef`]: the dialogue's length then and the planning time), and
+//! an invoker or map node rebuilds it from the session (which does not
+//! change while it waits for the run) and that prefix of the append-only
+//! dialogue, so a payload's size never depends on the dialogue's. A map's
+//! elements receive only their drag-net and rebuild the rest the same way.
+//! (Payloads written before this carried the data itself under `context`,
+//! and a map's elements their whole render data; both still run.) Every
+//! finished node
 //! adds its `credit` to the chain's progress. A node's final failure (no
 //! attempts left, or not retryable) is reported to the session before the
 //! queue fails the DAG, so the session offers `retry` at once; the
@@ -14,8 +23,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parlance_core::flow::TaskError as FlowTaskError;
 use parlance_core::flow::dag;
-use parlance_core::flow::queue::{COMBINE_KIND, COMPLETE_KIND, GLUE_KIND, INVOKE_KIND, MAP_KIND};
-use parlance_core::flow::{Flow, FlowKey, FlowSessionId};
+use parlance_core::flow::queue::{
+    COMBINE_KIND, COMPLETE_KIND, ContextRef, GLUE_KIND, INVOKE_KIND, MAP_KIND,
+};
+use parlance_core::flow::{Flow, FlowKey, FlowSession, FlowSessionId};
 use parlance_ports::Lease;
 use serde::Deserialize;
 use serde_json::Value;
@@ -60,8 +71,12 @@ struct Payload {
     template: String,
     #[serde(default)]
     invoker: String,
+    /// The render data itself, in payloads written before `context_ref`.
     #[serde(default)]
     context: Value,
+    /// The render data the DAG was planned with, by reference.
+    #[serde(default)]
+    context_ref: Option<ContextRef>,
     #[serde(default)]
     has_input: bool,
     #[serde(default)]
@@ -113,17 +128,55 @@ impl FlowTask {
         }
     }
 
-    /// Whether the session still waits for this invocation (a cancelled or
-    /// superseded run does no more work).
-    async fn is_current(&self, lease: &Lease, p: &Payload) -> Result<bool, TaskError> {
-        match self.service.store().session(&key(lease, p)).await {
-            Ok(s) => Ok(s.is_some_and(|s| {
-                s.state
-                    .running
+    /// The session, while it still waits for this invocation; a cancelled
+    /// or superseded run does no more work.
+    async fn current_session(&self, lease: &Lease, p: &Payload) -> Result<FlowSession, TaskError> {
+        let stored = self
+            .service
+            .store()
+            .session(&key(lease, p))
+            .await
+            .map_err(|e| TaskError::retryable(e.to_string()))?;
+        stored
+            .map(|s| s.state)
+            .filter(|s| {
+                s.running
+                    .as_ref()
                     .is_some_and(|r| r.invocation_id == p.invocation_id)
-            })),
-            Err(e) => Err(TaskError::retryable(e.to_string())),
+            })
+            .ok_or_else(|| TaskError::permanent("the run was cancelled"))
+    }
+
+    /// The render data the node's DAG was planned with: the session as it
+    /// is while it waits for this invocation, and the dialogue as it was
+    /// when the DAG was planned.
+    async fn planned_context(
+        &self,
+        lease: &Lease,
+        p: &Payload,
+        session: &FlowSession,
+        flow: &Flow,
+    ) -> Result<Value, TaskError> {
+        let Some(cr) = p.context_ref else {
+            return Ok(p.context.clone());
+        };
+        let planned_at = cr
+            .planned_at()
+            .ok_or_else(|| TaskError::permanent("the planning time is out of range"))?;
+        let dialogue = self
+            .service
+            .store()
+            .dialogue_prefix(&key(lease, p), cr.dialogue_len)
+            .await
+            .map_err(|e| TaskError::retryable(e.to_string()))?;
+        if dialogue.len() as u64 != cr.dialogue_len {
+            return Err(TaskError::permanent(format!(
+                "the dialogue holds {} elements; the run was planned on {}",
+                dialogue.len(),
+                cr.dialogue_len
+            )));
         }
+        Ok(flow.render_data(session, &dialogue, planned_at))
     }
 
     /// The node's flow.
@@ -157,20 +210,20 @@ impl FlowTask {
     }
 
     async fn invoke(&self, lease: &Lease, p: &Payload) -> Result<Value, TaskError> {
-        if !self.is_current(lease, p).await? {
-            return Err(TaskError::permanent("the run was cancelled"));
-        }
-        let data = if p.element {
+        let session = self.current_session(lease, p).await?;
+        let flow = self.flow(p)?;
+        let data = if p.element && p.context_ref.is_none() {
+            // An element of an older map: its input is its whole data.
             first_input(lease)?.clone()
         } else {
-            let net = if p.has_input {
+            let net = if p.has_input || p.element {
                 Some(first_input(lease)?)
             } else {
                 None
             };
-            dag::task_context(&p.context, net)
+            let base = self.planned_context(lease, p, &session, &flow).await?;
+            dag::task_context(&base, net)
         };
-        let flow = self.flow(p)?;
         let rendered = flow
             .render(&p.template, &data)
             .map_err(|e| TaskError::permanent(e.to_string()))?;
@@ -190,16 +243,15 @@ impl FlowTask {
     }
 
     async fn map(&self, lease: &Lease, p: &Payload) -> Result<Value, TaskError> {
-        if !self.is_current(lease, p).await? {
-            return Err(TaskError::permanent("the run was cancelled"));
-        }
+        let session = self.current_session(lease, p).await?;
+        let flow = self.flow(p)?;
         let net = if p.has_input {
             Some(first_input(lease)?)
         } else {
             None
         };
-        let data = dag::task_context(&p.context, net);
-        let flow = self.flow(p)?;
+        let base = self.planned_context(lease, p, &session, &flow).await?;
+        let data = dag::task_context(&base, net);
         let items = match flow
             .eval(&p.over, &data)
             .map_err(|e| TaskError::permanent(e.to_string()))?
@@ -208,11 +260,18 @@ impl FlowTask {
             Value::Null => Vec::new(),
             other => vec![other],
         };
-        // Each element is handed its whole render data.
+        // Each element is handed its drag-net (the map's, with its index
+        // and value over it) and rebuilds the rest; an older map's
+        // elements expect their whole render data.
+        let carried = match (p.context_ref, net) {
+            (None, _) => data,
+            (Some(_), Some(net @ Value::Object(_))) => net.clone(),
+            (Some(_), _) => Value::Object(serde_json::Map::new()),
+        };
         let elements: Vec<Value> = items
             .iter()
             .enumerate()
-            .map(|(i, item)| dag::task_context(&data, Some(&dag::map_element(i, item))))
+            .map(|(i, item)| dag::task_context(&carried, Some(&dag::map_element(i, item))))
             .collect();
         self.count(lease, p, p.credit, elements.len() as i64).await;
         Ok(Value::Array(elements))

@@ -313,11 +313,15 @@ impl FlowRecord {
 
     /// The decision of a command the engine turned into `fired`, with
     /// `cause` as its audit cause; moves the record to `fired`'s session.
+    ///
+    /// A DAG is planned on the dialogue with `fired`'s elements appended,
+    /// at `now`: its nodes name that context rather than copy it.
     fn apply(
         &mut self,
         ctx: &FlowContext,
         fired: Fired,
         cause: Name,
+        now: Timestamp,
         progress: impl FnOnce(Option<&DagPlan>) -> Option<ProgressUpdate>,
     ) -> Decision<Self> {
         let mut decision = Decision::changed();
@@ -336,6 +340,8 @@ impl FlowRecord {
                     session_id: &fired.session.session_id,
                     flow: ctx.flow.name(),
                     plan,
+                    dialogue_len: self.dialogue.len() + fired.appended.len(),
+                    planned_at: now,
                 }
                 .to_spec(&ctx.runner),
             );
@@ -408,9 +414,11 @@ impl Machine for FlowRecord {
                 fresh_id,
             } => {
                 let fired = flow.fire(session, dialogue, event, input, fresh_id, now)?;
-                Ok(self.apply(ctx, fired, Cow::Owned(event.clone()), |plan| {
-                    plan.map(|p| joins(p, false))
-                }))
+                Ok(
+                    self.apply(ctx, fired, Cow::Owned(event.clone()), now, |plan| {
+                        plan.map(|p| joins(p, false))
+                    }),
+                )
             }
             FlowCommand::Cancel => {
                 let idle = flow.cancel(session)?;
@@ -420,6 +428,7 @@ impl Machine for FlowRecord {
                     ctx,
                     Fired::stays(idle),
                     Cow::Borrowed(cause::CANCEL),
+                    now,
                     |_| None,
                 );
                 decision.effects.extend(answer.map(FlowEffect::Respond));
@@ -428,9 +437,11 @@ impl Machine for FlowRecord {
             }
             FlowCommand::Retry { fresh_id } => {
                 let fired = flow.retry(session, dialogue, fresh_id, now)?;
-                Ok(self.apply(ctx, fired, Cow::Borrowed(cause::RETRY), |plan| {
-                    plan.map(|p| joins(p, false))
-                }))
+                Ok(
+                    self.apply(ctx, fired, Cow::Borrowed(cause::RETRY), now, |plan| {
+                        plan.map(|p| joins(p, false))
+                    }),
+                )
             }
             FlowCommand::Complete {
                 invocation_id,
@@ -450,6 +461,7 @@ impl Machine for FlowRecord {
                     ctx,
                     fired,
                     Cow::Borrowed(cause::DAG_COMPLETED),
+                    now,
                     |plan| match plan {
                         Some(p) => Some(joins(p, p.chain_id == chain)),
                         None => Some(ProgressUpdate {
@@ -464,7 +476,7 @@ impl Machine for FlowRecord {
             FlowCommand::Fail { error, fresh_id } => {
                 let fired = flow.fail(session, dialogue, error.clone(), fresh_id, now)?;
                 Ok(
-                    self.apply(ctx, fired, Cow::Borrowed(cause::DAG_FAILED), |plan| {
+                    self.apply(ctx, fired, Cow::Borrowed(cause::DAG_FAILED), now, |plan| {
                         plan.map(|p| joins(p, false))
                     }),
                 )

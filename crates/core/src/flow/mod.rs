@@ -32,7 +32,7 @@ pub use machine::{
     ClientEvent, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord, FlowSessionId,
     ProgressUpdate, cause,
 };
-pub use queue::{DagJob, RunnerOptions};
+pub use queue::{ContextRef, DagJob, RunnerOptions};
 
 #[cfg(test)]
 mod tests;

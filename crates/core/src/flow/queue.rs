@@ -6,15 +6,22 @@
 //! glue nodes, a map is branches fanning in to a combine node, a map over a
 //! list is a node with a [`MapSpec`] whose elements the queue adds when it
 //! runs, and every DAG ends in the completion node.
+//!
+//! A node's payload does not copy the render data: it names the session and
+//! the render data as it was when the DAG was planned ([`ContextRef`]). The
+//! dialogue is append-only and the session does not change while it waits
+//! for the run, so the worker rebuilds the same data from the flow store,
+//! and a node's payload stays the same size however long the dialogue.
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::dag::{DagPlan, TaskKind};
 use super::machine::FlowSessionId;
-use crate::ProductId;
 use crate::queue::{DagSpec, MapSpec, NodeSpec};
+use crate::{ProductId, Timestamp};
 
 /// Task kind of an invoker call (a named template, or one map element).
 pub const INVOKE_KIND: &str = "flow.invoke";
@@ -51,6 +58,27 @@ impl Default for RunnerOptions {
     }
 }
 
+/// Names the render data a DAG was planned with, in a node's payload
+/// (`context_ref`): the session's first `dialogue_len` dialogue elements and
+/// the planning time. With the session's stored state (unchanged while the
+/// session waits for the run) they give back the plan's context exactly:
+/// `Flow::render_data(session, &dialogue[..dialogue_len], planned_at)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextRef {
+    /// Dialogue elements the plan saw (the dialogue is append-only).
+    pub dialogue_len: u64,
+    /// When the DAG was planned (its `current_datetime`), in microseconds
+    /// since the Unix epoch.
+    pub planned_at_us: i64,
+}
+
+impl ContextRef {
+    /// The planning time.
+    pub fn planned_at(&self) -> Option<Timestamp> {
+        Timestamp::from_micros(self.planned_at_us)
+    }
+}
+
 /// One DAG to run: the plan and whose it is.
 #[derive(Debug, Clone, Copy)]
 pub struct DagJob<'a> {
@@ -62,6 +90,11 @@ pub struct DagJob<'a> {
     pub flow: &'a str,
     /// What to run.
     pub plan: &'a DagPlan,
+    /// Dialogue elements the plan's context was rendered from: the stored
+    /// dialogue's length once the planning commit is written.
+    pub dialogue_len: usize,
+    /// When the plan was made (the decision's time).
+    pub planned_at: Timestamp,
 }
 
 impl DagJob<'_> {
@@ -69,6 +102,10 @@ impl DagJob<'_> {
     pub fn to_spec(&self, options: &RunnerOptions) -> DagSpec {
         let plan = self.plan;
         let timeout_ms = u64::try_from(options.task_timeout.as_millis()).unwrap_or(u64::MAX);
+        let context_ref = json!(ContextRef {
+            dialogue_len: self.dialogue_len as u64,
+            planned_at_us: self.planned_at.as_micros(),
+        });
         let base = |task: usize, credit: usize| {
             json!({
                 "session_id": self.session_id,
@@ -106,7 +143,7 @@ impl DagJob<'_> {
                 } => {
                     payload["template"] = json!(template);
                     payload["invoker"] = json!(invoker);
-                    payload["context"] = plan.context.clone();
+                    payload["context_ref"] = context_ref.clone();
                     payload["has_input"] = json!(input.is_some());
                     INVOKE_KIND
                 }
@@ -122,12 +159,15 @@ impl DagJob<'_> {
                     input,
                 } => {
                     payload["over"] = json!(over);
-                    payload["context"] = plan.context.clone();
+                    payload["context_ref"] = context_ref.clone();
                     payload["has_input"] = json!(input.is_some());
+                    // An element's input is its drag-net only; it rebuilds
+                    // the context as its map node does.
                     let mut element = base(task.id, 1);
                     element["template"] = json!(template);
                     element["invoker"] = json!(invoker);
                     element["element"] = json!(true);
+                    element["context_ref"] = context_ref.clone();
                     map = Some(MapSpec {
                         kind: INVOKE_KIND.to_owned(),
                         payload: element,
@@ -192,6 +232,8 @@ mod tests {
             session_id: &FlowSessionId::parse("sess").unwrap(),
             flow: "f",
             plan: &plan,
+            dialogue_len: 3,
+            planned_at: Timestamp::from_secs(1_700_000_000).unwrap(),
         }
         .to_spec(&RunnerOptions::default())
     }
@@ -305,6 +347,8 @@ mod tests {
             session_id: &FlowSessionId::parse("sess").unwrap(),
             flow: "f",
             plan: &plan,
+            dialogue_len: 3,
+            planned_at: Timestamp::from_secs(1_700_000_000).unwrap(),
         }
         .to_spec(&options);
         assert!(s.nodes.iter().all(|n| n.max_attempts == 1), "at least one");

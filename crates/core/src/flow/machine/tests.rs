@@ -10,7 +10,7 @@ use super::*;
 use crate::flow::tests::small_flow;
 use crate::flow::{
     Condition, FlowBuilder, HookPoint, MAX_DIALOGUE, StateKind, TemplateRef, TransitionDef,
-    queue::{COMPLETE_KIND, INVOKE_KIND},
+    queue::{COMPLETE_KIND, ContextRef, INVOKE_KIND},
 };
 use crate::machine::{ErrorClass, MachineError, Task};
 
@@ -763,6 +763,114 @@ fn the_table_holds_declared_and_engine_edges() {
     assert!(!f.allows(Some("u"), "u", cause::RETRY));
 }
 
+/// The render data the engine plans `cmd`'s DAG with on `before`, if it
+/// plans one.
+fn planned_context(
+    c: &FlowContext,
+    before: &FlowRecord,
+    cmd: &FlowCommand,
+) -> Option<serde_json::Value> {
+    let (s, d, f) = (before.session(), before.dialogue(), &c.flow);
+    let fired = match cmd {
+        FlowCommand::Fire {
+            event,
+            input,
+            fresh_id,
+        } => f.fire(s, d, event, input, fresh_id, now()),
+        FlowCommand::Retry { fresh_id } => f.retry(s, d, fresh_id, now()),
+        FlowCommand::Complete {
+            invocation_id,
+            result,
+            fresh_id,
+        } => f.complete(s, d, invocation_id, result, fresh_id, now()),
+        FlowCommand::Fail { error, fresh_id } => f.fail(s, d, error.clone(), fresh_id, now()),
+        FlowCommand::Start | FlowCommand::Cancel => return None,
+    };
+    fired.ok()?.dag.map(|plan| plan.context)
+}
+
+/// The render data each node of `spec` (and each map's elements) names,
+/// rebuilt from the stored record `r` as a worker does.
+fn rebuilt_contexts(
+    c: &FlowContext,
+    r: &FlowRecord,
+    spec: &crate::queue::DagSpec,
+) -> Vec<serde_json::Value> {
+    let payloads = spec
+        .nodes
+        .iter()
+        .flat_map(|n| std::iter::once(&n.payload).chain(n.map.as_ref().map(|m| &m.payload)));
+    payloads
+        .filter_map(|p| p.get("context_ref"))
+        .map(|v| {
+            let cr: ContextRef = serde_json::from_value(v.clone()).expect("a context reference");
+            let len = usize::try_from(cr.dialogue_len).unwrap();
+            assert!(len <= r.dialogue().len(), "the stored dialogue holds it");
+            c.flow.render_data(
+                r.session(),
+                &r.dialogue()[..len],
+                cr.planned_at().expect("a time"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn nodes_name_the_planned_context_and_the_record_gives_it_back() {
+    let c = ctx(chain_flow());
+    let mut r = start(&c);
+    let mut commands = vec![fire("ask", "first question", "x")];
+    commands.push(complete("i-x", "r1", "y"));
+    commands.push(fail("j-y", "down", "z"));
+    commands.push(FlowCommand::Retry {
+        fresh_id: "w".into(),
+    });
+    let mut planned_dags = 0;
+    for cmd in commands {
+        let before = r.clone();
+        let d = ok(&mut r, &c, &cmd);
+        let Some(planned) = planned_context(&c, &before, &cmd) else {
+            assert!(d.tasks.is_empty(), "{cmd:?}");
+            continue;
+        };
+        planned_dags += 1;
+        let [spec] = dags(&d)[..] else {
+            panic!("one DAG")
+        };
+        for node in spec.nodes.iter().filter(|n| n.kind == INVOKE_KIND) {
+            assert!(node.payload.get("context").is_none(), "no copy of the data");
+        }
+        let rebuilt = rebuilt_contexts(&c, &r, spec);
+        assert_eq!(rebuilt.len(), 1, "{cmd:?}");
+        assert_eq!(rebuilt[0], planned, "{cmd:?}");
+    }
+    assert_eq!(planned_dags, 3, "ask, the hop and the retry");
+}
+
+#[test]
+fn node_payloads_do_not_grow_with_the_dialogue() {
+    let c = ctx(flow());
+    let mut r = start(&c);
+    let input = "x".repeat(10_000);
+    let mut sizes = Vec::new();
+    for n in 0..20 {
+        let d = ok(&mut r, &c, &fire("ask", &input, &format!("{n:02}")));
+        let bytes: usize = dags(&d)[0]
+            .nodes
+            .iter()
+            .map(|node| serde_json::to_vec(&node.payload).unwrap().len())
+            .sum();
+        sizes.push(bytes);
+        ok(&mut r, &c, &complete(&format!("i-{n:02}"), "r", "-"));
+    }
+    assert!(r.dialogue().len() > 40, "the dialogue grew");
+    assert!(sizes[0] < 1_000, "the payloads hold no input: {sizes:?}");
+    assert!(
+        sizes[19] <= sizes[0] + 8,
+        "payloads stay the same size: {sizes:?}"
+    );
+}
+
 // Random small flows and random command sequences.
 
 const EVENTS: [&str; 4] = ["a", "b", "advance", "on_error"];
@@ -837,6 +945,16 @@ proptest! {
                     prop_assert!(flow.state(&r.session().state).is_some());
                     if r.session().running.is_some() {
                         prop_assert_eq!(flow.state(&r.session().state).map(|s| s.kind), Some(StateKind::Invoker));
+                    }
+                    // Every node rebuilds the plan's render data from the
+                    // record the decision leaves.
+                    if let Some(planned) = planned_context(&c, &before, &cmd) {
+                        let [spec] = dags(&d)[..] else { panic!("one DAG") };
+                        let rebuilt = rebuilt_contexts(&c, &r, spec);
+                        prop_assert!(!rebuilt.is_empty());
+                        for data in rebuilt {
+                            prop_assert_eq!(&data, &planned);
+                        }
                     }
                     // The store assigns the run's id.
                     r.set_dag_id(i64::try_from(n).unwrap());
