@@ -22,7 +22,7 @@ use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
     Lease, MapSpec, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig,
-    RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
+    QueueFootprint, RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -79,6 +79,25 @@ struct Node {
     remaining: u32,
     state: NodeState,
     result: Option<Value>,
+}
+
+impl Node {
+    /// Drops what only running the node needed (its payload, a map's
+    /// element template, an element's input): a completed node keeps its
+    /// key, state and result.
+    fn compact(&mut self) {
+        self.payload = Value::Null;
+        self.map = None;
+        self.input = None;
+    }
+}
+
+/// Bytes of `v` as JSON text; nothing for `null`.
+fn json_bytes(v: &Value) -> u64 {
+    if v.is_null() {
+        return 0;
+    }
+    serde_json::to_vec(v).map_or(0, |b| b.len() as u64)
 }
 
 #[derive(Debug)]
@@ -198,6 +217,7 @@ impl State {
                 };
                 dag.nodes[n].state = NodeState::Completed;
                 dag.nodes[n].result = Some(result);
+                dag.nodes[n].compact();
                 dag.done += 1;
                 if dag.state != DagState::Running {
                     continue;
@@ -635,6 +655,8 @@ impl TaskQueue for MemoryTaskQueue {
         job.state = JobState::Completed;
         job.finished_at = Some(now);
         job.leased_by = None;
+        // A completed task never runs again: its payload goes.
+        job.payload = Value::Null;
         match node {
             Some((d, n, true, true)) => {
                 let items = result.as_array().cloned().unwrap_or_default();
@@ -646,6 +668,9 @@ impl TaskQueue for MemoryTaskQueue {
                     dag.done += 1;
                 }
                 st.expand_map(d, n, &items, now);
+                if let Some(dag) = st.dags.get_mut(&d) {
+                    dag.nodes[n].compact();
+                }
             }
             Some((d, n, _, _)) => st.finish_node(d, n, result, now),
             None => {}
@@ -849,6 +874,30 @@ impl TaskQueue for MemoryTaskQueue {
         let dags = st.dags.len();
         st.dags.retain(|_, d| !old(d.finished_at));
         Ok((jobs - st.jobs.len() + dags - st.dags.len()) as u64)
+    }
+
+    async fn footprint(&self, product: &ProductId) -> PortResult<QueueFootprint> {
+        let st = self.lock();
+        let mut f = QueueFootprint::default();
+        for job in st.jobs.values().filter(|j| &j.product_id == product) {
+            f.tasks += 1;
+            f.payload_bytes += json_bytes(&job.payload);
+        }
+        for dag in st.dags.values().filter(|d| &d.product_id == product) {
+            f.runs += 1;
+            for node in &dag.nodes {
+                f.nodes += 1;
+                f.payload_bytes += json_bytes(&node.payload);
+                if let Some(m) = &node.map {
+                    f.payload_bytes += json_bytes(&m.payload);
+                }
+                if let Some((_, input)) = &node.input {
+                    f.payload_bytes += json_bytes(input);
+                }
+                f.result_bytes += node.result.as_ref().map_or(0, json_bytes);
+            }
+        }
+        Ok(f)
     }
 
     async fn wait_for_work(&self, _queue: &str, timeout: Duration) {

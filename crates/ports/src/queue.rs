@@ -234,6 +234,28 @@ pub struct RecoverReport {
     pub cancelled: u64,
 }
 
+/// What the queue holds for one product: its rows, and the bytes of the
+/// JSON the rows keep. A completed task or node keeps no payload (it is
+/// compacted when it completes: only its result stays, for
+/// [`TaskQueue::dag_results`] and its children), and
+/// [`TaskQueue::purge_finished`] deletes the rows themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct QueueFootprint {
+    /// Tasks of any state, DAG nodes' tasks included.
+    pub tasks: u64,
+    /// DAG runs.
+    pub runs: u64,
+    /// DAG nodes (a map's elements and combine node included).
+    pub nodes: u64,
+    /// Bytes of the payloads still kept: tasks', nodes', a map's element
+    /// template and an element's input, as JSON text (a compacted payload
+    /// counts nothing). Adapters may format the text differently, so
+    /// compare figures of one adapter only.
+    pub payload_bytes: u64,
+    /// Bytes of the node results kept, as JSON text.
+    pub result_bytes: u64,
+}
+
 /// Tuning shared by the adapters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QueueConfig {
@@ -322,9 +344,10 @@ pub trait TaskQueue: Send + Sync + 'static {
     ) -> PortResult<Vec<Lease>>;
 
     /// Records the result. For a DAG node this also frees its children
-    /// (a join fires exactly once) and expands a map. Lease lost: error,
-    /// nothing changed. `Invalid` (nothing changed) when a map node's result
-    /// is not an array.
+    /// (a join fires exactly once) and expands a map. The task (and its
+    /// node) no longer keeps its payload: a completed task is never run
+    /// again. Lease lost: error, nothing changed. `Invalid` (nothing
+    /// changed) when a map node's result is not an array.
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()>;
 
     /// Completes several tasks, one outcome per item in order, as
@@ -388,10 +411,15 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// most `limit`.
     async fn list_discarded(&self, queue: &str, limit: usize) -> PortResult<Vec<DiscardedTask>>;
 
-    /// Deletes completed and cancelled tasks and finished DAG runs that
-    /// finished before `before`; discarded tasks stay for the operator.
-    /// Returns how many tasks and runs were deleted.
+    /// Deletes completed and cancelled tasks and finished DAG runs (with
+    /// their nodes and edges) that finished before `before`; discarded
+    /// tasks stay for the operator. Returns how many tasks and runs were
+    /// deleted.
     async fn purge_finished(&self, before: Timestamp) -> PortResult<u64>;
+
+    /// What the queue holds for `product` now (a scan of the product's
+    /// rows: for operators and storage checks, not for hot paths).
+    async fn footprint(&self, product: &ProductId) -> PortResult<QueueFootprint>;
 
     /// Resolves when work may have arrived on `queue` (a hint: a task was
     /// enqueued or freed) or after `timeout`, whichever is first. Polling

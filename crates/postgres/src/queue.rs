@@ -36,8 +36,8 @@ use parlance_core::queue::{
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
-    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, RecoverReport,
-    TaskId, TaskQueue, TaskSpec, WorkerId,
+    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, QueueFootprint,
+    RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::PgListener;
@@ -596,8 +596,9 @@ async fn lock_lease_run(conn: &mut PgConnection, lease: &Lease, dag: DagId) -> P
 }
 
 /// The fenced end of a lease: moves the job (looked up under the lease's
-/// product) from running to `state`. `Ok(None)` for a task outside any
-/// DAG; lease lost is an error.
+/// product) from running to `state`; a completed job drops its payload (it
+/// never runs again). `Ok(None)` for a task outside any DAG; lease lost is
+/// an error.
 async fn fenced_finish(
     conn: &mut PgConnection,
     lease: &Lease,
@@ -607,7 +608,8 @@ async fn fenced_finish(
 ) -> PortResult<Option<i64>> {
     let row: Option<(Option<i64>,)> = sqlx::query_as(
         "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
-         last_error = coalesce($5, last_error) \
+         last_error = coalesce($5, last_error), \
+         args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE args END \
          WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
          AND leased_by = $6 RETURNING node_id",
     )
@@ -630,7 +632,8 @@ async fn fenced_finish(
 /// Stores a node's result and counts it done, finishing the run when that
 /// was its last node (`may_finish`: a map node never is, since its
 /// expansion grows the total); says whether the run is still running (only
-/// then do children move).
+/// then do children move). The node drops its payload and an element's
+/// input; a map node keeps its element template until it has expanded.
 async fn mark_done(
     conn: &mut PgConnection,
     product: &ProductId,
@@ -641,8 +644,8 @@ async fn mark_done(
     now: Timestamp,
 ) -> PortResult<bool> {
     let state: i16 = sqlx::query_scalar(
-        "WITH n AS (UPDATE dag_nodes SET state = $3, result = $4 \
-         WHERE product_id = $9 AND id = $2) \
+        "WITH n AS (UPDATE dag_nodes SET state = $3, result = $4, payload = 'null'::jsonb, \
+         input = NULL WHERE product_id = $9 AND id = $2) \
          UPDATE dag_runs SET done_nodes = done_nodes + 1, \
          state = CASE WHEN $5 AND state = $6 AND done_nodes + 1 = total_nodes \
          THEN $7 ELSE state END, \
@@ -800,6 +803,13 @@ async fn expand_map(
     .fetch_one(&mut *conn)
     .await
     .map_err(pg_err("add map combine node"))?;
+    // Expanded: the map node keeps no element template.
+    sqlx::query("UPDATE dag_nodes SET map_spec = NULL WHERE product_id = $2 AND id = $1")
+        .bind(node_id)
+        .bind(product.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(pg_err("compact map node"))?;
     sqlx::query("UPDATE dag_edges SET parent_id = $2 WHERE product_id = $3 AND parent_id = $1")
         .bind(node_id)
         .bind(combine)
@@ -1061,8 +1071,8 @@ impl TaskQueue for PgTaskQueue {
         let mut recorded = std::collections::HashSet::new();
         if !plain.is_empty() {
             let ids: Vec<i64> = sqlx::query_scalar(
-                "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL \
-                 FROM UNNEST($1::int8[], $2::int8[], $4::uuid[], $5::text[]) AS t(id, tok, w, p) \
+                "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL, \
+                 args = 'null'::jsonb FROM UNNEST($1::int8[], $2::int8[], $4::uuid[], $5::text[]) AS t(id, tok, w, p) \
                  WHERE j.product_id = t.p AND j.id = t.id AND j.state = 1 \
                  AND j.lease_token = t.tok AND j.leased_by = t.w RETURNING j.id",
             )
@@ -1500,6 +1510,41 @@ impl TaskQueue for PgTaskQueue {
             }
         }
         Ok(total)
+    }
+
+    async fn footprint(&self, product: &ProductId) -> PortResult<QueueFootprint> {
+        let (tasks, runs, nodes, job_bytes, node_bytes, result_bytes): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM jobs WHERE product_id = $1), \
+             (SELECT count(*) FROM dag_runs WHERE product_id = $1), \
+             (SELECT count(*) FROM dag_nodes WHERE product_id = $1), \
+             (SELECT coalesce(sum(octet_length(nullif(args, 'null'::jsonb)::text)), 0)::int8 \
+              FROM jobs WHERE product_id = $1), \
+             (SELECT coalesce(sum(coalesce(octet_length(nullif(payload, 'null'::jsonb)::text), 0) \
+              + coalesce(octet_length((map_spec->'payload')::text), 0) \
+              + coalesce(octet_length(input::text), 0)), 0)::int8 \
+              FROM dag_nodes WHERE product_id = $1), \
+             (SELECT coalesce(sum(octet_length(nullif(result, 'null'::jsonb)::text)), 0)::int8 \
+              FROM dag_nodes WHERE product_id = $1)",
+        )
+        .bind(product.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(pg_err("measure queue footprint"))?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(QueueFootprint {
+            tasks: n(tasks),
+            runs: n(runs),
+            nodes: n(nodes),
+            payload_bytes: n(job_bytes) + n(node_bytes),
+            result_bytes: n(result_bytes),
+        })
     }
 
     async fn wait_for_work(&self, _queue: &str, timeout: Duration) {

@@ -14,7 +14,7 @@ use parlance_core::ProductId;
 use parlance_ports::Clock as _;
 use parlance_ports::{
     DagSpec, DagState, FailOutcome, Lease, ManualClock, MapSpec, NodeSpec, NodeState, QueueConfig,
-    TaskId, TaskQueue, TaskSpec, WorkerId,
+    QueueFootprint, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -53,6 +53,8 @@ macro_rules! task_queue_suite {
                 map_node_must_return_an_array,
                 dag_size_is_limited,
                 purge_removes_old_finished_rows,
+                completed_tasks_and_nodes_keep_no_payload,
+                purge_removes_finished_runs_with_their_nodes,
                 dedup_keys_are_per_product,
                 a_dag_is_not_found_under_another_product,
                 a_discarded_task_is_not_found_under_another_product,
@@ -1293,6 +1295,139 @@ pub async fn purge_removes_old_finished_rows(s: Subject) {
         .retry_discarded(&product(), leases[1].task_id)
         .await
         .expect("the dead letter survives");
+}
+
+/// A DAG `a` -> `list` (a map whose elements get a large template) ->
+/// `sum`, every payload large.
+fn bulky_dag() -> DagSpec {
+    let big = "x".repeat(2_000);
+    DagSpec::new(product())
+        .node(NodeSpec::new("a", "step", json!({"text": big})))
+        .node(
+            NodeSpec::new("list", "split", json!({"text": big})).map(MapSpec {
+                kind: "square".to_owned(),
+                payload: json!({"text": big}),
+                label: None,
+            }),
+        )
+        .node(NodeSpec::new("sum", "sum", json!({"text": big})))
+        .edge("a", "list")
+        .edge("list", "sum")
+}
+
+/// Completes every runnable task as [`bulky_dag`] expects: `list` with
+/// `[1, 2]`, anything else with its key.
+async fn run_bulky(s: &Subject) {
+    while let Some(l) = claim_one(s, 9).await {
+        let key = node_key(&l);
+        let result = if key == "list" {
+            json!([1, 2])
+        } else {
+            json!(key)
+        };
+        s.queue.complete(&l, result).await.expect("complete");
+    }
+}
+
+/// A completed task or node keeps no payload (a map node no element
+/// template, an element no input), only its result: status and results
+/// read as before.
+pub async fn completed_tasks_and_nodes_keep_no_payload(s: Subject) {
+    let big = "x".repeat(2_000);
+    s.queue
+        .enqueue(&[TaskSpec::new(product(), "plain", json!({"text": big}))])
+        .await
+        .expect("enqueue");
+    let plain = claim_one(&s, 1).await.expect("plain");
+    let run = s
+        .queue
+        .enqueue_dag(&bulky_dag())
+        .await
+        .expect("enqueue dag");
+    let queued = s.queue.footprint(&product()).await.expect("footprint");
+    assert_eq!((queued.tasks, queued.runs, queued.nodes), (2, 1, 3));
+    assert!(queued.payload_bytes >= 5 * 2_000, "{queued:?}");
+    assert_eq!(queued.result_bytes, 0);
+    s.queue.complete(&plain, json!(1)).await.expect("complete");
+    let a = claim_one(&s, 1).await.expect("a");
+    s.queue.complete(&a, json!("a")).await.expect("complete");
+    let partway = s.queue.footprint(&product()).await.expect("footprint");
+    assert!(
+        partway.payload_bytes < queued.payload_bytes - 2 * 2_000,
+        "the plain task and `a` dropped theirs: {partway:?} after {queued:?}"
+    );
+    assert!(partway.payload_bytes > 0, "`list` and `sum` still wait");
+    run_bulky(&s).await;
+    let st = s.queue.dag_status(&product(), run).await.expect("status");
+    assert_eq!((st.state, st.total, st.done), (DagState::Completed, 6, 6));
+    let done = s.queue.footprint(&product()).await.expect("footprint");
+    assert_eq!(done.payload_bytes, 0, "{done:?}");
+    assert!(done.result_bytes > 0, "results stay");
+    assert_eq!((done.tasks, done.runs, done.nodes), (1 + 5, 1, 6));
+    let results: HashMap<String, Option<Value>> = s
+        .queue
+        .dag_results(&product(), run)
+        .await
+        .expect("results")
+        .into_iter()
+        .map(|r| (r.key, r.result))
+        .collect();
+    assert_eq!(results["a"], Some(json!("a")));
+    assert_eq!(results["list"], Some(json!([1, 2])));
+    assert_eq!(results["list[1]"], Some(json!("list[1]")));
+    assert_eq!(results["list#combine"], Some(json!(["list[0]", "list[1]"])));
+    assert_eq!(results["sum"], Some(json!("sum")));
+    assert_eq!(
+        s.queue
+            .footprint(&other_product())
+            .await
+            .expect("footprint"),
+        QueueFootprint::default(),
+        "another product holds nothing"
+    );
+}
+
+/// Retention deletes a finished run with its nodes (a map's elements and
+/// combine node included) and its tasks; a running run stays whole.
+pub async fn purge_removes_finished_runs_with_their_nodes(s: Subject) {
+    let done = s
+        .queue
+        .enqueue_dag(&bulky_dag())
+        .await
+        .expect("enqueue dag");
+    run_bulky(&s).await;
+    let st = s.queue.dag_status(&product(), done).await.expect("status");
+    assert_eq!(st.state, DagState::Completed);
+    s.clock.advance(Duration::from_secs(7200));
+    let running = s
+        .queue
+        .enqueue_dag(&DagSpec::new(product()).node(NodeSpec::new("x", "step", json!({}))))
+        .await
+        .expect("enqueue dag");
+    let before = s.queue.footprint(&product()).await.expect("footprint");
+    assert_eq!((before.runs, before.nodes, before.tasks), (2, 7, 6));
+    let purged = s
+        .queue
+        .purge_finished(s.clock.now().plus_seconds(-3600.0))
+        .await
+        .expect("purge");
+    assert_eq!(purged, 5 + 1, "the run's five tasks and the run");
+    let after = s.queue.footprint(&product()).await.expect("footprint");
+    assert_eq!(
+        (after.runs, after.nodes, after.tasks),
+        (1, 1, 1),
+        "{after:?}"
+    );
+    assert_eq!(after.result_bytes, 0);
+    assert!(
+        s.queue
+            .dag_results(&product(), done)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    let st = s.queue.dag_status(&product(), running).await.expect("kept");
+    assert_eq!(st.state, DagState::Running);
 }
 
 /// The same dedup key under two products names two tasks; under one

@@ -278,6 +278,12 @@ impl TaskQueue for Outage {
     async fn purge_finished(&self, before: Timestamp) -> PortResult<u64> {
         self.inner.purge_finished(before).await
     }
+    async fn footprint(
+        &self,
+        product: &parlance_core::ProductId,
+    ) -> PortResult<parlance_ports::QueueFootprint> {
+        self.inner.footprint(product).await
+    }
     async fn wait_for_work(&self, queue: &str, timeout: Duration) {
         self.inner.wait_for_work(queue, timeout).await;
     }
