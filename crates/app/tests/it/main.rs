@@ -10,6 +10,7 @@ mod conversation;
 mod deadlines;
 mod faults;
 mod flow;
+mod flow_storage;
 mod load;
 mod pg_restart;
 mod scale_out;
