@@ -288,7 +288,8 @@ pub struct WorkerSettings {
     pub stale_after_secs: u64,
     /// Interval of the lease sweep, in milliseconds.
     pub sweep_ms: u64,
-    /// Finished tasks and runs are deleted after this many hours.
+    /// Finished tasks and runs (a run with its DAG nodes and edges) are
+    /// deleted after this many hours.
     pub retention_hours: u64,
     /// On shutdown, how long running tasks may finish, in seconds.
     pub grace_secs: u64,

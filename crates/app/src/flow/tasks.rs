@@ -15,7 +15,9 @@
 //! attempts left, or not retryable) is reported to the session before the
 //! queue fails the DAG, so the session offers `retry` at once; the
 //! completion node applies the result under the session's compare-and-swap
-//! and, for invoker->invoker, enqueues the next DAG in the same commit.
+//! and, for invoker->invoker, enqueues the next DAG in the same commit. Its
+//! own result names the session, invocation and chain, so a finished run
+//! (whose nodes keep no payload) still says whose it was.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -291,7 +293,13 @@ impl FlowTask {
                 }
                 other => TaskError::permanent(other.to_string()),
             })?;
-        Ok(Value::Null)
+        // A finished run's nodes keep no payload: the completion's result
+        // names whose run it was.
+        Ok(serde_json::json!({
+            "session_id": p.session_id,
+            "invocation_id": p.invocation_id,
+            "chain_id": p.chain_id,
+        }))
     }
 }
 

@@ -883,7 +883,7 @@ pub(crate) async fn check_dags(pool: &PgPool, ledger: &Ledger, database_down: bo
     let runs = sqlx::query(
         "SELECT r.id, r.state, r.total_nodes, r.done_nodes, count(n.id) AS nodes, \
          count(n.id) FILTER (WHERE n.state = 2 AND n.result IS NOT NULL) AS completed, \
-         min(n.payload->>'session_id') FILTER (WHERE n.role = 0) AS session \
+         max(n.result->>'session_id') FILTER (WHERE n.kind = 'flow.complete') AS session \
          FROM dag_runs r LEFT JOIN dag_nodes n \
          ON n.product_id = r.product_id AND n.dag_run_id = r.id \
          WHERE r.product_id = 'default' GROUP BY r.product_id, r.id ORDER BY r.id",
@@ -1018,8 +1018,12 @@ pub(crate) async fn check_dags(pool: &PgPool, ledger: &Ledger, database_down: bo
     );
 
     let attempts: BTreeMap<(String, String), i32> = sqlx::query(
-        "SELECT n.payload->>'session_id' AS s, n.payload->>'chain_id' AS c, max(j.attempt) AS a \
-         FROM dag_nodes n JOIN jobs j ON j.node_id = n.id WHERE n.role = 0 GROUP BY 1, 2",
+        "WITH owner AS (SELECT product_id, dag_run_id, result->>'session_id' AS s, \
+         result->>'chain_id' AS c FROM dag_nodes WHERE kind = 'flow.complete' AND state = 2) \
+         SELECT o.s, o.c, max(j.attempt) AS a FROM dag_nodes n \
+         JOIN owner o ON o.product_id = n.product_id AND o.dag_run_id = n.dag_run_id \
+         JOIN jobs j ON j.product_id = n.product_id AND j.node_id = n.id \
+         WHERE n.role = 0 GROUP BY 1, 2",
     )
     .fetch_all(pool)
     .await
