@@ -122,7 +122,9 @@ mod tests {
             let key = SessionKey::new(product.clone(), format!("s{record}").parse().unwrap());
             let (inside, most) = (inside.clone(), most.clone());
             tasks.push(tokio::spawn(async move {
-                let _turn = RecordQueues::process().wait_turn::<SessionState>(&key).await;
+                let _turn = RecordQueues::process()
+                    .wait_turn::<SessionState>(&key)
+                    .await;
                 let now = inside[record].fetch_add(1, Ordering::SeqCst) + 1;
                 most[record].fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
