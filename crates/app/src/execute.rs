@@ -196,6 +196,7 @@ impl<'a, M: Machine> Executor<'a, M> {
             if attempt > 1 {
                 tokio::time::sleep(self.policy.backoff(attempt)).await;
             }
+            out_of_time()?;
             let loaded = self.store.load(key).await?;
             let Some(command) = plan(loaded.as_ref()).await? else {
                 return match loaded {
@@ -242,6 +243,7 @@ impl<'a, M: Machine> Executor<'a, M> {
                     attempts: attempt,
                 });
             }
+            out_of_time()?;
             let commit = Commit {
                 key,
                 expected,
@@ -276,9 +278,48 @@ impl<'a, M: Machine> Executor<'a, M> {
     }
 }
 
+/// Refuses to start an attempt or a commit once the request's time budget
+/// ([`crate::budget::current`]) has run out: the client has been answered
+/// or is about to be, so nothing may land after it.
+fn out_of_time<M: Machine>() -> Result<(), ServiceError<M>> {
+    let late = crate::budget::current().is_some_and(|d| d.expired(std::time::Instant::now()));
+    if late {
+        return Err(ServiceError::Planning(
+            "the request's time budget ran out before the commit".into(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn nothing_is_committed_once_the_budget_has_run_out() {
+        use crate::budget::{Deadline, Family, scoped};
+        use parlance_core::session::{SessionCommand, SessionKey, SessionState, TourCatalog};
+        use parlance_memory::{MemoryAuditLog, MemorySessionStore, MemoryTaskQueue};
+        use parlance_ports::{QueueConfig, SystemClock};
+        use std::sync::Arc;
+        use std::time::Instant;
+
+        let clock = Arc::new(SystemClock);
+        let queue = Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default()));
+        let store = MemorySessionStore::new(Arc::new(MemoryAuditLog::new()), queue);
+        let key = SessionKey::new(
+            parlance_core::ProductId::parse("budget").unwrap(),
+            "s".parse().unwrap(),
+        );
+        let executor = Executor::<SessionState>::new(&store, clock.as_ref());
+        let catalog = TourCatalog::default();
+        let spent = Deadline::new(Family::Commands, Duration::ZERO, Instant::now());
+        let late = scoped(spent, executor.run(&key, &catalog, &SessionCommand::Create)).await;
+        assert!(matches!(late, Err(ServiceError::Planning(_))), "{late:?}");
+        assert!(store.load(&key).await.unwrap().is_none(), "nothing landed");
+        let in_time = executor.run(&key, &catalog, &SessionCommand::Create).await;
+        assert!(in_time.is_ok_and(|e| e.committed));
+    }
 
     #[test]
     fn backoff_grows_to_its_cap_and_never_waits_first() {
