@@ -217,6 +217,11 @@ impl Client {
     }
 }
 
+/// A copy of what a tally holds, so no lock is held across the checks.
+fn snapshot<T: Clone>(m: &Mutex<T>) -> T {
+    m.lock().unwrap().clone()
+}
+
 fn text(len: usize, seed: usize) -> String {
     let word = format!("w{seed} ");
     word.repeat(len / word.len() + 1)[..len].to_owned()
@@ -238,24 +243,24 @@ async fn client_loop(c: Client, id: usize, stop: Arc<AtomicBool>) {
             "user_message"
         };
         let path = format!("/products/{PRODUCT}/sessions/{session}/events");
-        if let Some((200 | 201, v)) = c
+        let answer = c
             .call(
                 n,
                 reqwest::Method::POST,
                 &path,
                 Some(json!({"type": event})),
             )
-            .await
+            .await;
+        if let Some((200 | 201, v)) = answer
+            && let Some(version) = v["version"].as_i64()
         {
-            if let Some(version) = v["version"].as_i64() {
-                c.tally
-                    .session_versions
-                    .lock()
-                    .unwrap()
-                    .entry(session.clone())
-                    .or_default()
-                    .push(version);
-            }
+            c.tally
+                .session_versions
+                .lock()
+                .unwrap()
+                .entry(session.clone())
+                .or_default()
+                .push(version);
         }
         // Adoption: a mastery event and a read.
         let user = format!("/products/{PRODUCT}/users/soak-{id}/adoption");
@@ -309,7 +314,7 @@ async fn client_loop(c: Client, id: usize, stop: Arc<AtomicBool>) {
             }
         }
         // Agent: a turn every third round (three model calls).
-        if round % 3 == 0 {
+        if round.is_multiple_of(3) {
             let body = json!({"message": format!("hello {round}"), "user_id": format!("soak-{id}"), "session_id": format!("soak-{id}"), "channel": "WEB"});
             c.call(
                 n,
@@ -323,7 +328,7 @@ async fn client_loop(c: Client, id: usize, stop: Arc<AtomicBool>) {
         // until the model's answer has been handed back.
         flow_step(&c, n, &mut flow, round, id).await;
         // Hostile input now and then: a body over the limit, a NUL.
-        if round % 10 == 0 {
+        if round.is_multiple_of(10) {
             let big = format!("{{\"type\": \"{}\"}}", "x".repeat(BODY_LIMIT + 1));
             c.raw(
                 n,
@@ -344,7 +349,7 @@ async fn client_loop(c: Client, id: usize, stop: Arc<AtomicBool>) {
 }
 
 async fn flow_step(c: &Client, n: usize, flow: &mut Option<String>, round: usize, id: usize) {
-    if flow.is_none() || round % 50 == 0 {
+    if flow.is_none() || round.is_multiple_of(50) {
         *flow = match c
             .call(n, reqwest::Method::POST, "/ai/qa/start_session", None)
             .await
@@ -354,28 +359,25 @@ async fn flow_step(c: &Client, n: usize, flow: &mut Option<String>, round: usize
         };
     }
     let Some(sid) = flow.clone() else { return };
-    let input = if round % 5 == 0 {
+    let input = if round.is_multiple_of(5) {
         text(10 * 1024, round)
     } else {
         format!("question {id}/{round}")
     };
     let event = json!({"session_id": sid, "event": "user_input", "event_input": input});
-    match c
+    if let Some((200, _)) = c
         .call(n, reqwest::Method::POST, "/ai/qa/event", Some(event))
         .await
     {
-        Some((200, _)) => {
-            c.tally
-                .flow_inputs
-                .lock()
-                .unwrap()
-                .entry(sid.clone())
-                .or_default()
-                .push(input);
-        }
-        // Not in a state that takes input (an answer still running): poll.
-        _ => {}
+        c.tally
+            .flow_inputs
+            .lock()
+            .unwrap()
+            .entry(sid.clone())
+            .or_default()
+            .push(input);
     }
+    // Whether taken or not (an answer still running), poll until done.
     for _ in 0..200 {
         let poll = json!({"session_id": sid, "event": "poll", "event_input": ""});
         match c
@@ -481,7 +483,7 @@ fn plot(samples: &[Sample], names: &[String], out: &Path) -> Result<()> {
     let (top, bottom) = root.split_vertically(350);
     let end = samples.last().map_or(1.0, |s| s.secs / 60.0);
     let colors = [RED, BLUE, GREEN, MAGENTA];
-    let panel = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    let panel = |area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
                  title: &str,
                  pick: &dyn Fn(&(u64, u64)) -> f64,
                  unit: &str|
@@ -679,7 +681,7 @@ async fn main() -> Result<()> {
         tally: Arc::new(Tally::default()),
     };
     let mut lost = Vec::new();
-    for (session, versions) in tally.session_versions.lock().unwrap().clone() {
+    for (session, versions) in snapshot(&tally.session_versions) {
         let distinct: BTreeSet<i64> = versions.iter().copied().collect();
         if distinct.len() != versions.len() {
             lost.push(format!(
@@ -698,7 +700,7 @@ async fn main() -> Result<()> {
             ));
         }
     }
-    for (cid, replies) in tally.replies.lock().unwrap().clone() {
+    for (cid, replies) in snapshot(&tally.replies) {
         let path = format!("/products/{PRODUCT}/conversations/{cid}");
         let view = check
             .call(0, reqwest::Method::GET, &path, None)
@@ -718,7 +720,7 @@ async fn main() -> Result<()> {
                 .map(|r| format!("conversation {cid}: reply {r:?} missing")),
         );
     }
-    for (sid, inputs) in tally.flow_inputs.lock().unwrap().clone() {
+    for (sid, inputs) in snapshot(&tally.flow_inputs) {
         let body = check
             .call(
                 0,
