@@ -1,5 +1,5 @@
 //! Request budgets: every request under `/v1` gets a deadline from its
-//! route family ([`Family`]), set when it arrives ([`enforce`]).
+//! route family ([`Family`]), set when it arrives (`http::budget::enforce`).
 //!
 //! The deadline is visible to everything the request runs
 //! ([`current`]): the model and the embedder ([`BudgetedLlm`],
@@ -8,7 +8,7 @@
 //! not answer (a fallback, the commit) still fits; the turn runner commits
 //! no turn whose budget ran out while it was planned. When the budget runs
 //! out the request stops where it is and the client gets a 504
-//! `deadline-exceeded` ([`exhausted`]); every commit is one atomic write,
+//! `deadline-exceeded` (`http::budget::exhausted`); every commit is one atomic write,
 //! so a stopped request has committed either a whole commit or nothing.
 
 use std::future::Future;
@@ -16,16 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::Method;
 use parlance_ports::{
     CompletionRequest, CompletionResponse, CompletionStream, EmbeddingProvider, Embeddings,
     LlmClient, LlmError, LlmResult,
 };
-
-use crate::http::ApiError;
 
 /// The longest part of a budget kept back from model calls for what
 /// follows them.
@@ -170,52 +165,6 @@ pub async fn within<F: Future>(deadline: Deadline, f: F) -> Option<F::Output> {
         .ok()
 }
 
-/// The answer when a request's budget ran out: 504 `deadline-exceeded`
-/// with the budget and the family.
-pub fn exhausted(deadline: &Deadline) -> ApiError {
-    let ms = u64::try_from(deadline.budget.as_millis()).unwrap_or(u64::MAX);
-    ApiError::new(
-        StatusCode::GATEWAY_TIMEOUT,
-        "deadline-exceeded",
-        format!(
-            "the request did not complete within its budget of {ms} ms and was stopped; retry later"
-        ),
-    )
-    .with("budget_ms", ms)
-    .with("family", deadline.family.as_str())
-}
-
-/// [`exhausted`] for the request being served (a generic 504
-/// `deadline-exceeded` outside one).
-pub fn exhausted_now() -> ApiError {
-    match current() {
-        Some(d) => exhausted(&d),
-        None => ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "deadline-exceeded",
-            "the request did not complete within its budget and was stopped; retry later",
-        ),
-    }
-}
-
-/// Middleware: gives the request the budget of its family and answers 504
-/// `deadline-exceeded` when it runs out.
-pub async fn enforce(State(budgets): State<Budgets>, req: Request, next: Next) -> Response {
-    let family = Family::of(req.method(), req.uri().path());
-    let deadline = Deadline::new(family, budgets.of(family), Instant::now());
-    match within(deadline, next.run(req)).await {
-        Some(res) => res,
-        None => {
-            tracing::warn!(
-                family = family.as_str(),
-                budget_ms = u64::try_from(deadline.budget.as_millis()).unwrap_or(u64::MAX),
-                "request budget exhausted; stopped"
-            );
-            exhausted(&deadline).into_response()
-        }
-    }
-}
-
 /// A model whose every call ends by the request's model deadline: the
 /// request carries it (the earlier one wins when the caller set its own),
 /// and the call is stopped there even when the model ignores it.
@@ -341,53 +290,6 @@ mod tests {
         assert_eq!(d.model_deadline(), now + Duration::from_secs(59));
         assert!(!d.expired(now));
         assert!(d.expired(now + Duration::from_secs(60)));
-    }
-
-    #[tokio::test]
-    async fn a_request_past_its_budget_gets_a_504_problem() {
-        use axum::body::Body;
-        use axum::routing::post;
-        use tower::ServiceExt as _;
-
-        let budgets = Budgets {
-            commands: Duration::from_millis(100),
-            ..Budgets::default()
-        };
-        let app = axum::Router::new()
-            .route(
-                "/slow",
-                post(|| async {
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                    "done"
-                }),
-            )
-            .route(
-                "/seen",
-                post(|| async {
-                    current()
-                        .map(|d| d.budget.as_millis().to_string())
-                        .unwrap_or_default()
-                }),
-            )
-            .layer(axum::middleware::from_fn_with_state(budgets, enforce));
-        let req = |path: &str| Request::post(path).body(Body::empty()).unwrap();
-        let started = Instant::now();
-        let res = app.clone().oneshot(req("/slow")).await.unwrap();
-        assert!(started.elapsed() < Duration::from_secs(5));
-        assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
-        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["type"], "urn:parlance:problem:deadline-exceeded");
-        assert_eq!(v["budget_ms"], 100);
-        assert_eq!(v["family"], "commands");
-        let res = app.oneshot(req("/seen")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        assert_eq!(&body[..], b"100", "the handler sees its deadline");
     }
 
     #[tokio::test]

@@ -479,7 +479,7 @@ pub fn router(state: &AppState) -> Router {
         ))
         .layer(middleware::from_fn_with_state(
             state.budgets,
-            budget::enforce,
+            http::enforce_budget,
         ));
     Router::new()
         .route("/healthz", get(http::health::healthz))

@@ -53,7 +53,7 @@ pub(super) fn answer(e: AgentError) -> ApiError {
         }
         AgentError::NoThread => ApiError::not_found(e.to_string()),
         AgentError::Turn(TurnRunError::Service(e)) => e.into(),
-        AgentError::Turn(TurnRunError::Deadline) => crate::budget::exhausted_now(),
+        AgentError::Turn(TurnRunError::Deadline) => crate::http::exhausted_now(),
         AgentError::Turn(stage @ TurnRunError::Stage { .. }) => {
             // The answer names the stage; what made it fail is logged here.
             let cause = std::error::Error::source(&stage);

@@ -3,6 +3,7 @@
 //! with its connection limits (`serve`). It names no feature; the crate root
 //! assembles the routers.
 
+mod budget;
 mod error;
 pub(crate) mod health;
 mod json;
@@ -14,6 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 
+pub(crate) use budget::{enforce as enforce_budget, exhausted_now};
 pub use error::ApiError;
 pub use json::ApiJson;
 pub(crate) use params::check_params;
