@@ -195,8 +195,8 @@ impl<'a, M: Machine> Executor<'a, M> {
         for attempt in 1..=attempts {
             if attempt > 1 {
                 tokio::time::sleep(self.policy.backoff(attempt)).await;
+                out_of_time()?;
             }
-            out_of_time()?;
             let loaded = self.store.load(key).await?;
             let Some(command) = plan(loaded.as_ref()).await? else {
                 return match loaded {
