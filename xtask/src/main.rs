@@ -22,7 +22,7 @@ usage: cargo xtask <command>
 commands:
   ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny
          (advisories reported, not blocking), docs, tidy, and the fuzz smoke run
-         (needs a nightly toolchain; skipped without one unless CI=true)
+         (needs a nightly toolchain; skipped without one unless CI is set)
   test   the workspace tests, with PostgreSQL found or started as for ci
   docs   build the API docs with warnings denied
   fuzz [--smoke | --secs N] [target...]
@@ -73,7 +73,7 @@ fn ci() -> Result<()> {
     docs()?;
     if nightly_available() {
         fuzz(&["--smoke".to_owned()])?;
-    } else if std::env::var("CI").is_ok_and(|v| v == "true") {
+    } else if run::on_ci() {
         bail!("the fuzz smoke run needs a nightly toolchain: rustup toolchain install nightly");
     } else {
         println!("xtask: fuzz smoke run skipped: no nightly toolchain");
@@ -94,12 +94,18 @@ fn nightly_available() -> bool {
     nightly(Cmd::new("cargo").arg("--version")).succeeds_quietly()
 }
 
-/// Runs every test of the workspace with a PostgreSQL database, then tidy.
+/// Runs every test of the workspace with a PostgreSQL database, then tidy,
+/// and says how many tests skipped and why (under `CI` any skip fails).
 fn test(extra: &[String]) -> Result<()> {
     let db = pg::provide()?;
+    let skip_log = run::root().join("target").join("test-skips.log");
+    if skip_log.exists() {
+        std::fs::remove_file(&skip_log)?;
+    }
     let mut cmd = cargo(["test", "--workspace", "--locked", "--exclude", "xtask"])
         .env("INSTA_UPDATE", "no")
-        .env("RUST_BACKTRACE", "1");
+        .env("RUST_BACKTRACE", "1")
+        .env("PARLANCE_SKIP_LOG", &skip_log);
     cmd = match &db {
         Some(db) => cmd
             .env("DATABASE_URL", db.url())
@@ -113,8 +119,29 @@ fn test(extra: &[String]) -> Result<()> {
     };
     cmd.args(extra).run()?;
     drop(db);
+    report_skips(&skip_log)?;
     // Tidy: layering, module docs and stray snapshots (tests in this crate).
     cargo(["test", "--package", "xtask", "--locked"]).run()
+}
+
+/// Prints how many tests skipped, by reason, from the lines the skipping
+/// tests wrote (`test<TAB>reason`); any skip is an error under `CI`.
+fn report_skips(log: &std::path::Path) -> Result<()> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut by_reason = std::collections::BTreeMap::<&str, usize>::new();
+    for line in text.lines() {
+        let reason = line.split_once('\t').map_or(line, |(_, r)| r);
+        *by_reason.entry(reason).or_default() += 1;
+    }
+    let total: usize = by_reason.values().sum();
+    println!("xtask: {total} tests skipped");
+    for (reason, n) in &by_reason {
+        println!("xtask:   {n} skipped: {reason}");
+    }
+    if total > 0 && run::on_ci() {
+        bail!("{total} tests skipped under CI; every test must run");
+    }
+    Ok(())
 }
 
 /// Runs one benchmark (or all with no name) in release mode with a database.

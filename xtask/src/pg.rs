@@ -3,7 +3,7 @@
 //! In order: `DATABASE_URL`; the server at `127.0.0.1:5432` (user
 //! `postgres`, database `test`); a throwaway cluster under `target/` made
 //! with `initdb` and `pg_ctl` (run as an unprivileged user when we are root)
-//! and stopped afterwards. Without any of them, `CI=true` is an error and
+//! and stopped afterwards. Without any of them, `CI` (any non-empty value) is an error and
 //! anything else skips the PostgreSQL tests.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -67,7 +67,7 @@ pub(crate) fn provide() -> Result<Option<Db>> {
     if let Some(bin) = find_bin_dir() {
         return start_cluster(&bin).map(Some);
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+    if crate::run::on_ci() {
         bail!(
             "CI is set and no PostgreSQL is available: set DATABASE_URL=postgres://user@host:port/db, \
              run a server at 127.0.0.1:5432 (user postgres, trust auth, database test), \

@@ -14,6 +14,12 @@ pub(crate) fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// Whether this runs on CI: `CI` set to any non-empty value. There a
+/// missing piece (a database, a toolchain) fails rather than skips.
+pub(crate) fn on_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
 /// A command that prints itself before it runs.
 pub(crate) struct Cmd {
     inner: Command,

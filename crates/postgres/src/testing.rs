@@ -1,9 +1,10 @@
 //! A fresh, migrated database per test.
 //!
 //! [`test_pool`] reads `DATABASE_URL`. When it is unset the PostgreSQL tests
-//! are skipped, and the first skip in a process says so on stderr; when
-//! `PARLANCE_REQUIRE_POSTGRES` is set (as `cargo xtask ci` does) a missing
-//! database fails the test instead. Each call creates its own database named
+//! are skipped: the first skip in a process says so on stderr, and every
+//! skip is recorded ([`record_skip`]) so that `cargo xtask test` can count
+//! them. When `PARLANCE_REQUIRE_POSTGRES` or `CI` is set (any non-empty
+//! value), a missing database fails the test instead. Each call creates its own database named
 //! `parlance_test_<pid>_<n>` and applies the migrations; databases left by
 //! test processes that are no longer running are dropped in the background.
 
@@ -16,6 +17,41 @@ use sqlx::{Connection as _, Executor as _, PgConnection, PgPool};
 
 /// The variable that makes a missing database an error rather than a skip.
 pub const REQUIRE_ENV: &str = "PARLANCE_REQUIRE_POSTGRES";
+
+/// The file every skipped test appends a line to (`test<TAB>reason`), when
+/// set; `cargo xtask test` sets it and counts the lines.
+pub const SKIP_LOG_ENV: &str = "PARLANCE_SKIP_LOG";
+
+/// Whether a test may not skip: [`REQUIRE_ENV`] or `CI` is set to a
+/// non-empty value.
+pub fn skips_forbidden() -> bool {
+    [REQUIRE_ENV, "CI"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()))
+}
+
+/// Records that the running test skipped for `reason`: in the file named
+/// by [`SKIP_LOG_ENV`] when it is set. The test's name is its thread's
+/// name, as the standard test harness runs each test on a thread of that
+/// name.
+pub fn record_skip(reason: &str) {
+    let Some(path) = std::env::var_os(SKIP_LOG_ENV).filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .to_owned();
+    let line = format!("{test}\t{reason}\n");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        let _ = writeln!(std::io::stderr(), "note: cannot record a skipped test: {e}");
+    }
+}
 
 const PREFIX: &str = "parlance_test_";
 
@@ -33,10 +69,11 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 pub async fn test_pool() -> Option<PgPool> {
     let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
         assert!(
-            std::env::var_os(REQUIRE_ENV).is_none(),
-            "{REQUIRE_ENV} is set but DATABASE_URL is not: PostgreSQL tests must run here. \
+            !skips_forbidden(),
+            "{REQUIRE_ENV} or CI is set but DATABASE_URL is not: PostgreSQL tests must run here. \
              Set DATABASE_URL=postgres://user@host:port/db (cargo xtask ci finds or starts one)"
         );
+        record_skip("DATABASE_URL is not set");
         SKIP_NOTICE.call_once(|| {
             // Written to the real stderr, past the test harness's capture.
             let _ = writeln!(

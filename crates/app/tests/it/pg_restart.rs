@@ -17,7 +17,7 @@
 //!
 //! Without `initdb` and `pg_ctl` (on `PATH` or in
 //! `/usr/lib/postgresql/<version>/bin`) the test says so on stderr and
-//! passes, unless `CI` is `true` or [`REQUIRE_ENV`] is set: then it fails.
+//! passes, unless `CI` (any non-empty value) or [`REQUIRE_ENV`] is set: then it fails.
 //! `PARLANCE_FAULT_SECS` sets the length of each load phase (default 2);
 //! the conversations with heartbeats get that many follow-ups (at least 2),
 //! so the first ones keep firing through the stop.
@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use parlance_postgres::testing::REQUIRE_ENV;
+use parlance_postgres::testing::{REQUIRE_ENV, record_skip, skips_forbidden};
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 
@@ -51,12 +51,6 @@ fn phase() -> Duration {
             .and_then(|v| v.parse().ok())
             .unwrap_or(2),
     )
-}
-
-/// Whether a missing PostgreSQL must fail the test rather than skip it.
-fn required() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-        || std::env::var_os(REQUIRE_ENV).is_some()
 }
 
 /// The directory holding `initdb` and `pg_ctl`: on `PATH`, or Debian's
@@ -124,7 +118,7 @@ impl Cluster {
     fn start() -> Option<Self> {
         let Some(bin) = bin_dir() else {
             assert!(
-                !required(),
+                !skips_forbidden(),
                 "CI or {REQUIRE_ENV} is set, but PostgreSQL's initdb and pg_ctl were found \
                  neither on PATH nor in /usr/lib/postgresql/<version>/bin: install the \
                  PostgreSQL server programs so the restart test can run its own cluster"
@@ -134,6 +128,7 @@ impl Cluster {
                 std::io::stderr(),
                 "note: the PostgreSQL restart test is skipped: initdb and pg_ctl not found"
             );
+            record_skip("initdb and pg_ctl not found");
             return None;
         };
         let base = std::env::temp_dir().join(format!(
