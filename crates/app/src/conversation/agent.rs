@@ -175,6 +175,8 @@ pub(super) fn request_for(
                 instance.follow_ups_sent + 1,
                 instance.max_follow_ups
             )
+        } else if transcript.is_empty() {
+            "Nothing has been said yet: write the first message.".to_owned()
         } else {
             "Decide the next step.".to_owned()
         },
@@ -187,11 +189,6 @@ pub(super) fn request_for(
             Role::Agent => LlmMessage::assistant(m.text.clone()),
             Role::Human => LlmMessage::assistant(format!("[operator] {}", m.text)),
         });
-    }
-    if transcript.is_empty() {
-        messages.push(LlmMessage::user(
-            "(the conversation has not started; write the first message)",
-        ));
     }
     let mut request = CompletionRequest::new(messages)
         .with_prompt_name(if follow_up {
