@@ -642,7 +642,13 @@ mod tests {
     #[test]
     fn deep_nesting_is_an_error_not_a_crash() {
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-        let _ = extract_json(&deep);
+        // Deeper than any parser here follows: no value is found in it.
+        assert!(extract_json(&deep).is_err());
+        assert!(find_json_values(&deep).is_empty());
+        // A nesting within the limits is found whole.
+        let nested = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        let expected = (1..100).fold(json!([]), |v, _| json!([v]));
+        assert_eq!(extract_json(&nested).unwrap(), expected);
         let deep_obj = format!("x {}", "{\"a\":".repeat(5_000));
         assert!(extract_json(&deep_obj).is_err());
         let deep_schema = (0..300).fold(json!({}), |s, _| json!({"items": s}));
@@ -668,16 +674,16 @@ mod tests {
 
     proptest! {
         #[test]
-        fn random_text_never_panics(raw in any::<String>()) {
-            let _ = extract_json(&raw);
-            let _ = extract_valid(&raw, &judge_schema());
-            let _ = parse_structured::<Judge>(&raw, &judge_schema());
+        fn random_text_yields_values_that_agree(raw in any::<String>()) {
+            found_values_are_consistent(&raw, &judge_schema())?;
+            if parse_structured::<Judge>(&raw, &judge_schema()).is_ok() {
+                prop_assert!(extract_valid(&raw, &judge_schema()).is_ok());
+            }
         }
 
         #[test]
-        fn random_bracket_soup_never_panics(raw in "[\\[\\]{}\"\\\\`~a:,0-9 \n]{0,200}") {
-            let _ = extract_json(&raw);
-            let _ = extract_valid(&raw, &json!({"type": "object"}));
+        fn bracket_soup_yields_values_that_agree(raw in "[\\[\\]{}\"\\\\`~a:,0-9 \n]{0,200}") {
+            found_values_are_consistent(&raw, &json!({"type": "object"}))?;
         }
 
         #[test]
@@ -708,8 +714,32 @@ mod tests {
         }
 
         #[test]
-        fn validation_never_panics(schema in arb_json(), value in arb_json()) {
-            let _ = validate(&schema, &value);
+        fn validation_names_its_violations_and_is_stable(schema in arb_json(), value in arb_json()) {
+            let first = validate(&schema, &value);
+            // A refusal names at least one violation, and the same input
+            // is judged the same way again; the empty schema takes all.
+            if let Err(violations) = &first {
+                prop_assert!(!violations.is_empty());
+            }
+            prop_assert_eq!(first.is_ok(), validate(&schema, &value).is_ok());
+            let anything = json!({});
+            prop_assert!(validate(&anything, &value).is_ok());
         }
+    }
+
+    /// What the finders return on `raw` agrees: the value `extract_json`
+    /// picks is one `find_json_values` lists, and the value `extract_valid`
+    /// picks is one of them too, valid under `schema`.
+    fn found_values_are_consistent(raw: &str, schema: &Value) -> Result<(), TestCaseError> {
+        let all = find_json_values(raw);
+        match extract_json(raw) {
+            Ok(v) => prop_assert!(all.contains(&v), "{v} not among {all:?}"),
+            Err(_) => prop_assert!(all.is_empty(), "values found but none extracted: {all:?}"),
+        }
+        if let Ok(v) = extract_valid(raw, schema) {
+            prop_assert!(all.contains(&v));
+            prop_assert!(validate(schema, &v).is_ok());
+        }
+        Ok(())
     }
 }

@@ -240,8 +240,19 @@ mod tests {
         }
 
         #[test]
-        fn any_f64_decodes_without_panicking(x in proptest::num::f64::ANY) {
-            let _ = Timestamp::from_epoch_seconds(x);
+        fn any_f64_decodes_to_the_nearest_microsecond_or_is_refused(x in proptest::num::f64::ANY) {
+            match Timestamp::from_epoch_seconds(x) {
+                // Within half a microsecond, up to the rounding of `x` itself.
+                Ok(t) => prop_assert!(
+                    (t.as_epoch_seconds() - x).abs() <= 0.5e-6 + x.abs() * f64::EPSILON * 4.0,
+                    "{x} -> {}", t.as_epoch_seconds()
+                ),
+                Err(_) => prop_assert!(
+                    !x.is_finite()
+                        || x * 1e6 > MAX_MICROS as f64 * 0.999
+                        || x * 1e6 < MIN_MICROS as f64 * 0.999
+                ),
+            }
         }
     }
 }

@@ -1069,15 +1069,17 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-        let _ = SessionState::from_snapshot_slice(&bytes);
+    fn arbitrary_bytes_decode_to_what_round_trips(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        if let Ok(s) = SessionState::from_snapshot_slice(&bytes) {
+            prop_assert_eq!(SessionState::from_snapshot(&s.to_snapshot()).ok(), Some(s));
+        }
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
             let _ = TourCatalog::from_value(&v);
         }
     }
 
     #[test]
-    fn mutated_snapshots_never_panic(
+    fn mutated_snapshots_decode_to_what_round_trips(
         key in prop_oneof![
             Just("_v"), Just("current_state"), Just("last_interaction_at"), Just("thinking"),
             Just("proactive"), Just("reactive"), Just("session_id"), Just("product_id"),
@@ -1091,7 +1093,10 @@ proptest! {
     ) {
         let mut v = proactive().to_snapshot();
         v[key] = value;
-        let _ = SessionState::from_snapshot(&v);
+        // What decodes encodes back to a snapshot that decodes to it.
+        if let Ok(s) = SessionState::from_snapshot(&v) {
+            prop_assert_eq!(SessionState::from_snapshot(&s.to_snapshot()).ok(), Some(s));
+        }
     }
 }
 
