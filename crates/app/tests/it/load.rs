@@ -36,6 +36,21 @@ pub(crate) const FLOW_CLIENTS: usize = 4;
 /// The flow they drive.
 const FLOW: &str = "extraction";
 
+// What a finished load must at least have acknowledged for its checks to
+// mean something. A two-second phase on a shared two-core machine
+// acknowledges about 500 session events, 500 replies and 17 flow inputs;
+// the minimums are a fifth of that, enough that every session and every
+// conversation took many concurrent writes, and that flow inputs ran DAGs
+// on both workers, yet far from the figures a slow machine still reaches.
+
+/// Session events acknowledged, at least: about 12 per session.
+pub(crate) const MIN_SESSION_EVENTS: usize = 100;
+/// Replies acknowledged, at least: about 25 per conversation.
+pub(crate) const MIN_REPLIES: usize = 100;
+/// Flow inputs stored, at least (each runs two DAGs of tasks), so every
+/// flow client completed a run or more.
+pub(crate) const MIN_FLOW_INPUTS: usize = 4;
+
 /// The example flows, which every server and worker loads.
 pub(crate) fn flows_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/flows")
@@ -59,6 +74,21 @@ impl Proc {
     pub(crate) fn kill(&mut self) {
         self.0.kill().unwrap();
         self.0.wait().unwrap();
+    }
+
+    /// The process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the process.
+    pub(crate) fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {}", self.id());
     }
 
     /// Whether the process still runs.
@@ -185,10 +215,12 @@ pub(crate) struct FlowLedger {
 /// What the clients saw.
 #[derive(Default)]
 pub(crate) struct Ledger {
-    /// Session -> acknowledged versions.
-    pub(crate) acked_versions: BTreeMap<String, Vec<i64>>,
-    /// Session -> requests with no answer (the server died under them).
-    pub(crate) unknown_events: BTreeMap<String, usize>,
+    /// Session -> acknowledged events: the version each took and its
+    /// identity (the tour id it carried, unique per event).
+    pub(crate) acked_events: BTreeMap<String, Vec<(i64, String)>>,
+    /// Session -> identities of events with no answer (the server died
+    /// under them).
+    pub(crate) unknown_events: BTreeMap<String, Vec<String>>,
     /// Reply texts acknowledged, and those with no answer.
     pub(crate) acked_replies: BTreeSet<String>,
     pub(crate) unknown_replies: BTreeSet<String>,
@@ -198,6 +230,12 @@ pub(crate) struct Ledger {
     pub(crate) flow_events: usize,
     /// Transitions acknowledged, by (entity kind, entity id).
     pub(crate) transitions: BTreeMap<(String, String), Vec<Step>>,
+    /// Port -> requests of any kind sent and not yet answered.
+    pub(crate) in_flight: BTreeMap<u16, usize>,
+    /// Port -> requests of any kind acknowledged (2xx).
+    pub(crate) acked_by: BTreeMap<u16, usize>,
+    /// Port -> requests of any kind that got no answer.
+    pub(crate) unanswered_by: BTreeMap<u16, usize>,
 }
 
 impl Ledger {
@@ -291,6 +329,29 @@ enum Seen {
 }
 
 impl Load {
+    /// Sends one request to `port` and reads its answer, counting it in
+    /// flight meanwhile and then as acknowledged or unanswered by `port`.
+    async fn call(&self, port: u16, request: impl std::future::Future<Output = Answer>) -> Seen {
+        *self
+            .ledger
+            .lock()
+            .unwrap()
+            .in_flight
+            .entry(port)
+            .or_default() += 1;
+        let a = request.await;
+        {
+            let mut ledger = self.ledger.lock().unwrap();
+            *ledger.in_flight.get_mut(&port).unwrap() -= 1;
+            match &a {
+                Answer::Acked(_) => *ledger.acked_by.entry(port).or_default() += 1,
+                Answer::Unknown => *ledger.unanswered_by.entry(port).or_default() += 1,
+                Answer::Refused => {}
+            }
+        }
+        self.seen(a)
+    }
+
     fn seen(&self, a: Answer) -> Seen {
         match a {
             Answer::Acked(v) => Seen::Acked(v),
@@ -311,7 +372,7 @@ impl Load {
     /// What was acknowledged so far: session events, replies, flow events.
     pub(crate) fn acked(&self) -> usize {
         let ledger = self.ledger.lock().unwrap();
-        ledger.acked_versions.values().map(Vec::len).sum::<usize>()
+        ledger.acked_events.values().map(Vec::len).sum::<usize>()
             + ledger.acked_replies.len()
             + ledger.flow_events
     }
@@ -347,17 +408,25 @@ impl Load {
             let seen = if i.is_multiple_of(2) {
                 let session = format!("s{}", (c + i) % SESSIONS);
                 let path = format!("/v1/products/default/sessions/{session}/events");
-                // The first event opens the chat; the rest are messages.
-                let body = json!({"type": "user_message"});
-                let seen = self.seen(post(&client, port, &path, &body).await);
+                // Each event carries its own identity, which the session
+                // stores (`active_tour_id`) until the next event.
+                let tour = format!("t{round}c{c}i{i}");
+                let body = json!({"type": "visual_guidance", "active": true, "tour_id": tour});
+                let seen = self.call(port, post(&client, port, &path, &body)).await;
                 let mut ledger = self.ledger.lock().unwrap();
                 match &seen {
                     Seen::Acked(v) => {
+                        // The record the answer names is this event's.
+                        assert_eq!(
+                            v["snapshot"]["active_tour_id"].as_str(),
+                            Some(tour.as_str()),
+                            "{session}: {v}"
+                        );
                         ledger
-                            .acked_versions
+                            .acked_events
                             .entry(session.clone())
                             .or_default()
-                            .push(v["version"].as_i64().unwrap());
+                            .push((v["version"].as_i64().unwrap(), tour));
                         for part in ["tick", "result"] {
                             let t = &v[part]["transition"];
                             if !t.is_null() {
@@ -366,7 +435,7 @@ impl Load {
                         }
                     }
                     Seen::Unknown { .. } => {
-                        *ledger.unknown_events.entry(session).or_default() += 1;
+                        ledger.unknown_events.entry(session).or_default().push(tour);
                     }
                     Seen::Refused => {}
                 }
@@ -375,7 +444,9 @@ impl Load {
                 let id = &self.conversations[(c + i) % CONVERSATIONS];
                 let text = format!("reply r{round} c{c} i{i}");
                 let path = format!("/v1/products/default/conversations/{id}/replies");
-                let seen = self.seen(post(&client, port, &path, &json!({"text": text})).await);
+                let seen = self
+                    .call(port, post(&client, port, &path, &json!({"text": text})))
+                    .await;
                 let mut ledger = self.ledger.lock().unwrap();
                 match &seen {
                     Seen::Acked(v) => {
@@ -430,7 +501,9 @@ impl Load {
             let (seen, then) = match next {
                 Next::Start => {
                     let path = format!("/v1/ai/{FLOW}/start_session");
-                    let seen = self.seen(post(&client, port, &path, &json!({})).await);
+                    let seen = self
+                        .call(port, post(&client, port, &path, &json!({})))
+                        .await;
                     if let Seen::Acked(v) = &seen {
                         session = v["session_id"].as_str().unwrap().to_owned();
                         let mut ledger = self.ledger.lock().unwrap();
@@ -452,7 +525,9 @@ impl Load {
                         "name: F{round}x{c}x{n}; email: f{round}x{c}x{n}@example.com; topics: a{n}, b{n}"
                     );
                     let body = event("user_input", &text);
-                    let seen = self.seen(post(&client, port, &event_path, &body).await);
+                    let seen = self
+                        .call(port, post(&client, port, &event_path, &body))
+                        .await;
                     let mut ledger = self.ledger.lock().unwrap();
                     match &seen {
                         Seen::Acked(v) => {
@@ -475,8 +550,9 @@ impl Load {
                     (seen, [Next::Wait, Next::Resync])
                 }
                 Next::Wait => {
-                    let seen =
-                        self.seen(post(&client, port, &event_path, &event("poll", "")).await);
+                    let seen = self
+                        .call(port, post(&client, port, &event_path, &event("poll", "")))
+                        .await;
                     let mut then = [Next::Wait, Next::Wait];
                     if let Seen::Acked(v) = &seen {
                         let actions = &v["next_actions"];
@@ -491,8 +567,12 @@ impl Load {
                     (seen, then)
                 }
                 Next::Restart => {
-                    let seen =
-                        self.seen(post(&client, port, &event_path, &event("restart", "")).await);
+                    let seen = self
+                        .call(
+                            port,
+                            post(&client, port, &event_path, &event("restart", "")),
+                        )
+                        .await;
                     if let Seen::Acked(_) = &seen {
                         let mut ledger = self.ledger.lock().unwrap();
                         ledger.flow_events += 1;
@@ -506,7 +586,7 @@ impl Load {
                 }
                 Next::Resync => {
                     let path = format!("/v1/ai/{FLOW}/model/{session}");
-                    let seen = self.seen(get(&client, port, &path).await);
+                    let seen = self.call(port, get(&client, port, &path)).await;
                     let mut then = [Next::Resync, Next::Resync];
                     if let Seen::Acked(v) = &seen {
                         let model: Value =
@@ -574,53 +654,75 @@ pub(crate) async fn drained(pool: &PgPool, timeout: Duration) {
     }
 }
 
-/// Each session's version now; read as soon as the load stops, before the
-/// timer sweeper saves sessions left idle past their interaction timeout
-/// (and again when the cooldown that starts ends), which no event caused.
-pub(crate) async fn session_versions(pool: &PgPool) -> Vec<i64> {
+/// A session as stored when the load stopped.
+pub(crate) struct AtStop {
+    /// Its version.
+    pub(crate) version: i64,
+    /// The identity of the event that stored it (`active_tour_id`).
+    pub(crate) tour: Option<String>,
+}
+
+/// Each session's version and last event now; read as soon as the load
+/// stops, before the timer sweeper saves sessions left idle past their
+/// interaction timeout (and again when the cooldown that starts ends),
+/// which no event caused.
+pub(crate) async fn session_versions(pool: &PgPool) -> Vec<AtStop> {
     let mut versions = Vec::new();
     for s in 0..SESSIONS {
-        let version: i64 = sqlx::query_scalar(
-            "SELECT version FROM sessions WHERE product_id = 'default' AND session_id = $1",
+        let row = sqlx::query(
+            "SELECT version, snapshot->>'active_tour_id' AS tour FROM sessions \
+             WHERE product_id = 'default' AND session_id = $1",
         )
         .bind(format!("s{s}"))
         .fetch_one(pool)
         .await
         .unwrap();
-        versions.push(version);
+        versions.push(AtStop {
+            version: row.get("version"),
+            tour: row.get("tour"),
+        });
     }
     versions
 }
 
-/// Per session: acknowledged events took distinct versions, and the
-/// version when the load stopped (`at_stop`, from [`session_versions`])
-/// counts every acknowledged event plus at most the requests whose answer
-/// was lost. `base` holds each session's version after set-up. Returns the
-/// events acknowledged.
+/// Per session, every event is accounted for by its identity (the unique
+/// tour id it carried) and the version it took. `base` holds each
+/// session's version after set-up, before the load; `at_stop` is from
+/// [`session_versions`]. The store keeps a session's latest record only,
+/// so an event's presence is its version: every event that commits takes
+/// the next version, and the answer shows the record at that version
+/// carrying the event's identity (checked as it arrives).
+///
+/// - every acknowledged event took its own version, after `base` and at
+///   most the version at the stop, and was acknowledged once;
+/// - every version after `base` that no acknowledged event took was taken
+///   by an event whose answer was lost: there are no more such versions
+///   than unanswered events;
+/// - the stored record is the last event's: the acknowledged one holding
+///   the version at the stop, or, when none does, one that was sent and
+///   not answered. An acknowledged event's identity stored under another
+///   version means an event was lost or doubled.
+///
+/// Returns the events acknowledged.
 pub(crate) async fn check_sessions(
     pool: &PgPool,
     ledger: &Ledger,
     base: &[i64],
-    at_stop: &[i64],
+    at_stop: &[AtStop],
 ) -> usize {
     let mut acked_events = 0;
     for (s, &base) in base.iter().enumerate() {
         let session = format!("s{s}");
         let acked = ledger
-            .acked_versions
+            .acked_events
             .get(&session)
-            .cloned()
-            .unwrap_or_default();
-        let unknown = ledger.unknown_events.get(&session).copied().unwrap_or(0);
-        let distinct: BTreeSet<i64> = acked.iter().copied().collect();
-        assert_eq!(
-            distinct.len(),
-            acked.len(),
-            "{session}: a version acknowledged twice"
-        );
-        let version = at_stop[s];
-        // Versions up to `base` are the set-up's.
-        let committed = version - base;
+            .map_or(&[][..], Vec::as_slice);
+        let unknown = ledger
+            .unknown_events
+            .get(&session)
+            .map_or(&[][..], Vec::as_slice);
+        let AtStop { version, tour } = &at_stop[s];
+        let version = *version;
         let causes: Vec<String> = sqlx::query(
             "SELECT cause || ':' || coalesce(from_state, '') || '->' || to_state || ' ' || \
              payload::text || ' at ' || at::text AS c FROM audit_log \
@@ -633,19 +735,50 @@ pub(crate) async fn check_sessions(
         .iter()
         .map(|r| r.get("c"))
         .collect();
-        let missing: Vec<i64> = (base + 1..=version)
-            .filter(|v| !distinct.contains(v))
+        let mut owner: BTreeMap<i64, &str> = BTreeMap::new();
+        let mut identities = BTreeSet::new();
+        for (v, id) in acked {
+            assert!(
+                identities.insert(id.as_str()),
+                "{session}: {id} acknowledged twice"
+            );
+            if let Some(other) = owner.insert(*v, id) {
+                panic!("{session}: version {v} acknowledged for {other} and for {id}");
+            }
+            assert!(
+                *v > base && *v <= version,
+                "{session}: {id} acknowledged at version {v}, outside ({base}, {version}]"
+            );
+        }
+        let unowned: Vec<i64> = (base + 1..=version)
+            .filter(|v| !owner.contains_key(v))
             .collect();
         assert!(
-            committed >= acked.len() as i64 && committed <= (acked.len() + unknown) as i64,
-            "{session}: version {version} after {base}, {} acknowledged, {unknown} unanswered; \
-             versions not acknowledged {missing:?}; audit {causes:?}",
-            acked.len()
+            unowned.len() <= unknown.len(),
+            "{session}: versions {unowned:?} taken by no acknowledged event, \
+             {} events unanswered; audit {causes:?}",
+            unknown.len()
         );
-        assert!(
-            distinct.iter().all(|v| *v >= 2 && *v <= version),
-            "{session}"
-        );
+        match (owner.get(&version), tour.as_deref()) {
+            (Some(last), stored) => assert_eq!(
+                stored,
+                Some(*last),
+                "{session}: version {version} was acknowledged for {last}"
+            ),
+            (None, Some(stored)) => assert!(
+                unknown.iter().any(|u| u == stored),
+                "{session}: stored {stored} at version {version}, which is no unanswered event's{}",
+                if identities.contains(stored) {
+                    " (it was acknowledged at another version)"
+                } else {
+                    ""
+                }
+            ),
+            (None, None) => assert_eq!(
+                version, base,
+                "{session}: version {version} stores no event"
+            ),
+        }
         acked_events += acked.len();
     }
     acked_events
@@ -1163,7 +1296,7 @@ pub(crate) struct Checked {
 pub(crate) async fn check_all(
     pool: &PgPool,
     ledger: &Ledger,
-    (base, at_stop): (&[i64], &[i64]),
+    (base, at_stop): (&[i64], &[AtStop]),
     (armed, follow_ups): (&[String], u32),
     database_down: bool,
 ) -> Checked {
@@ -1173,10 +1306,20 @@ pub(crate) async fn check_all(
     let dags = check_dags(pool, ledger, database_down).await;
     let audited = check_audit(pool, ledger).await;
     assert!(
-        acked_events > 0 && !ledger.acked_replies.is_empty() && dags.inputs > 0,
-        "the load ran"
+        acked_events >= MIN_SESSION_EVENTS,
+        "the load ran: {acked_events} session events acknowledged, fewer than {MIN_SESSION_EVENTS}"
     );
-    let unknown = ledger.unknown_events.values().sum::<usize>()
+    assert!(
+        ledger.acked_replies.len() >= MIN_REPLIES,
+        "the load ran: {} replies acknowledged, fewer than {MIN_REPLIES}",
+        ledger.acked_replies.len()
+    );
+    assert!(
+        dags.inputs >= MIN_FLOW_INPUTS,
+        "the load ran: {} flow inputs stored, fewer than {MIN_FLOW_INPUTS}",
+        dags.inputs
+    );
+    let unknown = ledger.unknown_events.values().map(Vec::len).sum::<usize>()
         + ledger.unknown_replies.len()
         + ledger
             .flows
