@@ -551,17 +551,24 @@ proptest! {
     }
 
     #[test]
-    fn decoding_arbitrary_json_never_panics(v in arb_json(), with_version in any::<bool>()) {
+    fn decoding_arbitrary_json_round_trips_what_it_takes(v in arb_json(), with_version in any::<bool>()) {
         let mut v = v;
         if with_version
             && let Value::Object(m) = &mut v {
                 m.insert("_v".into(), json!(1));
                 m.insert("user_id".into(), json!("u"));
             }
-        let _ = UserAdoptionState::from_snapshot(&v, at(1.0));
+        // What decodes encodes to a snapshot that decodes to the same.
+        if let Ok(state) = UserAdoptionState::from_snapshot(&v, at(1.0)) {
+            let back = UserAdoptionState::from_snapshot(&state.to_snapshot(), at(1.0));
+            prop_assert_eq!(back.map(|b| b.to_snapshot()).ok(), Some(state.to_snapshot()));
+        }
         let _ = OnboardingPlan::from_config(&v);
         let _ = OnboardingPlan::from_config(&Value::Array(vec![v.clone()]));
-        let _ = SessionSnapshot::from_ordered_snapshot(&OrderedValue::from(&v), at(1.0));
+        if let Ok(snap) = SessionSnapshot::from_ordered_snapshot(&OrderedValue::from(&v), at(1.0)) {
+            let back = SessionSnapshot::from_ordered_snapshot(&snap.to_ordered_snapshot(), at(1.0));
+            prop_assert_eq!(back.ok(), Some(snap));
+        }
         let _ = tour::catalog_from_value(&Value::Array(vec![v.clone()]));
         let text = v.to_string();
         let _ = parse_tour_match_output(Some(&text), &[], None);
