@@ -10,7 +10,9 @@
 #![forbid(unsafe_code)]
 
 pub mod adoption;
+pub mod api_keys;
 pub mod audit;
+pub mod channel;
 pub mod checkpoint;
 pub mod conversation;
 pub mod crisis_log;

@@ -247,3 +247,32 @@ mod storable {
         conversation = async { Some(super::conversation::subject()) },
     );
 }
+
+mod channel {
+    use std::sync::Arc;
+
+    use parlance_memory::LoopbackChannel;
+    use parlance_ports::Channel;
+    use parlance_testkit::channel::ChannelFixture;
+
+    struct Loopback(Arc<LoopbackChannel>);
+
+    impl ChannelFixture for Loopback {
+        fn channel(&self) -> Arc<dyn Channel> {
+            self.0.clone()
+        }
+
+        fn received(&self) -> Vec<serde_json::Value> {
+            self.0
+                .sent()
+                .iter()
+                .map(|m| serde_json::to_value(m).expect("encodes"))
+                .collect()
+        }
+    }
+
+    parlance_testkit::channel_suite!(async {
+        Some(Arc::new(Loopback(Arc::new(LoopbackChannel::new())))
+            as parlance_testkit::channel::Subject)
+    });
+}
