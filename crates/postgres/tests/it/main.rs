@@ -532,3 +532,52 @@ mod data_exceptions {
         assert_eq!(port_error("probe", e).kind, ErrorKind::Invalid, "22001");
     }
 }
+
+mod api_key_contract {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+    use parlance_core::{ProductId, Timestamp};
+    use parlance_ports::PortResult;
+    use parlance_postgres::{PgApiKeys, testing::test_pool};
+    use parlance_testkit::api_keys::{KeyStoreFixture, Subject};
+    use sha2::{Digest as _, Sha256};
+
+    /// The key table, holding SHA-256 digests as the service stores them.
+    struct Table(PgApiKeys);
+
+    fn digest(key: &str) -> [u8; 32] {
+        Sha256::digest(key.as_bytes()).into()
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::from_micros(1_767_225_600_000_000).expect("in range")
+    }
+
+    #[async_trait]
+    impl KeyStoreFixture for Table {
+        async fn add(&self, product: &ProductId, key: &str) -> i64 {
+            self.0
+                .create(product, &digest(key), "contract", now())
+                .await
+                .expect("create")
+                .id
+        }
+
+        async fn resolve(&self, presented: &str) -> PortResult<Option<ProductId>> {
+            self.0.product_for(&digest(presented)).await
+        }
+
+        async fn revoke(&self, product: &ProductId, id: i64) -> PortResult<()> {
+            self.0.revoke(product, id, now()).await
+        }
+    }
+
+    async fn subject() -> Option<Subject> {
+        let pool = test_pool().await?;
+        Some(Arc::new(Table(PgApiKeys::new(pool))) as Subject)
+    }
+
+    parlance_testkit::api_key_suite!(subject());
+    parlance_testkit::api_key_revocation_suite!(subject());
+}
