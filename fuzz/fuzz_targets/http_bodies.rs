@@ -1,10 +1,16 @@
 //! HTTP request bodies: arbitrary JSON (or raw bytes) sent to every body-
 //! taking route of the in-memory service answers 2xx or 4xx, never 5xx.
+//!
+//! Input: the first byte picks the route (its low seven bits, modulo the
+//! number of routes). With its high bit clear the rest is the body as it
+//! is, so a real request body seeds the corpus as `[route] ++ body` (see
+//! `fuzz/seeds/http_bodies/`); with it set the rest builds JSON through
+//! `arbitrary`, with the keys and words the routes read.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};
 
-use arbitrary::Arbitrary;
+use arbitrary::{Arbitrary, Unstructured};
 use axum::body::Body;
 use axum::http::{Request, header};
 use libfuzzer_sys::fuzz_target;
@@ -125,13 +131,6 @@ impl Json {
     }
 }
 
-#[derive(Debug, Arbitrary)]
-struct Input {
-    route: u8,
-    json: Json,
-    raw: Option<Vec<u8>>,
-}
-
 struct Service {
     rt: tokio::runtime::Runtime,
     app: axum::Router,
@@ -156,12 +155,19 @@ fn service() -> &'static Service {
     })
 }
 
-fuzz_target!(|input: Input| {
+fuzz_target!(|data: &[u8]| {
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
     let s = service();
-    let (method, path) = ROUTES[input.route as usize % ROUTES.len()];
-    let body = match input.raw {
-        Some(bytes) => bytes,
-        None => serde_json::to_vec(&input.json.to_value(0)).expect("json"),
+    let (method, path) = ROUTES[usize::from(first & 0x7f) % ROUTES.len()];
+    let body = if first & 0x80 == 0 {
+        rest.to_vec()
+    } else {
+        let Ok(json) = Json::arbitrary_take_rest(Unstructured::new(rest)) else {
+            return;
+        };
+        serde_json::to_vec(&json.to_value(0)).expect("json")
     };
     let req = Request::builder()
         .method(method)

@@ -237,21 +237,48 @@ fn fuzz(args: &[String]) -> Result<()> {
     for t in &targets {
         let corpus = root.join("fuzz/corpus").join(t);
         std::fs::create_dir_all(&corpus)?;
-        let mut cmd = nightly(Cmd::new("cargo"))
+        // The committed seeds (real request bodies, snapshots and flow
+        // files) join the corpus first, so every run starts from them.
+        let seeds = root.join("fuzz/seeds").join(t);
+        let mut seeded = 0usize;
+        if seeds.is_dir() {
+            for entry in std::fs::read_dir(&seeds)? {
+                let entry = entry?;
+                if entry.file_type()?.is_file() {
+                    std::fs::copy(entry.path(), corpus.join(entry.file_name()))?;
+                    seeded += 1;
+                }
+            }
+        }
+        let mut cmd = std::process::Command::new("cargo");
+        cmd.current_dir(&root)
+            .env("RUSTUP_TOOLCHAIN", "nightly")
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
             .args(["fuzz", "run", profile, t])
             .arg("--fuzz-dir")
             .arg(root.join("fuzz"))
-            .arg(&corpus);
-        let seeds = root.join("fuzz/seeds").join(t);
-        if seeds.is_dir() {
-            cmd = cmd.arg(&seeds);
+            .arg(&corpus)
+            .args([
+                "--",
+                &format!("-max_total_time={secs}"),
+                "-rss_limit_mb=2048",
+            ]);
+        println!(
+            "$ cargo fuzz run {profile} {t} ({seeded} seeds copied into {})",
+            corpus.display()
+        );
+        let (status, last) = run_teeing_stderr(cmd)?;
+        if !status.success() {
+            bail!("fuzzing {t} failed: {status}");
         }
-        cmd.args([
-            "--",
-            &format!("-max_total_time={secs}"),
-            "-rss_limit_mb=2048",
-        ])
-        .run()?;
+        let Some(stats) = last.as_deref().and_then(FuzzStats::parse) else {
+            bail!("fuzzing {t} printed no `#N ... cov: X ... corp: Y` line");
+        };
+        println!(
+            "xtask: fuzz {t}: corpus {} inputs, coverage {} ({seeded} seeds)",
+            stats.corpus, stats.coverage
+        );
     }
     println!(
         "xtask: fuzz: {} targets, {secs} s each, no crash ({:.0?})",
@@ -259,6 +286,63 @@ fn fuzz(args: &[String]) -> Result<()> {
         started.elapsed()
     );
     Ok(())
+}
+
+/// The figures of libFuzzer's status line `#N ... cov: X ... corp: Y/Zb ...`.
+#[derive(Debug, PartialEq, Eq)]
+struct FuzzStats {
+    coverage: u64,
+    corpus: u64,
+}
+
+impl FuzzStats {
+    fn parse(line: &str) -> Option<Self> {
+        if !line.starts_with('#') {
+            return None;
+        }
+        let mut words = line.split_whitespace();
+        let mut coverage = None;
+        let mut corpus = None;
+        while let Some(w) = words.next() {
+            match w {
+                "cov:" => coverage = words.next().and_then(|v| v.parse().ok()),
+                "corp:" => {
+                    corpus = words
+                        .next()
+                        .and_then(|v| v.split('/').next())
+                        .and_then(|v| v.parse().ok());
+                }
+                _ => {}
+            }
+        }
+        Some(Self {
+            coverage: coverage?,
+            corpus: corpus?,
+        })
+    }
+}
+
+/// Runs `cmd`, passing its stderr through line by line, and returns its
+/// exit status with the last libFuzzer status line it printed.
+fn run_teeing_stderr(
+    mut cmd: std::process::Command,
+) -> Result<(std::process::ExitStatus, Option<String>)> {
+    use std::io::{BufRead as _, Write as _};
+    let mut child = cmd.stderr(std::process::Stdio::piped()).spawn()?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
+    let mut last = None;
+    let mut out = std::io::stderr().lock();
+    for line in std::io::BufReader::new(stderr).split(b'\n') {
+        let line = String::from_utf8_lossy(&line?).into_owned();
+        writeln!(out, "{line}")?;
+        if FuzzStats::parse(&line).is_some() {
+            last = Some(line);
+        }
+    }
+    Ok((child.wait()?, last))
 }
 
 /// `cargo deny check advisories`: reported, never blocking (the advisory
@@ -285,4 +369,23 @@ fn docs() -> Result<()> {
     cargo(["doc", "--workspace", "--no-deps", "--locked"])
         .env("RUSTDOCFLAGS", "-D warnings")
         .run()
+}
+
+#[cfg(test)]
+mod fuzz_stats {
+    use super::FuzzStats;
+
+    #[test]
+    fn reads_the_figures_of_a_status_line() {
+        let line = "#760\tDONE   cov: 36612 ft: 40518 corp: 67/397b lim: 6 exec/s: 24 rss: 165Mb";
+        assert_eq!(
+            FuzzStats::parse(line),
+            Some(FuzzStats {
+                coverage: 36612,
+                corpus: 67
+            })
+        );
+        assert_eq!(FuzzStats::parse("INFO: seed corpus: files: 169"), None);
+        assert_eq!(FuzzStats::parse("#2\tINITED exec/s: 0 rss: 40Mb"), None);
+    }
 }
