@@ -6,6 +6,7 @@ mod agent;
 mod bad_input;
 mod concurrency;
 mod connections;
+mod contracts;
 mod conversation;
 mod deadlines;
 mod faults;
