@@ -111,8 +111,8 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
         async move { load.run(until, 0).await }
     });
     tokio::time::sleep(phase()).await;
-    // Stop the worker (SIGSTOP) at an instant it holds leases, so they are
-    // still held when it is killed.
+    // Stop the worker (SIGSTOP) at an instant it holds leases, and kill it
+    // stopped.
     let deadline = Instant::now() + LEASE_WAIT;
     let held = loop {
         workers[0].signal("STOP");
@@ -137,12 +137,11 @@ async fn killed_servers_and_workers_lose_nothing_acknowledged() {
             ledger.unanswered_by.get(&ports[0]).copied().unwrap_or(0),
         )
     };
+    // Killed while stopped holding leases (the loop above fails the test
+    // when it never does). How many are still its own at the kill is not
+    // fixed: a statement sent before the stop may still finish, and its
+    // leases go stale and are recovered.
     workers[0].kill();
-    assert_eq!(
-        leases(&pool, killed_worker).await,
-        held,
-        "leases of the killed worker"
-    );
     loading.await.unwrap();
     let unanswered = load
         .ledger
