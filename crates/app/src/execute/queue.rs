@@ -25,15 +25,9 @@ type RecordId = (EntityKind, String, String);
 /// The records with commands in flight, each with its queue. Every
 /// executor of a process shares [`RecordQueues::process`]; another set
 /// behaves as another process would.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct RecordQueues {
     held: Mutex<HashMap<RecordId, Arc<AsyncMutex<()>>>>,
-}
-
-impl std::fmt::Debug for RecordQueues {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordQueues").finish_non_exhaustive()
-    }
 }
 
 static PROCESS: LazyLock<RecordQueues> = LazyLock::new(RecordQueues::default);

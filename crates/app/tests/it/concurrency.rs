@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use parlance_testkit::ManualClock;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::load::free_port;
+use crate::load::{Proc, free_port};
 use crate::support::{KEY, TestServer, keys, url_for, wait_until};
 
 const CLIENTS: usize = 64;
@@ -276,18 +276,8 @@ async fn one_record_many_clients_on_postgres() {
     all_three(&service).await;
 }
 
-/// A `parlance` process, killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(url: &str, port: u16, flows: &Path) -> Process {
-    Process(
+fn serve(url: &str, port: u16, flows: &Path) -> Proc {
+    Proc::from(
         Command::new(env!("CARGO_BIN_EXE_parlance"))
             .args(["serve", "--no-worker", "--bind"])
             .arg(format!("127.0.0.1:{port}"))

@@ -70,6 +70,12 @@ pub(crate) fn free_port() -> u16 {
 /// test that fails leaves none behind.
 pub(crate) struct Proc(Child);
 
+impl From<Child> for Proc {
+    fn from(child: Child) -> Self {
+        Proc(child)
+    }
+}
+
 impl Proc {
     /// Kills the process (SIGKILL) and reaps it.
     pub(crate) fn kill(&mut self) {
