@@ -38,10 +38,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use axum::Extension;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::get;
 use parlance_core::ProductId;
 use parlance_core::flow::{FlowRecord, RunnerOptions};
 use parlance_memory::{
@@ -58,6 +58,8 @@ use parlance_postgres::{
     PgMemoryStore, PgPool, PgSessionStore, PgTaskQueue, PgTourCatalogs,
 };
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use config::{Config, Flags, LogFormat};
 pub use state::{Backend, Shared};
@@ -464,12 +466,38 @@ pub fn keys_for(key: &ApiKey) -> ApiKeys {
 /// The whole service: health probes open, every feature's routes under
 /// `/v1` behind a key.
 pub fn router(state: &AppState) -> Router {
-    let v1 = Router::new()
+    let (router, doc) = api(state);
+    let doc = http::openapi::Document::render(&doc);
+    router
+        .fallback(http::not_found)
+        .method_not_allowed_fallback(http::method_not_allowed)
+        .layer(Extension(doc))
+        .layer(middleware::from_fn(http::problem_json))
+        .layer(DefaultBodyLimit::max(state.body_limit))
+        .layer(middleware::from_fn_with_state(
+            state.body_limit,
+            http::reject_large_bodies,
+        ))
+        .layer(middleware::from_fn(http::reject_large_heads))
+        .layer(TraceLayer::new_for_http())
+}
+
+/// The API document (OpenAPI 3.1) of the service, as `GET /openapi.json`
+/// serves it: made from the same route definitions the router serves.
+pub fn openapi_document(state: &AppState) -> utoipa::openapi::OpenApi {
+    api(state).1
+}
+
+/// Every route with its state, and the document the same definitions make.
+fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
+    let (v1, v1_doc) = OpenApiRouter::new()
         .merge(session::routes().with_state(state.sessions.clone()))
-        .merge(adoption::routes().with_state(state.adoption.clone()))
-        .merge(conversation::routes().with_state(state.conversations.clone()))
-        .merge(flow::routes().with_state(state.flows.clone()))
-        .merge(agent::routes().with_state(state.agent.clone()))
+        .merge(OpenApiRouter::from(adoption::routes()).with_state(state.adoption.clone()))
+        .merge(OpenApiRouter::from(conversation::routes()).with_state(state.conversations.clone()))
+        .merge(OpenApiRouter::from(flow::routes()).with_state(state.flows.clone()))
+        .merge(OpenApiRouter::from(agent::routes()).with_state(state.agent.clone()))
+        .split_for_parts();
+    let v1 = v1
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .route_layer(middleware::from_fn(http::check_params))
@@ -481,21 +509,14 @@ pub fn router(state: &AppState) -> Router {
             state.budgets,
             http::enforce_budget,
         ));
-    Router::new()
-        .route("/healthz", get(http::health::healthz))
-        .route(
-            "/readyz",
-            get(http::health::readyz).with_state(state.backend.clone()),
-        )
-        .nest("/v1", v1)
-        .fallback(http::not_found)
-        .method_not_allowed_fallback(http::method_not_allowed)
-        .layer(middleware::from_fn(http::problem_json))
-        .layer(DefaultBodyLimit::max(state.body_limit))
-        .layer(middleware::from_fn_with_state(
-            state.body_limit,
-            http::reject_large_bodies,
-        ))
-        .layer(middleware::from_fn(http::reject_large_heads))
-        .layer(TraceLayer::new_for_http())
+    let (root, doc) =
+        OpenApiRouter::<Backend>::with_openapi(<http::openapi::Head as utoipa::OpenApi>::openapi())
+            .routes(routes!(http::health::healthz))
+            .routes(routes!(http::health::readyz))
+            .routes(routes!(http::openapi::document))
+            .split_for_parts();
+    (
+        root.with_state(state.backend.clone()).nest("/v1", v1),
+        doc.nest("/v1", v1_doc),
+    )
 }

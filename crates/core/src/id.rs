@@ -115,6 +115,21 @@ macro_rules! string_id {
                 Self::parse(s).map_err(::serde::de::Error::custom)
             }
         }
+
+        #[cfg(feature = "openapi")]
+        impl ::utoipa::PartialSchema for $name {
+            fn schema() -> ::utoipa::openapi::RefOr<::utoipa::openapi::schema::Schema> {
+                ::utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(::utoipa::openapi::schema::Type::String)
+                    .description(Some(concat!("A ", $kind, ".")))
+                    .min_length(Some(1))
+                    .max_length(Some($max))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl ::utoipa::ToSchema for $name {}
     };
 }
 
@@ -189,6 +204,21 @@ macro_rules! uuid_id {
                 ::uuid::Uuid::deserialize(d).map(Self)
             }
         }
+
+        #[cfg(feature = "openapi")]
+        impl ::utoipa::PartialSchema for $name {
+            fn schema() -> ::utoipa::openapi::RefOr<::utoipa::openapi::schema::Schema> {
+                ::utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(::utoipa::openapi::schema::Type::String)
+                    .format(Some(::utoipa::openapi::SchemaFormat::KnownFormat(
+                        ::utoipa::openapi::KnownFormat::Uuid,
+                    )))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl ::utoipa::ToSchema for $name {}
     };
 }
 

@@ -28,6 +28,7 @@ use crate::{ProductId, Timestamp};
 /// Which machine a stored record belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum EntityKind {
     /// A live session's assistance mode.
     Session,

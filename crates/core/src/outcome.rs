@@ -10,6 +10,7 @@ use serde::Serialize;
 /// One typed state change with its cause, as an operation reports it
 /// (the audit log records it as a [`crate::machine::Transition`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StateChange<S> {
     /// The state before.
     pub from: S,

@@ -164,6 +164,22 @@ impl Serialize for Timestamp {
     }
 }
 
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Timestamp {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::Number)
+            .description(Some(
+                "An instant, in seconds since the Unix epoch (UTC), with microseconds.",
+            ))
+            .examples([serde_json::json!(1_767_225_600.25)])
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Timestamp {}
+
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let secs = f64::deserialize(deserializer)?;

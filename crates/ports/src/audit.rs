@@ -8,6 +8,7 @@ use crate::PortResult;
 
 /// A transition to record.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditEntry {
     /// The tenant.
     pub product_id: ProductId,
@@ -29,6 +30,7 @@ pub struct AuditEntry {
 
 /// A recorded transition: the entry plus its position in the log.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditRecord {
     /// Strictly increasing per log; gaps are allowed across entities, never
     /// reordering.

@@ -22,6 +22,7 @@ use crate::{AuditEntry, PortResult};
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 #[serde(transparent)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Version(pub u64);
 
 impl Version {

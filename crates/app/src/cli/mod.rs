@@ -79,6 +79,9 @@ pub enum Command {
         #[command(flatten)]
         flags: Flags,
     },
+    /// Print the API document (OpenAPI 3.1, as `GET /openapi.json` serves
+    /// it) and exit.
+    Openapi,
     /// Operate conversations on a running server.
     Conversation {
         /// The server and key.
@@ -164,6 +167,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             // subscriber, but a configuration it cannot read still fails.
             Config::from_env(&flags)?;
             crate::demo::run(std::io::stdout().lock()).await
+        }
+        Command::Openapi => {
+            let state = Components::memory(ApiKeys::default()).build();
+            let doc = crate::openapi_document(&state).to_pretty_json()?;
+            writeln!(std::io::stdout(), "{doc}")?;
+            Ok(())
         }
         Command::Conversation { client, command } => {
             conversation::run(client, command, std::io::stdout().lock()).await

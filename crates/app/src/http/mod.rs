@@ -7,6 +7,7 @@ mod budget;
 mod error;
 pub(crate) mod health;
 mod json;
+pub(crate) mod openapi;
 mod params;
 pub mod serve;
 

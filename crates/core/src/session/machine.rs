@@ -66,6 +66,7 @@ impl EntityKey for SessionKey {
 /// (the body of `POST .../events`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum SessionEvent {
     /// A proactive trigger fired: offer help (from thinking, cooldown permitting).
     ProactiveTrigger {

@@ -37,6 +37,7 @@ pub const DEFAULT_COOLDOWN_PERIOD_S: f64 = 60.0;
 
 /// The three modes of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AssistState {
     /// Idle baseline: proactive offers may fire unless a cooldown runs.
     #[serde(rename = "thinking")]
@@ -198,6 +199,7 @@ impl ReactiveState {
 
 /// How a conversation got linked to the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ConversationEvent {
     /// A new conversation: always links, overwriting any previous id.
     #[serde(rename = "NEW")]
@@ -219,6 +221,7 @@ pub enum DeliveryRoute<'a> {
 /// What happened to the cooldown during an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum CooldownChange {
     /// Nothing.
     #[default]
@@ -231,6 +234,7 @@ pub enum CooldownChange {
 
 /// What an operation did. Allocation-free.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionOutcome {
     /// The state change, if any.
     pub transition: Option<StateChange<AssistState>>,

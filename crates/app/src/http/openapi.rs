@@ -1,0 +1,250 @@
+//! The API document (OpenAPI 3.1), generated from the routes themselves:
+//! every route is registered through `utoipa_axum::routes!`, which takes its
+//! method, path, parameters, bodies and answers from the handler's
+//! `#[utoipa::path]`, so what is served and what is described are one list.
+//!
+//! This module holds what every operation shares: the document's head, the
+//! bearer scheme, the problem+json schema and the sets of error answers.
+
+use std::collections::BTreeMap;
+
+use axum::Extension;
+use axum::body::Bytes;
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde_json::json;
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::{IntoResponses, Modify, PartialSchema, ToSchema};
+
+/// A problem details answer (RFC 9457), the body of every error.
+///
+/// Besides `type`, `title`, `status` and `detail`, a problem may carry
+/// members of its own kind: `field` (the offending request field), `state`,
+/// `command` and `reason` (on `not-allowed`), `max` (on limits), and the
+/// entity as it is now.
+pub(crate) struct Problem;
+
+impl PartialSchema for Problem {
+    fn schema() -> RefOr<Schema> {
+        let text = |description: &str, example: serde_json::Value| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some(description))
+                .examples([example])
+        };
+        ObjectBuilder::new()
+            .description(Some(
+                "A problem details answer (RFC 9457). Problems of some kinds carry more \
+                 members: `field`, `state`, `command`, `reason`, `max`, the entity as it is now.",
+            ))
+            .property(
+                "type",
+                text(
+                    "`urn:parlance:problem:<kind>`; the kinds are listed in docs/api.md.",
+                    json!("urn:parlance:problem:not-found"),
+                ),
+            )
+            .property(
+                "title",
+                text("The status's reason phrase.", json!("Not Found")),
+            )
+            .property(
+                "status",
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .description(Some("The HTTP status."))
+                    .examples([json!(404)]),
+            )
+            .property(
+                "detail",
+                text("What went wrong, for the caller.", json!("no session s-1")),
+            )
+            .required("type")
+            .required("title")
+            .required("status")
+            .required("detail")
+            .additional_properties(Some(AdditionalProperties::FreeForm(true)))
+            .into()
+    }
+}
+
+impl ToSchema for Problem {}
+
+/// The path of a product's routes.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // read by `Tenant`; here for the document
+pub(crate) struct ProductPath {
+    /// The product (the key's).
+    #[param(value_type = parlance_core::ProductId)]
+    product_id: String,
+}
+
+/// Registers the bearer scheme (`Authorization: Bearer <API key>`).
+struct BearerKey;
+
+impl Modify for BearerKey {
+    fn modify(&self, doc: &mut OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An API key, as `Authorization: Bearer <key>`. A key opens one \
+                         product: its routes under `/v1/products/{product_id}` and the flows.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document's head: title, licence, the bearer scheme (required by
+/// every operation that does not say otherwise) and the problem schema.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Parlance",
+        description = "The state layer for conversational agents: the session assistance \
+                       machine, user adoption, conversation instances, agent turns and flows.",
+    ),
+    modifiers(&BearerKey),
+    security(("api_key" = [])),
+    components(schemas(Problem)),
+    tags(
+        (name = "sessions", description = "The session assistance machine: thinking, proactive, reactive."),
+        (name = "adoption", description = "User adoption: journey, mastery, onboarding, tours, judge prompts."),
+        (name = "conversations", description = "Conversation instances: replies, follow-ups, pause, hand-off to a person."),
+        (name = "agent", description = "Agent turns, threads, memory and the crisis log."),
+        (name = "flows", description = "Flows: sessions driven by YAML flow definitions (genie-flow compatible routes)."),
+        (name = "service", description = "Probes and the API document; no key needed."),
+    )
+)]
+pub(crate) struct Head;
+
+/// Problem answers by status, each `application/problem+json`.
+fn problems(statuses: &[(u16, &str)]) -> BTreeMap<String, RefOr<Response>> {
+    statuses
+        .iter()
+        .map(|&(status, description)| {
+            let response = ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build();
+            (status.to_string(), RefOr::T(response))
+        })
+        .collect()
+}
+
+/// What any request may be answered before its handler runs, and what any
+/// handler may answer when a dependency fails.
+const ANY: &[(u16, &str)] = &[
+    (400, "The request cannot be read (`bad-request`)."),
+    (401, "No key, or an unknown key (`unauthorized`)."),
+    (
+        404,
+        "No such record for this product, or the key opens another product (`not-found`).",
+    ),
+    (408, "The body did not arrive in time (`request-timeout`)."),
+    (414, "The request target is too long (`uri-too-long`)."),
+    (
+        422,
+        "Well-formed but not a valid request (`invalid-request`, naming the `field`), or over \
+         a limit (`limit-exceeded`).",
+    ),
+    (
+        429,
+        "Too many requests for this key (`rate-limited`); see `Retry-After`.",
+    ),
+    (
+        431,
+        "The request's headers are too large (`headers-too-large`).",
+    ),
+    (
+        500,
+        "A defect; the detail says nothing, the log says what (`internal`).",
+    ),
+    (
+        503,
+        "A dependency is unavailable, or commits kept conflicting (`unavailable`, \
+         `contended`); see `Retry-After`.",
+    ),
+    (
+        504,
+        "The request's time budget ran out (`deadline-exceeded`).",
+    ),
+];
+
+/// What a request with a JSON body may be answered besides [`ANY`].
+const BODY: &[(u16, &str)] = &[
+    (413, "The body is over the limit (`payload-too-large`)."),
+    (415, "The body is not JSON (`unsupported-media-type`)."),
+];
+
+/// The answer of a command the record's state does not allow.
+const CONFLICT: &[(u16, &str)] = &[(
+    409,
+    "The record's state does not allow the command (`not-allowed`, with `state`, `command` \
+     and `reason`), or another write won (`conflict`).",
+)];
+
+/// The error answers of a read.
+pub(crate) struct ReadProblems;
+
+impl IntoResponses for ReadProblems {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        problems(ANY)
+    }
+}
+
+/// The error answers of a command: a JSON body, and a state that may not
+/// allow it.
+pub(crate) struct CommandProblems;
+
+impl IntoResponses for CommandProblems {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        problems(&[ANY, BODY, CONFLICT].concat())
+    }
+}
+
+/// The error answers of a write without a state machine behind it (a
+/// catalog or plan put).
+pub(crate) struct PutProblems;
+
+impl IntoResponses for PutProblems {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        problems(&[ANY, BODY].concat())
+    }
+}
+
+/// The document, rendered once when the router is built.
+#[derive(Clone)]
+pub(crate) struct Document(Bytes);
+
+impl Document {
+    /// Renders `doc` as indented JSON.
+    pub(crate) fn render(doc: &OpenApi) -> Self {
+        Self(serde_json::to_vec_pretty(doc).unwrap_or_default().into())
+    }
+}
+
+/// The API document (OpenAPI 3.1) of this service.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "service",
+    security(()),
+    responses((status = 200, description = "This document.", content_type = "application/json", body = Object)),
+)]
+pub(crate) async fn document(Extension(Document(doc)): Extension<Document>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], doc)
+}

@@ -1,0 +1,107 @@
+//! The API document: served without a key, the one committed in
+//! `docs/openapi.json`, and describing exactly the routes the router serves.
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::support::TestServer;
+
+/// The committed document.
+fn committed() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    let text = std::fs::read_to_string(path).expect("docs/openapi.json");
+    serde_json::from_str(&text).expect("docs/openapi.json is JSON")
+}
+
+#[tokio::test]
+async fn the_served_document_is_the_committed_one() {
+    let server = TestServer::memory().await;
+    let (status, ctype, served) = server.send(Method::GET, "/openapi.json", None, false).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ctype, "application/json");
+    assert_eq!(served["openapi"], "3.1.0");
+    assert!(
+        served == committed(),
+        "docs/openapi.json is not the document the service generates; regenerate it with \
+         `cargo run -p parlance-app -- openapi > docs/openapi.json`"
+    );
+}
+
+const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
+
+/// Fills a path template: the test key's product, a plausible id elsewhere.
+fn concrete(template: &str) -> String {
+    template
+        .split('/')
+        .map(|seg| match seg {
+            "{product_id}" => "acme",
+            s if s.starts_with('{') => "x1",
+            s => s,
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Whether an answer came from the router's fallbacks rather than a route.
+fn unrouted(status: StatusCode, body: &Value) -> bool {
+    status == StatusCode::METHOD_NOT_ALLOWED
+        || (status == StatusCode::NOT_FOUND && body["detail"] == "no such route")
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_served_and_no_other_method_is() {
+    let server = TestServer::memory().await;
+    let doc = committed();
+    let paths = doc["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 40, "only {} paths documented", paths.len());
+    let mut operations = 0;
+    for (template, item) in paths {
+        let path = concrete(template);
+        for method in METHODS {
+            let documented = item.get(method).is_some();
+            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let (status, _, body) = server.send(m, &path, None, true).await;
+            if documented {
+                operations += 1;
+                assert!(
+                    !unrouted(status, &body),
+                    "{method} {template} is documented but not served: {status} {body}"
+                );
+            } else {
+                assert_eq!(
+                    status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {template} is served but not documented: {body}"
+                );
+            }
+        }
+    }
+    assert!(operations >= 45, "only {operations} operations documented");
+}
+
+#[tokio::test]
+async fn every_operation_declares_its_problems_and_the_key_it_needs() {
+    let doc = committed();
+    for (template, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let responses = op["responses"].as_object().unwrap();
+            assert!(
+                responses.keys().any(|s| s.starts_with('2')),
+                "{method} {template} has no success answer"
+            );
+            let open = op.get("security") == Some(&serde_json::json!([{}]));
+            if template.starts_with("/v1/") {
+                assert!(!open, "{method} {template} is documented without a key");
+                for status in ["401", "404", "422", "500", "503", "504"] {
+                    let problem = &responses[status]["content"]["application/problem+json"];
+                    assert!(
+                        problem.is_object(),
+                        "{method} {template} does not document its {status} problem"
+                    );
+                }
+            } else {
+                assert!(open, "{method} {template} needs no key but does not say so");
+            }
+        }
+    }
+}
