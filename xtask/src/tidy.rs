@@ -1,5 +1,6 @@
 //! Tidy checks, run as tests: the layering holds, every Rust file starts
-//! with a `//!` doc line, and no unreviewed snapshot is left behind.
+//! with a `//!` doc line, no unreviewed snapshot is left behind, and the
+//! service registers routes only through the API document.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -124,6 +125,48 @@ fn stray_snapshots(dir: &Path, out: &mut Vec<String>) {
     }
 }
 
+/// Route registrations that bypass `utoipa_axum::routes!` (and so the API
+/// document) in the app's sources under `dir`: `(file, line)` of every
+/// `.route(`, `.route_service(` or `.nest_service(` call given a path,
+/// outside `tests` modules and the files in `exempt`.
+fn undocumented_routes(dir: &Path, exempt: &[&str], out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            undocumented_routes(&path, exempt, out);
+            continue;
+        }
+        let shown = path.display().to_string();
+        if path.extension().is_none_or(|e| e != "rs") || exempt.iter().any(|e| shown.ends_with(e))
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        // Unit tests sit at the end of a file, after `#[cfg(test)]`.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let lines: Vec<&str> = code.lines().collect();
+        for (n, line) in lines.iter().enumerate() {
+            // A call whose first argument is a path (`"/..."`), on the same
+            // line or the next one; a turn graph's `.route("stage", ...)`
+            // names a stage, not a path.
+            let next = lines.get(n + 1).map_or("", |l| l.trim_start());
+            let registers = [".route(", ".route_service(", ".nest_service("]
+                .iter()
+                .any(|call| match line.split_once(call) {
+                    Some((_, rest)) if rest.trim().is_empty() => next.starts_with("\"/"),
+                    Some((_, rest)) => rest.trim_start().starts_with("\"/"),
+                    None => false,
+                });
+            if registers {
+                out.push(format!("{shown}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +263,20 @@ mod tests {
             stray.is_empty(),
             "review or delete these (cargo insta review):\n{}",
             stray.join("\n")
+        );
+    }
+
+    #[test]
+    fn every_route_of_the_service_is_in_the_api_document() {
+        let mut found = Vec::new();
+        // The worker's metrics listener is not the service's API.
+        let exempt = ["worker/metrics.rs"];
+        undocumented_routes(&root().join("crates/app/src"), &exempt, &mut found);
+        assert!(
+            found.is_empty(),
+            "register these with `utoipa_axum::routes!` and a `#[utoipa::path]`, so the API \
+             document lists them:\n{}",
+            found.join("\n")
         );
     }
 }
