@@ -140,8 +140,7 @@ fn undocumented_routes(dir: &Path, exempt: &[&str], out: &mut Vec<String>) {
             continue;
         }
         let shown = path.display().to_string();
-        if path.extension().is_none_or(|e| e != "rs") || exempt.iter().any(|e| shown.ends_with(e))
-        {
+        if path.extension().is_none_or(|e| e != "rs") || exempt.iter().any(|e| shown.ends_with(e)) {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap_or_default();

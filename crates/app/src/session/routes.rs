@@ -317,20 +317,25 @@ async fn get_audit(
     path = "/products/{product_id}/tours",
     tag = "sessions",
     params(crate::http::openapi::ProductPath),
-    request_body(content = Object, description = "The tour catalog (see docs/machines/session.md)."),
-    responses((status = 200, description = "The catalog as stored.", body = Object), PutProblems),
+    request_body(
+        content = TourCatalog,
+        description = "The tour catalog. Absent defaults are 20 and 120 seconds, `null` means the \
+                       session's own; a tour's absent timeouts are the catalog's; list entries that \
+                       are not objects or have no `id` are skipped, unknown keys ignored.",
+    ),
+    responses((status = 200, description = "The catalog as stored.", body = TourCatalog), PutProblems),
 )]
 async fn put_tours(
     State(app): State<Sessions>,
     Tenant(product): Tenant,
     ApiJson(doc): ApiJson<Value>,
-) -> Result<ApiJson<Value>, ApiError> {
+) -> Result<ApiJson<TourCatalog>, ApiError> {
     let catalog = TourCatalog::from_value(&doc).map_err(|e| {
         let path = e.path().map(str::to_owned);
         ApiError::unprocessable(e.to_string()).with("path", path)
     })?;
     app.tours.put(&product, &catalog).await?;
-    Ok(ApiJson(catalog.to_value()))
+    Ok(ApiJson(catalog))
 }
 
 /// The product's tour catalog.
@@ -339,7 +344,7 @@ async fn put_tours(
     path = "/products/{product_id}/tours",
     tag = "sessions",
     params(crate::http::openapi::ProductPath),
-    responses((status = 200, description = "The catalog (empty when none was put).", body = Object), ReadProblems),
+    responses((status = 200, description = "The catalog (the defaults and no tours when none was put).", body = TourCatalog), ReadProblems),
 )]
 async fn get_tours(
     State(app): State<Sessions>,

@@ -17,6 +17,7 @@ pub const CATALOG_DEFAULT_COOLDOWN_PERIOD_S: f64 = 120.0;
 
 /// One tour and its overrides.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TourDefinition {
     /// The chip id offering the tour.
     pub id: String,
@@ -34,12 +35,14 @@ pub struct TourDefinition {
 
 /// A product's tours.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TourCatalog {
     /// Timeout for tours that do not set their own (`None`: the session's).
     pub default_interaction_timeout_s: Option<f64>,
     /// Cooldown for tours that do not set their own (`None`: the session's).
     pub default_cooldown_period_s: Option<f64>,
     /// The tours, in order; the first match wins a lookup.
+    #[cfg_attr(feature = "openapi", schema(required = false))]
     pub tours: Vec<TourDefinition>,
 }
 
