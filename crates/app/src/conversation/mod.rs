@@ -16,7 +16,7 @@ pub use agent::register as register_handlers;
 pub use routes::routes;
 pub use service::{create, run};
 pub use sweeper::{spawn as spawn_sweeper, sweep_once};
-pub use webhook::{IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WebhookChannel, signature};
+pub use webhook::{ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, WebhookChannel};
 
 use crate::state::Shared;
 

@@ -10,16 +10,16 @@ mod webhook_channel {
     use axum::body::Bytes;
     use axum::http::{HeaderMap, StatusCode};
     use axum::routing::post;
-    use parlance_app::conversation::{
-        IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WebhookChannel, signature,
-    };
+    use parlance_app::conversation::{ID_HEADER, WebhookChannel};
     use parlance_ports::Channel;
     use parlance_testkit::channel::{ChannelFixture, Subject};
+    use standardwebhooks::Webhook as Verifier;
 
-    const SECRET: &[u8] = b"contract-secret";
+    const SECRET: &str = "whsec_Y29udHJhY3Qtc2VjcmV0LWF0LWxlYXN0LTI0LWJ5dGVz";
 
-    /// What a receiver following the webhook's rules keeps: bodies with a
-    /// valid signature, the first of each idempotency key.
+    /// What a receiver following the Standard Webhooks advice keeps:
+    /// bodies the reference verifier accepts, the first of each
+    /// `webhook-id`.
     #[derive(Default)]
     struct Receiver {
         seen: HashSet<String>,
@@ -44,23 +44,19 @@ mod webhook_channel {
     async fn fixture() -> Subject {
         let receiver: Arc<Mutex<Receiver>> = Arc::default();
         let sink = receiver.clone();
+        let verifier = Arc::new(Verifier::new(SECRET).unwrap());
         let app = Router::new().route(
             "/hook",
             post(move |headers: HeaderMap, body: Bytes| {
                 let sink = sink.clone();
+                let verifier = verifier.clone();
                 async move {
-                    let signed = headers
-                        .get(SIGNATURE_HEADER)
-                        .is_some_and(|s| s.as_bytes() == signature(SECRET, &body).as_bytes());
-                    let Some(key) = headers
-                        .get(IDEMPOTENCY_HEADER)
-                        .and_then(|k| k.to_str().ok())
-                    else {
-                        return StatusCode::BAD_REQUEST;
-                    };
-                    if !signed {
+                    if verifier.verify(&body, &headers).is_err() {
                         return StatusCode::UNAUTHORIZED;
                     }
+                    let Some(key) = headers.get(ID_HEADER).and_then(|k| k.to_str().ok()) else {
+                        return StatusCode::BAD_REQUEST;
+                    };
                     let Ok(json) = serde_json::from_slice(&body) else {
                         return StatusCode::BAD_REQUEST;
                     };

@@ -22,6 +22,8 @@ use crate::support::{url_for, wait_until};
 
 /// What a local server received: each request's headers and JSON body.
 type Received = Arc<Mutex<Vec<(HeaderMap, Value)>>>;
+/// What the webhook received: each delivery's headers and body as sent.
+type Deliveries = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
 
 const MODEL_KEY: &str = "sk-scale-out-test";
 const WEBHOOK_SECRET: &str = "whsec-scale-out-test";
@@ -65,16 +67,15 @@ async fn fake_model() -> (SocketAddr, Received) {
 }
 
 /// A webhook receiver that accepts every delivery.
-async fn webhook() -> (String, Received) {
-    let got: Received = Arc::default();
+async fn webhook() -> (String, Deliveries) {
+    let got: Deliveries = Arc::default();
     let sink = got.clone();
     let app = Router::new().route(
         "/outbound",
         post(move |headers: HeaderMap, body: Bytes| {
             let sink = sink.clone();
             async move {
-                let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                sink.lock().unwrap().push((headers, json));
+                sink.lock().unwrap().push((headers, body));
                 axum::http::StatusCode::NO_CONTENT
             }
         }),
@@ -239,13 +240,15 @@ async fn a_separate_worker_runs_with_everything_the_file_configures() {
         .expect("the agent turn called the configured model");
     assert_eq!(turn.0["authorization"], format!("Bearer {MODEL_KEY}"));
     assert_eq!(turn.1["model"], "fake-model");
-    let (headers, delivered) = deliveries.lock().unwrap()[0].clone();
+    let (headers, body) = deliveries.lock().unwrap()[0].clone();
+    let delivered: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(delivered["text"], "Hello from the configured model");
     assert_eq!(delivered["instance_id"], conversation);
-    assert!(
-        headers.contains_key(parlance_app::conversation::SIGNATURE_HEADER),
-        "the delivery is signed with the configured secret"
-    );
+    // The secret has no `whsec_` prefix, so its bytes are the key.
+    standardwebhooks::Webhook::from_bytes(WEBHOOK_SECRET.as_bytes().to_vec())
+        .unwrap()
+        .verify(&body, &headers)
+        .expect("the delivery is signed with the configured secret");
     // The flow's `llm` invoker asked the same model with the rendered
     // template, and its answer reached the session.
     let invoker = calls
