@@ -7,6 +7,7 @@ use std::time::Duration;
 use parlance_ports::{PortError, PortResult};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use url::{Url, form_urlencoded};
 
 use crate::error::port_error;
 
@@ -26,29 +27,47 @@ impl DatabaseUrl {
         &self.0
     }
 
-    /// The URL with any password replaced by `***`.
+    /// The URL with every password replaced by `***`: the userinfo's, and
+    /// the `password` and `sslpassword` query parameters (the key file's
+    /// passphrase). A string that is not a URL with an authority is shown as
+    /// `***` whole.
     pub fn redacted(&self) -> String {
-        let url = &self.0;
-        let Some(scheme_end) = url.find("://") else {
+        let Ok(mut url) = Url::parse(&self.0) else {
             return "***".to_owned();
         };
-        let rest = &url[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        match rest[..authority_end].rfind('@') {
-            Some(at) => {
-                let userinfo = &rest[..at];
-                let user = userinfo.split(':').next().unwrap_or("");
-                let masked = if userinfo.contains(':') {
-                    format!("{user}:***")
-                } else {
-                    user.to_owned()
-                };
-                format!("{}://{masked}{}", &url[..scheme_end], &rest[at..])
-            }
-            None => url.clone(),
+        if url.cannot_be_a_base() {
+            return "***".to_owned();
         }
+        if url.password().is_some() && url.set_password(Some("***")).is_err() {
+            return "***".to_owned();
+        }
+        if let Some(query) = url.query() {
+            // Each pair is kept as written unless its decoded name is secret,
+            // so the rest of the query reads as the operator wrote it.
+            let query = query
+                .split('&')
+                .map(|pair| {
+                    let (name, _) = pair.split_once('=').unwrap_or((pair, ""));
+                    let decoded = form_urlencoded::parse(name.as_bytes())
+                        .next()
+                        .map(|(n, _)| n.into_owned())
+                        .unwrap_or_default();
+                    if SECRET_PARAMETERS.contains(&decoded.as_str()) {
+                        format!("{name}=***")
+                    } else {
+                        pair.to_owned()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("&");
+            url.set_query(Some(&query));
+        }
+        url.into()
     }
 }
+
+/// Connection parameters whose values are secrets.
+const SECRET_PARAMETERS: [&str; 2] = ["password", "sslpassword"];
 
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -135,5 +154,43 @@ mod tests {
             "postgres://postgres@127.0.0.1/test"
         );
         assert_eq!(DatabaseUrl::new("garbage").redacted(), "***");
+    }
+
+    #[test]
+    fn redacts_passwords_given_as_query_parameters() {
+        let u = DatabaseUrl::new(
+            "postgres://app@db.example/parlance?sslmode=verify-full&password=s3cret\
+             &sslpassword=k3y&application_name=parlance",
+        );
+        assert_eq!(
+            u.redacted(),
+            "postgres://app@db.example/parlance?sslmode=verify-full&password=***\
+             &sslpassword=***&application_name=parlance"
+        );
+        for shown in [u.to_string(), format!("{u:?}")] {
+            assert!(!shown.contains("s3cret") && !shown.contains("k3y"), "{shown}");
+        }
+        // Both places at once, an encoded name, and a repeated parameter.
+        let u = DatabaseUrl::new(
+            "postgresql://app:one@db.example/p?pass%77ord=two&password=three&options=-c%20x",
+        );
+        assert_eq!(
+            u.redacted(),
+            "postgresql://app:***@db.example/p?pass%77ord=***&password=***&options=-c%20x"
+        );
+    }
+
+    #[test]
+    fn redacts_what_it_cannot_read_whole() {
+        // A key-value connection string is not a URL: nothing of it is shown.
+        assert_eq!(
+            DatabaseUrl::new("host=db password=s3cret").redacted(),
+            "***"
+        );
+        assert_eq!(DatabaseUrl::new("mailto:s3cret@h").redacted(), "***");
+        assert_eq!(
+            DatabaseUrl::new("postgress://a:s3cret@h/db").redacted(),
+            "postgress://a:***@h/db"
+        );
     }
 }
