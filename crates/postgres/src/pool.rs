@@ -168,7 +168,10 @@ mod tests {
              &sslpassword=***&application_name=parlance"
         );
         for shown in [u.to_string(), format!("{u:?}")] {
-            assert!(!shown.contains("s3cret") && !shown.contains("k3y"), "{shown}");
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("k3y"),
+                "{shown}"
+            );
         }
         // Both places at once, an encoded name, and a repeated parameter.
         let u = DatabaseUrl::new(

@@ -2,10 +2,12 @@
 //! running server over its HTTP API.
 
 use std::io::Write;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
+use url::Url;
 
 /// Where the server is and which key to use.
 #[derive(Debug, Clone, Args)]
@@ -35,7 +37,8 @@ pub enum ConversationCommand {
         /// Checklist items, comma-separated.
         #[arg(long, value_delimiter = ',')]
         todos: Vec<String>,
-        /// Follow-up interval: `30m`, `90s`, `2h` or seconds.
+        /// Follow-up interval: seconds, or a duration such as `90s`, `30m`,
+        /// `2h`, `1d`, `1h 30m`.
         #[arg(long, value_parser = parse_duration_s)]
         heartbeat: Option<u64>,
         /// Follow-ups before the conversation is abandoned.
@@ -88,32 +91,48 @@ pub enum ConversationCommand {
     },
 }
 
-/// Parses `30m`, `90s`, `2h`, `1d` or plain seconds.
+/// Parses a `--heartbeat` interval: plain seconds (`45`) or a duration in
+/// humantime's syntax (`90s`, `30m`, `2h`, `1d`, `1h 30m`, `2days`, `1w`), a
+/// whole number of seconds, at least one.
 ///
 /// # Errors
 ///
-/// Anything else, or zero.
+/// Anything else, zero, or a fraction of a second.
 pub(super) fn parse_duration_s(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let (number, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => s.split_at(i),
-        None => (s, "s"),
+    let duration = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = s.parse().map_err(|_| format!("duration too long: {s:?}"))?;
+        Duration::from_secs(secs)
+    } else {
+        humantime::parse_duration(s).map_err(|e| format!("not a duration: {s:?} ({e})"))?
     };
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("not a duration: {s:?}"))?;
-    let factor = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("unknown unit {unit:?} (use s, m, h or d)")),
-    };
-    match n.checked_mul(factor) {
-        Some(0) => Err("the interval must be at least 1 second".to_owned()),
-        Some(v) => Ok(v),
-        None => Err(format!("duration too long: {s:?}")),
+    if duration.subsec_nanos() != 0 {
+        return Err(format!("{s:?} is not a whole number of seconds"));
     }
+    match duration.as_secs() {
+        0 => Err("the interval must be at least 1 second".to_owned()),
+        secs => Ok(secs),
+    }
+}
+
+/// The URL of `segments` under the product's API on the server; each
+/// segment is percent-encoded whole (a `/`, `?` or `#` in an id stays in
+/// its segment).
+fn endpoint(client: &ClientArgs, segments: &[&str]) -> anyhow::Result<Url> {
+    let mut url = Url::parse(&client.server)
+        .with_context(|| format!("--server {:?} is not a URL", client.server))?;
+    for segment in std::iter::once(client.product.as_str()).chain(segments.iter().copied()) {
+        // `.` and `..` would be resolved away rather than sent.
+        if matches!(segment, "" | "." | "..") {
+            bail!("{segment:?} is not a usable id");
+        }
+    }
+    url.path_segments_mut()
+        .map_err(|()| anyhow::anyhow!("--server {:?} cannot take a path", client.server))?
+        .pop_if_empty()
+        .extend(["v1", "products", &client.product])
+        .extend(segments);
+    Ok(url)
 }
 
 /// Runs one command against the server and prints its answer to `out`.
@@ -126,13 +145,8 @@ pub(super) async fn run(
     command: ConversationCommand,
     mut out: impl Write,
 ) -> anyhow::Result<()> {
-    let base = format!(
-        "{}/v1/products/{}",
-        client.server.trim_end_matches('/'),
-        client.product
-    );
     let http = reqwest::Client::new();
-    let (method, path, body) = match &command {
+    let (method, url, body) = match &command {
         ConversationCommand::Create {
             contact,
             objective,
@@ -153,54 +167,50 @@ pub(super) async fn run(
             }
             (
                 reqwest::Method::POST,
-                "/conversations".to_owned(),
+                endpoint(&client, &["conversations"])?,
                 Some(body),
             )
         }
         ConversationCommand::List { contact, state } => {
-            let mut query = Vec::new();
-            if let Some(c) = contact {
-                query.push(format!("contact_id={}", urlencode(c)));
+            let mut url = endpoint(&client, &["conversations"])?;
+            let filters = [("contact_id", contact), ("state", state)];
+            if filters.iter().any(|(_, v)| v.is_some()) {
+                let mut query = url.query_pairs_mut();
+                for (name, value) in filters {
+                    if let Some(v) = value {
+                        query.append_pair(name, v);
+                    }
+                }
             }
-            if let Some(s) = state {
-                query.push(format!("state={}", urlencode(s)));
-            }
-            let q = if query.is_empty() {
-                String::new()
-            } else {
-                format!("?{}", query.join("&"))
-            };
-            (reqwest::Method::GET, format!("/conversations{q}"), None)
+            (reqwest::Method::GET, url, None)
         }
         ConversationCommand::Get { id } | ConversationCommand::Transcript { id } => (
             reqwest::Method::GET,
-            format!("/conversations/{}", urlencode(id)),
+            endpoint(&client, &["conversations", id])?,
             None,
         ),
         ConversationCommand::Pause { id } => (
             reqwest::Method::POST,
-            format!("/conversations/{}/pause", urlencode(id)),
+            endpoint(&client, &["conversations", id, "pause"])?,
             None,
         ),
         ConversationCommand::Resume { id } => (
             reqwest::Method::POST,
-            format!("/conversations/{}/resume", urlencode(id)),
+            endpoint(&client, &["conversations", id, "resume"])?,
             None,
         ),
         ConversationCommand::Cancel { id } => (
             reqwest::Method::POST,
-            format!("/conversations/{}/cancel", urlencode(id)),
+            endpoint(&client, &["conversations", id, "cancel"])?,
             None,
         ),
         ConversationCommand::Send { id, text } => (
             reqwest::Method::POST,
-            format!("/conversations/{}/send", urlencode(id)),
+            endpoint(&client, &["conversations", id, "send"])?,
             Some(json!({"text": text})),
         ),
     };
-    let mut request = http
-        .request(method, format!("{base}{path}"))
-        .bearer_auth(&client.api_key);
+    let mut request = http.request(method, url).bearer_auth(&client.api_key);
     if let Some(b) = &body {
         request = request.json(b);
     }
@@ -232,18 +242,6 @@ pub(super) async fn run(
     Ok(())
 }
 
-/// Percent-encodes a path or query component.
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,14 +251,79 @@ mod tests {
         assert_eq!(parse_duration_s("30m"), Ok(1800));
         assert_eq!(parse_duration_s("90s"), Ok(90));
         assert_eq!(parse_duration_s("2h"), Ok(7200));
+        assert_eq!(parse_duration_s("1d"), Ok(86_400));
         assert_eq!(parse_duration_s("45"), Ok(45));
+        assert_eq!(parse_duration_s(" 45 "), Ok(45));
+        // What humantime adds to the units above.
+        assert_eq!(parse_duration_s("1h 30m"), Ok(5400));
+        assert_eq!(parse_duration_s("2days"), Ok(172_800));
+        assert_eq!(parse_duration_s("5w"), Ok(3_024_000));
         assert!(parse_duration_s("0").is_err());
-        assert!(parse_duration_s("5w").is_err());
+        assert!(parse_duration_s("0s").is_err());
+        assert!(parse_duration_s("1500ms").is_err());
+        assert!(parse_duration_s("5x").is_err());
         assert!(parse_duration_s("m").is_err());
+        assert!(parse_duration_s("").is_err());
+        assert!(parse_duration_s("-5").is_err());
+        assert!(parse_duration_s("99999999999999999999999").is_err());
+    }
+
+    fn client(server: &str, product: &str) -> ClientArgs {
+        ClientArgs {
+            server: server.to_owned(),
+            api_key: "k".to_owned(),
+            product: product.to_owned(),
+        }
     }
 
     #[test]
     fn components_are_encoded() {
-        assert_eq!(urlencode("+56 9/x"), "%2B56%209%2Fx");
+        let id = "+56 9/x?y#z%20é";
+        let url = endpoint(
+            &client("http://127.0.0.1:8080", "ac me"),
+            &["conversations", id, "pause"],
+        )
+        .unwrap();
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:8080/v1/products/ac%20me/conversations/\
+             +56%209%2Fx%3Fy%23z%2520%C3%A9/pause"
+        );
+        assert!(url.query().is_none() && url.fragment().is_none());
+        let segments: Vec<String> = url.path_segments().unwrap().map(percent_decode).collect();
+        assert_eq!(
+            segments,
+            ["v1", "products", "ac me", "conversations", id, "pause"]
+        );
+    }
+
+    #[test]
+    fn a_server_with_a_path_keeps_it() {
+        for server in ["http://h:1/api", "http://h:1/api/"] {
+            let url = endpoint(&client(server, "acme"), &["conversations"]).unwrap();
+            assert_eq!(
+                url.as_str(),
+                "http://h:1/api/v1/products/acme/conversations"
+            );
+        }
+    }
+
+    #[test]
+    fn dot_segments_and_bad_servers_are_refused() {
+        let c = client("http://h:1", "acme");
+        for id in ["", ".", ".."] {
+            assert!(endpoint(&c, &["conversations", id]).is_err(), "{id:?}");
+        }
+        assert!(endpoint(&client("not a url", "acme"), &["conversations"]).is_err());
+        assert!(endpoint(&client("mailto:a@b", "acme"), &["conversations"]).is_err());
+    }
+
+    /// Percent-decodes a path segment (form decoding, with `+` kept).
+    fn percent_decode(s: &str) -> String {
+        url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+            .next()
+            .unwrap()
+            .1
+            .into_owned()
     }
 }

@@ -711,3 +711,67 @@ async fn concurrent_replies_are_all_kept_on_postgres() {
         concurrent_replies_are_all_kept(AppState::postgres(pool, keys())).await;
     }
 }
+
+/// Runs `parlance conversation ARGS` against `server` and returns the JSON
+/// it prints.
+async fn parlance_conversation(server: &TestServer, args: &[&str]) -> Value {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_parlance"));
+    command
+        .arg("conversation")
+        .args(["--server", &format!("http://{}", server.addr)])
+        .args(["--api-key", crate::support::KEY, "--product", "acme"])
+        .args(args)
+        .env("RUST_LOG", "warn");
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("run parlance conversation");
+    assert!(
+        out.status.success(),
+        "parlance conversation {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the command prints JSON")
+}
+
+/// The operator's command line against a running server: a contact id with
+/// characters that mean something in a URL reaches the server intact in the
+/// query, a conversation id in the path, and `--heartbeat` takes humantime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_sends_ids_intact() {
+    let server = TestServer::memory().await;
+    // `&state=...` would filter the list if the query were not encoded.
+    let contact = "+56 9/x?y#z&state=CANCELLED%20é";
+    let create = |contact: &'static str| {
+        let server = &server;
+        async move {
+            parlance_conversation(
+                server,
+                &[
+                    "create",
+                    "--contact",
+                    contact,
+                    "--objective",
+                    "book a demo",
+                    "--heartbeat",
+                    "1h 30m",
+                ],
+            )
+            .await
+        }
+    };
+    let created = create(contact).await;
+    assert_eq!(created["conversation"]["contact_id"], contact);
+    assert_eq!(created["conversation"]["heartbeat_interval_s"], 5400);
+    create("+56 9").await;
+
+    let listed = parlance_conversation(&server, &["list", "--contact", contact]).await;
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    assert_eq!(items[0]["contact_id"], contact);
+
+    let id = created["conversation"]["instance_id"].as_str().unwrap();
+    let got = parlance_conversation(&server, &["get", id]).await;
+    assert_eq!(got["conversation"]["instance_id"], id);
+    assert_eq!(got["conversation"]["contact_id"], contact);
+}

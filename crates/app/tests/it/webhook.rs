@@ -112,14 +112,16 @@ async fn messages_arrive_signed_with_a_stable_id() {
     let verifier = Webhook::new(SECRET).unwrap();
     for (headers, body) in got.iter() {
         verifier.verify(body, headers).unwrap();
-        assert_eq!(
-            headers[ID_HEADER],
-            "00000000-0000-0000-0000-000000000007:3"
-        );
+        assert_eq!(headers[ID_HEADER], "00000000-0000-0000-0000-000000000007:3");
         let sent: i64 = headers[TIMESTAMP_HEADER].to_str().unwrap().parse().unwrap();
         let now = SystemClock.now().as_micros() / 1_000_000;
         assert!((now - 5..=now).contains(&sent), "{sent} vs {now}");
-        assert!(headers[SIGNATURE_HEADER].to_str().unwrap().starts_with("v1,"));
+        assert!(
+            headers[SIGNATURE_HEADER]
+                .to_str()
+                .unwrap()
+                .starts_with("v1,")
+        );
         assert!(!headers.contains_key("x-parlance-signature"));
     }
     assert_eq!(got.len(), 2);
@@ -140,7 +142,12 @@ async fn a_raw_secret_verifies_as_its_bytes() {
         .unwrap()
         .verify(&body, &headers)
         .unwrap();
-    assert!(Webhook::new(SECRET).unwrap().verify(&body, &headers).is_err());
+    assert!(
+        Webhook::new(SECRET)
+            .unwrap()
+            .verify(&body, &headers)
+            .is_err()
+    );
 }
 
 #[tokio::test]
@@ -161,7 +168,12 @@ async fn the_receiver_drops_a_replay_and_refuses_stale_or_forged_deliveries() {
         .unwrap();
     let (captured_headers, body) = captured.lock().unwrap()[0].clone();
     let mut headers = HeaderMap::new();
-    for name in [ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER, "content-type"] {
+    for name in [
+        ID_HEADER,
+        TIMESTAMP_HEADER,
+        SIGNATURE_HEADER,
+        "content-type",
+    ] {
         headers.insert(name, captured_headers[name].clone());
     }
     let replay = reqwest::Client::new()
