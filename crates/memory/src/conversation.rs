@@ -342,6 +342,16 @@ impl ConversationStore for MemoryConversationStore {
         Ok(taken)
     }
 
+    async fn oldest_due(&self, now: Timestamp) -> PortResult<Option<Timestamp>> {
+        let side = self.side();
+        Ok(side
+            .due
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .find(|(_, key)| side.claimed.get(key).is_none_or(|until| *until <= now))
+            .map(|(at, _)| *at))
+    }
+
     async fn record_delivery(
         &self,
         key: &ConversationKey,

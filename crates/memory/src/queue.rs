@@ -22,7 +22,7 @@ use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
     Lease, MapSpec, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig,
-    QueueFootprint, RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
+    QueueDepth, QueueFootprint, RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -772,6 +772,8 @@ impl TaskQueue for MemoryTaskQueue {
             .collect();
         let mut report = RecoverReport::default();
         for (id, exhausted) in lost {
+            let queue = st.jobs.get(&id).expect("listed above").queue.clone();
+            report.count(&queue, 1);
             if st.run_over(id) {
                 st.cancel_job(id, now);
                 report.cancelled += 1;
@@ -898,6 +900,21 @@ impl TaskQueue for MemoryTaskQueue {
             }
         }
         Ok(f)
+    }
+
+    async fn depth(&self, queue: &str) -> PortResult<QueueDepth> {
+        let now = self.clock.now();
+        let st = self.lock();
+        let mut d = QueueDepth::default();
+        for job in st.jobs.values().filter(|j| j.queue == queue) {
+            match job.state {
+                JobState::Available if job.run_at <= now => d.ready += 1,
+                JobState::Available => d.scheduled += 1,
+                JobState::Running => d.running += 1,
+                JobState::Completed | JobState::Discarded | JobState::Cancelled => {}
+            }
+        }
+        Ok(d)
     }
 
     async fn wait_for_work(&self, _queue: &str, timeout: Duration) {

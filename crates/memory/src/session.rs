@@ -120,6 +120,17 @@ impl SessionStore for MemorySessionStore {
         }
         Ok(out)
     }
+
+    async fn oldest_due(&self, now: Timestamp) -> PortResult<Option<Timestamp>> {
+        let _gate = self.records.gate().await;
+        Ok(self
+            .due()
+            .order
+            .iter()
+            .next()
+            .map(|(deadline, _)| *deadline)
+            .filter(|deadline| *deadline <= now))
+    }
 }
 
 /// Tour catalogs held in memory.

@@ -81,6 +81,11 @@ pub trait ConversationStore: Send + Sync + 'static {
         lease: Duration,
     ) -> PortResult<Vec<ConversationKey>>;
 
+    /// The earliest heartbeat due at or before `now` of an instance no
+    /// claim holds: the oldest one [`ConversationStore::claim_due`] would
+    /// take, `None` when nothing is due. A read, for the sweeper's lag.
+    async fn oldest_due(&self, now: Timestamp) -> PortResult<Option<Timestamp>>;
+
     /// Records the idempotency key of an outbound message once the channel
     /// took it: `true` the first time, `false` when it was already recorded
     /// (an earlier attempt of the same delivery got that far).

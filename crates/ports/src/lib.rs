@@ -44,8 +44,8 @@ pub use llm::{
 };
 pub use queue::{
     DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome, Lease,
-    LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, QueueFootprint,
-    RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
+    LeaseLost, MapSpec, NodeInput, NodeResult, NodeSpec, NodeState, QueueConfig, QueueDepth,
+    QueueFootprint, RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 pub use session::{CLAIM_LEASE, SessionStore, TourCatalogStore};
 pub use store::{Commit, Committed, MachineStore, Stored, Version, audit_entries, audit_entry};

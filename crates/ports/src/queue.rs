@@ -15,8 +15,9 @@
 //! names its product (a [`Lease`] carries it), and an id looked up under
 //! another product is not found; only the worker's scans (`claim`,
 //! `recover_expired`, `release_unheld`, `list_discarded`, `purge_finished`,
-//! `wait_for_work`) span products.
+//! `depth`, `wait_for_work`) span products.
 
+use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
@@ -223,7 +224,7 @@ pub struct DiscardedTask {
 }
 
 /// What a sweep did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RecoverReport {
     /// Running tasks returned to `available`.
     pub requeued: u64,
@@ -232,6 +233,30 @@ pub struct RecoverReport {
     /// Running tasks of DAGs that already failed or were cancelled, now
     /// `cancelled` instead of requeued.
     pub cancelled: u64,
+    /// The expired leases recovered (requeued, discarded or cancelled) per
+    /// queue; queues with none are absent.
+    pub by_queue: BTreeMap<String, u64>,
+}
+
+impl RecoverReport {
+    /// Counts one recovered lease of `queue`.
+    pub fn count(&mut self, queue: &str, n: u64) {
+        if n > 0 {
+            *self.by_queue.entry(queue.to_owned()).or_default() += n;
+        }
+    }
+}
+
+/// The live tasks of one queue, by where they stand (a cheap count for
+/// gauges, unlike [`QueueFootprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct QueueDepth {
+    /// Available and runnable now: waiting for a free worker slot.
+    pub ready: u64,
+    /// Available from a later time (a delayed task, a retry backing off).
+    pub scheduled: u64,
+    /// Leased by a worker.
+    pub running: u64,
 }
 
 /// What the queue holds for one product: its rows, and the bytes of the
@@ -420,6 +445,12 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// What the queue holds for `product` now (a scan of the product's
     /// rows: for operators and storage checks, not for hot paths).
     async fn footprint(&self, product: &ProductId) -> PortResult<QueueFootprint>;
+
+    /// How many live tasks of `queue` (every product's) are ready, scheduled
+    /// for later and running now: a count over live rows only, cheap enough
+    /// to read every few seconds. DAG nodes waiting for their parents are
+    /// not tasks yet and are not counted.
+    async fn depth(&self, queue: &str) -> PortResult<QueueDepth>;
 
     /// Resolves when work may have arrived on `queue` (a hint: a task was
     /// enqueued or freed) or after `timeout`, whichever is first. Polling

@@ -36,6 +36,12 @@ pub trait SessionStore: Send + Sync + 'static {
         now: Timestamp,
         limit: usize,
     ) -> PortResult<Vec<Stored<SessionState>>>;
+
+    /// The earliest stored deadline at or before `now`: the oldest session
+    /// that [`SessionStore::claim_due`] would take and no sweeper holds (a
+    /// claimed one's deadline is in the future), `None` when nothing is
+    /// due. A read, for the sweeper's lag.
+    async fn oldest_due(&self, now: Timestamp) -> PortResult<Option<Timestamp>>;
 }
 
 /// Each product's tour catalog.

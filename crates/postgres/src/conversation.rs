@@ -573,6 +573,18 @@ impl ConversationStore for PgConversationStore {
             .collect()
     }
 
+    async fn oldest_due(&self, now: Timestamp) -> PortResult<Option<Timestamp>> {
+        let oldest: Option<time::OffsetDateTime> = sqlx::query_scalar(
+            "SELECT min(heartbeat_due_at) FROM conversation_instances \
+             WHERE heartbeat_due_at <= $1 AND (claimed_until IS NULL OR claimed_until <= $1)",
+        )
+        .bind(to_pg(now))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(pg_err("read the oldest due conversation"))?;
+        Ok(oldest.map(from_pg))
+    }
+
     async fn record_delivery(
         &self,
         key: &ConversationKey,

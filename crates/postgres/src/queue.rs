@@ -36,7 +36,7 @@ use parlance_core::queue::{
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
-    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, QueueFootprint,
+    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, QueueDepth, QueueFootprint,
     RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::{Value, json};
@@ -1263,23 +1263,34 @@ impl TaskQueue for PgTaskQueue {
                         WHERE r.product_id = jobs.product_id AND r.id = jobs.dag_run_id \
                         AND r.state = 0))";
         // Tasks of runs that are over are cancelled, not retried.
+        // Each batch answers how many tasks of each queue it took.
+        let per_queue = |report: &mut RecoverReport, rows: &[(String, i64)]| -> u64 {
+            let mut total = 0;
+            for (queue, n) in rows {
+                let n = u64::try_from(*n).unwrap_or(0);
+                report.count(queue, n);
+                total += n;
+            }
+            total
+        };
         loop {
-            let n = sqlx::query(&format!(
+            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
                 "WITH c AS (UPDATE jobs j SET state = 4, finished_at = $1, leased_by = NULL \
                  FROM (SELECT product_id, id FROM jobs WHERE {lost} AND NOT {live_run} \
                  ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c \
                  WHERE j.product_id = c.product_id AND j.id = c.id \
-                 RETURNING j.product_id, j.node_id) \
-                 UPDATE dag_nodes SET state = 4 \
-                 WHERE (product_id, id) IN (SELECT product_id, node_id FROM c)"
+                 RETURNING j.product_id, j.node_id, j.queue), \
+                 n AS (UPDATE dag_nodes SET state = 4 \
+                 WHERE (product_id, id) IN (SELECT product_id, node_id FROM c)) \
+                 SELECT queue, count(*) FROM c GROUP BY queue"
             ))
             .bind(to_pg(now))
             .bind(to_pg(stale))
             .bind(BATCH)
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await
-            .map_err(pg_err("cancel expired tasks"))?
-            .rows_affected();
+            .map_err(pg_err("cancel expired tasks"))?;
+            let n = per_queue(&mut report, &rows);
             report.cancelled += n;
             if n < BATCH as u64 {
                 break;
@@ -1287,20 +1298,21 @@ impl TaskQueue for PgTaskQueue {
         }
         // Tasks with attempts left go back, in batches.
         loop {
-            let n = sqlx::query(&format!(
-                "UPDATE jobs j SET state = 0, run_at = $1, leased_by = NULL, \
+            let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+                "WITH r AS (UPDATE jobs j SET state = 0, run_at = $1, leased_by = NULL, \
                  last_error = 'lease expired' \
                  FROM (SELECT product_id, id FROM jobs WHERE {lost} AND attempt < max_attempts \
                  AND {live_run} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c \
-                 WHERE j.product_id = c.product_id AND j.id = c.id"
+                 WHERE j.product_id = c.product_id AND j.id = c.id RETURNING j.queue) \
+                 SELECT queue, count(*) FROM r GROUP BY queue"
             ))
             .bind(to_pg(now))
             .bind(to_pg(stale))
             .bind(BATCH)
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await
-            .map_err(pg_err("requeue expired tasks"))?
-            .rows_affected();
+            .map_err(pg_err("requeue expired tasks"))?;
+            let n = per_queue(&mut report, &rows);
             report.requeued += n;
             if n < BATCH as u64 {
                 break;
@@ -1315,11 +1327,12 @@ impl TaskQueue for PgTaskQueue {
             Option<uuid::Uuid>,
             Option<i64>,
             Option<String>,
+            String,
         );
         let exhausted: Vec<Exhausted> = sqlx::query_as(&format!(
             "SELECT j.product_id, j.id, j.lease_token, j.leased_by, j.dag_run_id, \
-             (SELECT key FROM dag_nodes WHERE product_id = j.product_id AND id = j.node_id) \
-             FROM jobs j WHERE {} AND attempt >= max_attempts ORDER BY id LIMIT $3",
+             (SELECT key FROM dag_nodes WHERE product_id = j.product_id AND id = j.node_id), \
+             j.queue FROM jobs j WHERE {} AND attempt >= max_attempts ORDER BY id LIMIT $3",
             lost.replace("jobs.leased_by", "j.leased_by")
         ))
         .bind(to_pg(now))
@@ -1328,7 +1341,7 @@ impl TaskQueue for PgTaskQueue {
         .fetch_all(&self.pool)
         .await
         .map_err(pg_err("find exhausted tasks"))?;
-        for (product, id, token, worker, dag, key) in exhausted {
+        for (product, id, token, worker, dag, key, queue) in exhausted {
             let product_id = ProductId::parse(product)
                 .map_err(|e| PortError::other("decode exhausted task").with_source(e))?;
             let lease = Lease {
@@ -1337,7 +1350,7 @@ impl TaskQueue for PgTaskQueue {
                 worker: WorkerId(worker.unwrap_or_default()),
                 product_id,
                 kind: String::new(),
-                queue: String::new(),
+                queue,
                 payload: Value::Null,
                 attempt: 0,
                 max_attempts: 0,
@@ -1353,7 +1366,10 @@ impl TaskQueue for PgTaskQueue {
                 .discard(&lease, "lease expired with no attempts left")
                 .await
             {
-                Ok(()) => report.discarded += 1,
+                Ok(()) => {
+                    report.discarded += 1;
+                    report.count(&lease.queue, 1);
+                }
                 Err(e) if e.is_lease_lost() => {}
                 Err(e) => return Err(e),
             }
@@ -1544,6 +1560,27 @@ impl TaskQueue for PgTaskQueue {
             nodes: n(nodes),
             payload_bytes: n(job_bytes) + n(node_bytes),
             result_bytes: n(result_bytes),
+        })
+    }
+
+    async fn depth(&self, queue: &str) -> PortResult<QueueDepth> {
+        // Each count reads one partial index (`jobs_claim`, `jobs_running`):
+        // only live rows are visited.
+        let (ready, scheduled, running): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE run_at <= $2), count(*) FILTER (WHERE run_at > $2), \
+             (SELECT count(*) FROM jobs WHERE state = 1 AND queue = $1) \
+             FROM jobs WHERE state = 0 AND queue = $1",
+        )
+        .bind(queue)
+        .bind(to_pg(self.clock.now()))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(pg_err("count queue depth"))?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(QueueDepth {
+            ready: n(ready),
+            scheduled: n(scheduled),
+            running: n(running),
         })
     }
 

@@ -25,7 +25,7 @@ use sqlx::{PgExecutor, PgPool, Row as _};
 use crate::PgTaskQueue;
 use crate::audit::insert_entries;
 use crate::error::pg_err;
-use crate::time::to_pg;
+use crate::time::{from_pg, to_pg};
 
 /// Session states stored in PostgreSQL, enqueueing a decision's tasks (a
 /// session's decisions ask for none today) on a task queue in the same
@@ -191,6 +191,16 @@ impl SessionStore for PgSessionStore {
         .await
         .map_err(pg_err("claim due sessions"))?;
         rows.iter().map(decode).collect()
+    }
+
+    async fn oldest_due(&self, now: Timestamp) -> PortResult<Option<Timestamp>> {
+        let oldest: Option<time::OffsetDateTime> =
+            sqlx::query_scalar("SELECT min(next_deadline) FROM sessions WHERE next_deadline <= $1")
+                .bind(to_pg(now))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(pg_err("read the oldest due session"))?;
+        Ok(oldest.map(from_pg))
     }
 }
 

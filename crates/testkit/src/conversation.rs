@@ -48,6 +48,7 @@ macro_rules! conversation_store_suite {
                 a_terminal_transition_promotes_the_oldest_queued,
                 a_paused_holder_keeps_its_contact,
                 claim_due_takes_only_due_instances_once,
+                oldest_due_skips_claimed_instances,
                 concurrent_sweepers_fire_a_heartbeat_once,
                 delivery_keys_are_recorded_once,
                 late_replies_are_kept_and_audited,
@@ -783,4 +784,26 @@ pub async fn transitions_enqueue_their_tasks(s: Subject) {
     let applied = run(&s, "p", 1, 104, C::Cancel).await;
     assert_eq!(applied.also[0].0.state.state, S::Created);
     assert_eq!(drain_tasks(&s).await, [turn(2)]);
+}
+
+/// `oldest_due` reads the earliest heartbeat that has come of an instance no
+/// claim holds.
+pub async fn oldest_due_skips_claimed_instances(s: Subject) {
+    let oldest = |now: u64| {
+        let s = s.clone();
+        async move { s.index.oldest_due(t(now)).await.expect("oldest due") }
+    };
+    assert_eq!(oldest(1000).await, None, "no instances");
+    waiting(&s, "p", 1, "hank", 0).await; // due at 100
+    waiting(&s, "p", 2, "ivy", 50).await; // due at 150
+    assert_eq!(oldest(99).await, None, "nothing due yet");
+    assert_eq!(oldest(160).await, Some(t(100)));
+    let lease = Duration::from_secs(30);
+    let claimed = s.index.claim_due(t(160), 1, lease).await.expect("claim");
+    assert_eq!(ids(&claimed), [id(1)]);
+    assert_eq!(oldest(160).await, Some(t(150)), "the claimed one is held");
+    let claimed = s.index.claim_due(t(160), 10, lease).await.expect("claim");
+    assert_eq!(ids(&claimed), [id(2)]);
+    assert_eq!(oldest(160).await, None, "every due instance is claimed");
+    assert_eq!(oldest(190).await, Some(t(100)), "a lapsed claim is due again");
 }

@@ -14,7 +14,7 @@ use parlance_core::ProductId;
 use parlance_ports::Clock as _;
 use parlance_ports::{
     DagSpec, DagState, FailOutcome, Lease, ManualClock, MapSpec, NodeSpec, NodeState, QueueConfig,
-    QueueFootprint, TaskId, TaskQueue, TaskSpec, WorkerId,
+    QueueDepth, QueueFootprint, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -59,6 +59,8 @@ macro_rules! task_queue_suite {
                 a_dag_is_not_found_under_another_product,
                 a_discarded_task_is_not_found_under_another_product,
                 a_lease_naming_another_product_is_lost,
+                depth_counts_live_tasks_of_one_queue,
+                recovered_leases_are_counted_per_queue,
             ]
         }
     };
@@ -1542,4 +1544,91 @@ pub async fn a_lease_naming_another_product_is_lost(s: Subject) {
     }
     let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!(st.state, DagState::Completed);
+}
+
+/// `depth` counts the live tasks of one queue, every product's, by where
+/// they stand: ready now, scheduled for later, leased; finished tasks and
+/// other queues' tasks are not counted.
+pub async fn depth_counts_live_tasks_of_one_queue(s: Subject) {
+    let depth = |q: &'static str| {
+        let s = s.clone();
+        async move { s.queue.depth(q).await.expect("depth") }
+    };
+    assert_eq!(depth("default").await, QueueDepth::default(), "empty");
+    let later = s.clock.now() + Duration::from_secs(60);
+    s.queue
+        .enqueue(&[
+            task("a"),
+            task("b"),
+            task("c"),
+            TaskSpec::new(other_product(), "d", json!({})),
+            task("later").run_at(later),
+            task("elsewhere").queue("other"),
+        ])
+        .await
+        .expect("enqueue");
+    assert_eq!(
+        depth("default").await,
+        QueueDepth {
+            ready: 4,
+            scheduled: 1,
+            running: 0
+        }
+    );
+    let leases = claim(&s, 1, 2).await;
+    assert_eq!(leases.len(), 2);
+    s.queue
+        .complete(&leases[0], json!(null))
+        .await
+        .expect("complete");
+    assert_eq!(
+        depth("default").await,
+        QueueDepth {
+            ready: 2,
+            scheduled: 1,
+            running: 1
+        },
+        "one claimed and completed (gone), one running"
+    );
+    assert_eq!(
+        depth("other").await,
+        QueueDepth {
+            ready: 1,
+            scheduled: 0,
+            running: 0
+        }
+    );
+    s.clock.advance(Duration::from_secs(61));
+    assert_eq!(depth("default").await.ready, 3, "the delayed one is due");
+    assert_eq!(depth("nothing-here").await, QueueDepth::default());
+}
+
+/// `recover_expired` reports the leases it recovered per queue: requeued,
+/// discarded and cancelled ones alike.
+pub async fn recovered_leases_are_counted_per_queue(s: Subject) {
+    let short = Duration::from_secs(10);
+    s.queue
+        .enqueue(&[
+            task("a").timeout(short),
+            task("b").timeout(short).max_attempts(1),
+            task("c").timeout(short).queue("mail"),
+            task("d").queue("mail"),
+        ])
+        .await
+        .expect("enqueue");
+    assert_eq!(claim(&s, 1, 10).await.len(), 2);
+    let mail = s
+        .queue
+        .claim(&worker(1), "mail", 10, LEASE)
+        .await
+        .expect("claim mail");
+    assert_eq!(mail.len(), 2);
+    let r = s.queue.recover_expired().await.expect("recover");
+    assert!(r.by_queue.is_empty(), "nothing expired yet: {r:?}");
+    s.clock.advance(Duration::from_secs(11));
+    s.queue.heartbeat(&worker(1)).await.expect("heartbeat");
+    let r = s.queue.recover_expired().await.expect("recover");
+    assert_eq!((r.requeued, r.discarded, r.cancelled), (2, 1, 0));
+    let by_queue: Vec<(&str, u64)> = r.by_queue.iter().map(|(q, n)| (q.as_str(), *n)).collect();
+    assert_eq!(by_queue, [("default", 2), ("mail", 1)]);
 }

@@ -94,6 +94,7 @@ macro_rules! session_store_suite {
                 delete_removes,
                 concurrent_committers_lose_no_update,
                 claim_due_takes_what_is_due_earliest_first,
+                oldest_due_is_the_earliest_unclaimed_deadline,
                 claimed_sessions_are_hidden_until_the_lease_ends,
                 concurrent_claimers_never_share_a_session,
                 tour_catalogs_round_trip_per_product,
@@ -538,4 +539,26 @@ pub async fn tour_catalogs_round_trip_per_product(s: Subject) {
     let c2 = TourCatalog::from_value(&json!({"tours": []})).expect("catalog");
     s.tours.put(&product("p"), &c2).await.expect("put");
     assert_eq!(s.tours.get(&product("p")).await.expect("get"), c2);
+}
+
+/// `oldest_due` reads the earliest deadline that has come and that no
+/// claim holds; a claim hides a session until its lease ends.
+pub async fn oldest_due_is_the_earliest_unclaimed_deadline(s: Subject) {
+    let oldest = |now: f64| {
+        let s = s.clone();
+        async move { s.sessions.oldest_due(at(now)).await.expect("oldest due") }
+    };
+    assert_eq!(oldest(100.0).await, None, "no sessions");
+    due_sessions(&s, "p", 3, 10.0).await; // deadlines 10..=12
+    create(&s, "p", "idle", at(0.0)).await;
+    assert_eq!(oldest(9.0).await, None, "nothing due yet");
+    assert_eq!(oldest(11.5).await, Some(at(10.0)));
+    let got = s.sessions.claim_due(at(11.5), 1).await.expect("claim");
+    assert_eq!(got.len(), 1);
+    assert_eq!(oldest(11.5).await, Some(at(11.0)), "the claimed one is held");
+    let got = s.sessions.claim_due(at(12.0), 10).await.expect("claim");
+    assert_eq!(got.len(), 2);
+    assert_eq!(oldest(12.0).await, None, "every due session is claimed");
+    let lapsed = 11.5 + parlance_ports::CLAIM_LEASE.as_secs_f64();
+    assert_eq!(oldest(lapsed).await, Some(at(lapsed)), "a lapsed claim is due");
 }
