@@ -296,6 +296,9 @@ pub struct WorkerSettings {
     /// Also run the `test.sleep` and `test.record` kinds (end-to-end
     /// tests only).
     pub test_handlers: bool,
+    /// Where `parlance worker` serves `GET /metrics`; none when unset
+    /// (`serve` answers `/metrics` on its own address).
+    pub metrics_bind: Option<SocketAddr>,
 }
 
 impl Default for WorkerSettings {
@@ -310,6 +313,7 @@ impl Default for WorkerSettings {
             retention_hours: 24,
             grace_secs: 10,
             test_handlers: false,
+            metrics_bind: None,
         }
     }
 }
@@ -562,6 +566,12 @@ pub const SETTINGS: &[Setting] = &[
         Kind::Switch,
     ),
     setting(
+        "worker.metrics_bind",
+        &["PARLANCE_WORKER_METRICS_BIND"],
+        Some("metrics-bind"),
+        Kind::Text,
+    ),
+    setting(
         "budget.commands_ms",
         &["PARLANCE_BUDGET_COMMANDS_MS"],
         None,
@@ -707,6 +717,10 @@ pub struct Flags {
     /// Run the end-to-end test task kinds (`worker.test_handlers`).
     #[arg(long)]
     pub test_handlers: bool,
+    /// Address `parlance worker` serves `GET /metrics` on
+    /// (`worker.metrics_bind`).
+    #[arg(long)]
+    pub metrics_bind: Option<SocketAddr>,
     /// Log format (`log.format`).
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
@@ -771,6 +785,7 @@ impl Flags {
                 "worker.test_handlers",
                 self.test_handlers.then_some(Value::Bool(true)),
             ),
+            ("worker.metrics_bind", text(&self.metrics_bind)),
             ("log.format", log),
         ]
         .into_iter()

@@ -194,6 +194,7 @@ impl<'a, M: Machine> Executor<'a, M> {
         let _turn = self.queues.wait_turn::<M>(key).await;
         for attempt in 1..=attempts {
             if attempt > 1 {
+                crate::monitoring::cas_retry(M::KIND.as_str());
                 tokio::time::sleep(self.policy.backoff(attempt)).await;
                 out_of_time()?;
             }
@@ -265,6 +266,7 @@ impl<'a, M: Machine> Executor<'a, M> {
                     });
                 }
                 Err(e) if e.is_conflict() => {
+                    crate::monitoring::cas_conflict(M::KIND.as_str());
                     tracing::debug!(
                         machine = %M::KIND,
                         attempt,
@@ -274,6 +276,7 @@ impl<'a, M: Machine> Executor<'a, M> {
                 Err(e) => return Err(e.into()),
             }
         }
+        crate::monitoring::cas_exhausted(M::KIND.as_str());
         Err(ServiceError::Contended { attempts })
     }
 }

@@ -28,6 +28,7 @@ pub mod execute;
 pub mod flow;
 pub mod http;
 pub mod models;
+pub mod monitoring;
 pub mod session;
 pub mod state;
 mod telemetry;
@@ -247,6 +248,7 @@ impl Components {
             queue_clock,
             budgets,
         } = self;
+        monitoring::install();
         let queue_clock = queue_clock.unwrap_or_else(|| clock.clone());
         let stores = match &backend {
             Backend::Memory => Stores::memory(queue_clock, queue_config),
@@ -258,8 +260,11 @@ impl Components {
             audit: stores.audit,
             queue: stores.queue.clone(),
             // Every model and embedding call made while serving a request
-            // ends by the request's deadline.
-            llm: Arc::new(budget::BudgetedLlm::new(llm)),
+            // ends by the request's deadline; each model call is metered,
+            // deadline timeouts included.
+            llm: Arc::new(monitoring::MeteredLlm::new(Arc::new(
+                budget::BudgetedLlm::new(llm),
+            ))),
             embedder: Arc::new(budget::BudgetedEmbedder::new(embedder)),
         };
         let flows = FlowService::new(FlowDeps {
@@ -463,8 +468,8 @@ pub fn keys_for(key: &ApiKey) -> ApiKeys {
     ApiKeys::single(key, ProductId::default_product())
 }
 
-/// The whole service: health probes open, every feature's routes under
-/// `/v1` behind a key.
+/// The whole service: health probes and metrics open, every feature's
+/// routes under `/v1` behind a key.
 pub fn router(state: &AppState) -> Router {
     let (router, doc) = api(state);
     let doc = http::openapi::Document::render(&doc);
@@ -480,6 +485,7 @@ pub fn router(state: &AppState) -> Router {
         ))
         .layer(middleware::from_fn(http::reject_large_heads))
         .layer(TraceLayer::new_for_http())
+        .layer(middleware::from_fn(monitoring::track_http))
 }
 
 /// The API document (OpenAPI 3.1) of the service, as `GET /openapi.json`
@@ -514,6 +520,7 @@ fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
             .routes(routes!(http::health::healthz))
             .routes(routes!(http::health::readyz))
             .routes(routes!(http::openapi::document))
+            .routes(routes!(monitoring::render))
             .split_for_parts();
     (
         root.with_state(state.backend.clone()).nest("/v1", v1),

@@ -36,8 +36,8 @@ use parlance_core::queue::{
 use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
     Clock, DagFailure, DagId, DagSpec, DagState, DagStatus, DagTask, DiscardedTask, FailOutcome,
-    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, QueueDepth, QueueFootprint,
-    RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
+    Lease, NodeInput, NodeResult, NodeState, PortError, PortResult, QueueConfig, QueueDepth,
+    QueueFootprint, RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::PgListener;

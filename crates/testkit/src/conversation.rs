@@ -805,5 +805,9 @@ pub async fn oldest_due_skips_claimed_instances(s: Subject) {
     let claimed = s.index.claim_due(t(160), 10, lease).await.expect("claim");
     assert_eq!(ids(&claimed), [id(2)]);
     assert_eq!(oldest(160).await, None, "every due instance is claimed");
-    assert_eq!(oldest(190).await, Some(t(100)), "a lapsed claim is due again");
+    assert_eq!(
+        oldest(190).await,
+        Some(t(100)),
+        "a lapsed claim is due again"
+    );
 }

@@ -555,10 +555,18 @@ pub async fn oldest_due_is_the_earliest_unclaimed_deadline(s: Subject) {
     assert_eq!(oldest(11.5).await, Some(at(10.0)));
     let got = s.sessions.claim_due(at(11.5), 1).await.expect("claim");
     assert_eq!(got.len(), 1);
-    assert_eq!(oldest(11.5).await, Some(at(11.0)), "the claimed one is held");
+    assert_eq!(
+        oldest(11.5).await,
+        Some(at(11.0)),
+        "the claimed one is held"
+    );
     let got = s.sessions.claim_due(at(12.0), 10).await.expect("claim");
     assert_eq!(got.len(), 2);
     assert_eq!(oldest(12.0).await, None, "every due session is claimed");
     let lapsed = 11.5 + parlance_ports::CLAIM_LEASE.as_secs_f64();
-    assert_eq!(oldest(lapsed).await, Some(at(lapsed)), "a lapsed claim is due");
+    assert_eq!(
+        oldest(lapsed).await,
+        Some(at(lapsed)),
+        "a lapsed claim is due"
+    );
 }

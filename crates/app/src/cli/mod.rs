@@ -255,11 +255,13 @@ fn raise_open_files_limit(max_connections: usize) {
 
 /// `parlance worker`: the same state as `serve` on the configured database
 /// (model, embedder, channel, flows, the agent's files), running queued
-/// tasks and the timer sweepers until SIGINT or SIGTERM.
+/// tasks and the timer sweepers until SIGINT or SIGTERM, and serving
+/// `GET /metrics` on `worker.metrics_bind` when it is set.
 ///
 /// # Errors
 ///
-/// When no database is configured or the state cannot be built.
+/// When no database is configured, the state cannot be built or the
+/// metrics address cannot be bound.
 pub async fn worker(config: Config) -> anyhow::Result<()> {
     config.require_database("parlance worker")?;
     let state = Components::from_config(&config, ApiKeys::new())
@@ -283,13 +285,52 @@ pub async fn worker(config: Config) -> anyhow::Result<()> {
         state.shared.clock.clone(),
         config.worker.runtime(),
     );
+    let metrics = match config.worker.metrics_bind {
+        Some(bind) => Some(serve_metrics(bind).await?),
+        None => None,
+    };
     let sweepers = state.spawn_sweepers();
     let result = worker.run(shutdown_signal()).await;
     for sweeper in sweepers {
         sweeper.abort();
     }
+    if let Some((stop, server)) = metrics {
+        let _ = stop.send(());
+        let _ = server.await;
+    }
     result?;
     Ok(())
+}
+
+/// Serves `GET /metrics` alone on `bind` (`worker.metrics_bind`) with the
+/// service's serving loop, until the returned sender fires.
+async fn serve_metrics(
+    bind: SocketAddr,
+) -> anyhow::Result<(
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let listener = TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("bind {bind} (`worker.metrics_bind`)"))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "metrics listening");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = crate::http::ServeOptions {
+        // Scrapers are few; nothing is left to drain once the worker stops.
+        max_connections: 64,
+        drain: std::time::Duration::from_secs(1),
+        ..crate::http::ServeOptions::default()
+    };
+    let server = tokio::spawn(crate::http::serve(
+        listener,
+        crate::monitoring::router(),
+        options,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Ok((stop, server))
 }
 
 /// Runs one operator action on the queue, writing its answer to `out`.

@@ -60,13 +60,25 @@ pub async fn sweep_once(state: &Conversations) -> parlance_ports::PortResult<usi
     }
 }
 
-/// Sweeps every second until the task is aborted.
+/// Sets the sweeper's lag: how long the oldest due heartbeat no sweeper
+/// holds has waited.
+pub(super) async fn observe_lag(state: &Conversations) {
+    let now = state.shared.clock.now();
+    match state.index.oldest_due(now).await {
+        Ok(oldest) => crate::monitoring::sweeper_lag("conversation", now, oldest),
+        Err(e) => tracing::debug!(error = %e, "could not read the oldest due heartbeat"),
+    }
+}
+
+/// Every second, sets the sweeper's lag and sweeps, until the task is
+/// aborted.
 pub fn spawn(state: Conversations) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            observe_lag(&state).await;
             match sweep_once(&state).await {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(fired = n, "conversation heartbeats fired"),

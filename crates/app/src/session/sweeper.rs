@@ -63,7 +63,10 @@ async fn sweep_one(
         Ok(_) => Ok(Swept::Saved {
             transitioned: !decision.transitions.is_empty(),
         }),
-        Err(e) if e.is_conflict() => Ok(Swept::Conflict),
+        Err(e) if e.is_conflict() => {
+            crate::monitoring::cas_conflict(SessionState::KIND.as_str());
+            Ok(Swept::Conflict)
+        }
         Err(e) => Err(e),
     }
 }
@@ -139,7 +142,17 @@ pub async fn sweep_once(app: &Sessions, limit: usize) -> PortResult<SweepReport>
     }
 }
 
-/// Spawns the sweeper: every second, sweeps until a batch comes back short.
+/// Sets the sweeper's lag: how long the oldest due session has waited.
+pub(super) async fn observe_lag(app: &Sessions) {
+    let now = app.shared.clock.now();
+    match app.due.oldest_due(now).await {
+        Ok(oldest) => crate::monitoring::sweeper_lag("session", now, oldest),
+        Err(e) => tracing::debug!(error = %e, "could not read the oldest due session"),
+    }
+}
+
+/// Spawns the sweeper: every second, sets its lag and sweeps until a batch
+/// comes back short.
 /// Failures are logged and retried on the next second.
 pub fn spawn_session_sweeper(app: Sessions) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -147,6 +160,7 @@ pub fn spawn_session_sweeper(app: Sessions) -> JoinHandle<()> {
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             every.tick().await;
+            observe_lag(&app).await;
             loop {
                 match sweep_once(&app, SWEEP_BATCH).await {
                     Ok(r) if r.claimed == SWEEP_BATCH => continue,

@@ -269,12 +269,29 @@ impl Worker {
     }
 
     async fn claim(&self, max: usize) -> PortResult<Vec<Lease>> {
-        self.queue
+        let started = std::time::Instant::now();
+        let leases = self
+            .queue
             .claim(&self.id, &self.config.queue, max, self.config.lease)
-            .await
+            .await?;
+        crate::monitoring::queue_claimed(&self.config.queue, started.elapsed(), leases.len());
+        Ok(leases)
     }
 
-    /// Heartbeats, sweeps and purges until aborted.
+    /// Reads how many tasks this worker's queue holds and sets the depth
+    /// gauges.
+    ///
+    /// # Errors
+    ///
+    /// When the queue cannot be read; the gauges keep their last values.
+    pub async fn observe_depth(&self) -> PortResult<()> {
+        let depth = self.queue.depth(&self.config.queue).await?;
+        crate::monitoring::queue_depth(&self.config.queue, depth);
+        Ok(())
+    }
+
+    /// Heartbeats, sweeps (and reads the queue's depth), and purges until
+    /// aborted.
     async fn background(self) {
         let mut heartbeat = tokio::time::interval(self.config.heartbeat_every);
         let mut sweep = tokio::time::interval(self.config.sweep_every);
@@ -287,16 +304,25 @@ impl Worker {
                         tracing::warn!(error = %e, "heartbeat failed");
                     }
                 }
-                _ = sweep.tick() => match self.queue.recover_expired().await {
-                    Ok(r) if r.requeued + r.discarded + r.cancelled > 0 => tracing::info!(
-                        requeued = r.requeued,
-                        discarded = r.discarded,
-                        cancelled = r.cancelled,
-                        "expired leases recovered"
-                    ),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
-                },
+                _ = sweep.tick() => {
+                    match self.queue.recover_expired().await {
+                        Ok(r) => {
+                            crate::monitoring::leases_recovered(&r);
+                            if r.requeued + r.discarded + r.cancelled > 0 {
+                                tracing::info!(
+                                    requeued = r.requeued,
+                                    discarded = r.discarded,
+                                    cancelled = r.cancelled,
+                                    "expired leases recovered"
+                                );
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
+                    }
+                    if let Err(e) = self.observe_depth().await {
+                        tracing::warn!(error = %e, "could not read the queue depth");
+                    }
+                }
                 _ = purge.tick() => {
                     let before = self.clock.now() - self.config.retention;
                     match self.queue.purge_finished(before).await {

@@ -13,6 +13,7 @@ mod faults;
 mod flow;
 mod flow_storage;
 mod load;
+mod metrics;
 mod openapi;
 mod pg_restart;
 mod scale_out;

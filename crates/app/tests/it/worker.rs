@@ -284,6 +284,9 @@ impl TaskQueue for Outage {
     ) -> PortResult<parlance_ports::QueueFootprint> {
         self.inner.footprint(product).await
     }
+    async fn depth(&self, queue: &str) -> PortResult<parlance_ports::QueueDepth> {
+        self.inner.depth(queue).await
+    }
     async fn wait_for_work(&self, queue: &str, timeout: Duration) {
         self.inner.wait_for_work(queue, timeout).await;
     }
