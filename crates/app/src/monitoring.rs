@@ -175,15 +175,13 @@ pub(crate) async fn render() -> Response {
 }
 
 /// The router of a process that serves nothing but `/metrics` (`parlance
-/// worker --metrics-bind`).
+/// worker --metrics-bind`); any other path answers a bare 404.
 pub fn router() -> Router {
     install();
     let (router, _) = utoipa_axum::router::OpenApiRouter::new()
         .routes(utoipa_axum::routes!(render))
         .split_for_parts();
-    router
-        .fallback(crate::http::not_found)
-        .layer(axum::middleware::from_fn(track_http))
+    router.layer(axum::middleware::from_fn(track_http))
 }
 
 /// Counts each request and times it, labelled with the route template that
