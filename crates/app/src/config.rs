@@ -74,6 +74,10 @@ pub struct Config {
     pub worker: WorkerSettings,
     /// Time budgets of requests.
     pub budget: BudgetConfig,
+    /// Which browser pages may call the API.
+    pub cors: CorsConfig,
+    /// Requests per API key.
+    pub rate_limit: RateLimitConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -272,6 +276,122 @@ impl BudgetConfig {
     }
 }
 
+/// `[cors]`: the browser origins whose pages may call the API, and what
+/// they may send. With no origin, CORS is off: no answer carries a CORS
+/// header and a preflight is routed like any request (401 under `/v1`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CorsConfig {
+    /// Origins (`scheme://host[:port]`) allowed, or `*` for any.
+    pub allowed_origins: Vec<String>,
+    /// Methods a page may use.
+    pub allowed_methods: Vec<String>,
+    /// Request headers a page may send.
+    pub allowed_headers: Vec<String>,
+    /// How long a browser may cache a preflight answer, in seconds.
+    pub max_age_secs: u64,
+}
+
+impl Default for CorsConfig {
+    fn default() -> Self {
+        Self {
+            allowed_origins: Vec::new(),
+            allowed_methods: ["GET", "POST", "PUT", "PATCH", "DELETE"]
+                .map(str::to_owned)
+                .to_vec(),
+            allowed_headers: ["authorization", "content-type", "x-request-id"]
+                .map(str::to_owned)
+                .to_vec(),
+            max_age_secs: 600,
+        }
+    }
+}
+
+impl CorsConfig {
+    /// The CORS policy these settings describe; `None` when no origin is
+    /// allowed (CORS off).
+    ///
+    /// # Errors
+    ///
+    /// An origin, method or header that does not parse, naming the setting.
+    pub fn policy(&self) -> Result<Option<crate::http::CorsPolicy>, ConfigError> {
+        let origins: Vec<&str> = self
+            .allowed_origins
+            .iter()
+            .map(|o| o.trim())
+            .filter(|o| !o.is_empty())
+            .collect();
+        if origins.is_empty() {
+            return Ok(None);
+        }
+        let origins = if origins == ["*"] {
+            None
+        } else {
+            let mut parsed = Vec::new();
+            for o in origins {
+                parsed.push(crate::http::parse_origin(o).map_err(|problem| {
+                    ConfigError::setting("cors.allowed_origins", format!("{o:?}: {problem}"))
+                })?);
+            }
+            Some(parsed)
+        };
+        let mut methods = Vec::new();
+        for m in &self.allowed_methods {
+            methods.push(
+                axum::http::Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes()).map_err(
+                    |_| ConfigError::setting("cors.allowed_methods", format!("{m:?} is no method")),
+                )?,
+            );
+        }
+        let mut headers = Vec::new();
+        for h in &self.allowed_headers {
+            headers.push(
+                axum::http::HeaderName::from_bytes(h.trim().to_ascii_lowercase().as_bytes())
+                    .map_err(|_| {
+                        ConfigError::setting(
+                            "cors.allowed_headers",
+                            format!("{h:?} is no header name"),
+                        )
+                    })?,
+            );
+        }
+        Ok(Some(crate::http::CorsPolicy {
+            origins,
+            methods,
+            headers,
+            max_age: Duration::from_secs(self.max_age_secs),
+        }))
+    }
+}
+
+/// `[rate_limit]`: how many requests each API key may make, per process.
+/// Off (`per_second = 0`) by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimitConfig {
+    /// Requests per second a key may make on average; 0 turns the limit
+    /// off.
+    pub per_second: u32,
+    /// Requests a key may make at once, beyond the average.
+    pub burst: u32,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            per_second: 0,
+            burst: 50,
+        }
+    }
+}
+
+impl RateLimitConfig {
+    /// The limit these settings describe; `None` when off.
+    pub fn limit(&self) -> Option<crate::http::RateLimit> {
+        crate::http::RateLimit::new(self.per_second, self.burst)
+    }
+}
+
 /// `[worker]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -335,6 +455,8 @@ pub enum Kind {
     Number,
     /// `true` or `false` (also `1`/`0`, `yes`/`no`).
     Switch,
+    /// A list, comma-separated in the environment.
+    List,
 }
 
 /// One setting: where it lives in the file, which environment variables
@@ -602,6 +724,42 @@ pub const SETTINGS: &[Setting] = &[
         Kind::Number,
     ),
     setting(
+        "cors.allowed_origins",
+        &["PARLANCE_CORS_ALLOWED_ORIGINS"],
+        None,
+        Kind::List,
+    ),
+    setting(
+        "cors.allowed_methods",
+        &["PARLANCE_CORS_ALLOWED_METHODS"],
+        None,
+        Kind::List,
+    ),
+    setting(
+        "cors.allowed_headers",
+        &["PARLANCE_CORS_ALLOWED_HEADERS"],
+        None,
+        Kind::List,
+    ),
+    setting(
+        "cors.max_age_secs",
+        &["PARLANCE_CORS_MAX_AGE_SECS"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "rate_limit.per_second",
+        &["PARLANCE_RATE_LIMIT_PER_SECOND"],
+        None,
+        Kind::Number,
+    ),
+    setting(
+        "rate_limit.burst",
+        &["PARLANCE_RATE_LIMIT_BURST"],
+        None,
+        Kind::Number,
+    ),
+    setting(
         "log.format",
         &["PARLANCE_LOG_FORMAT"],
         Some("log-format"),
@@ -840,6 +998,13 @@ fn env_value(s: &Setting, var: &str, raw: &str) -> Result<Value, ConfigError> {
             "0" | "false" | "no" | "off" | "" => Ok(Value::Bool(false)),
             _ => Err(bad("true or false")),
         },
+        Kind::List => Ok(Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|v| Value::String(v.to_owned()))
+                .collect(),
+        )),
     }
 }
 
@@ -990,6 +1155,13 @@ impl Config {
             if v == 0 {
                 return Err(ConfigError::setting(key, "must be at least 1"));
             }
+        }
+        self.cors.policy()?;
+        if self.rate_limit.per_second > 0 && self.rate_limit.burst == 0 {
+            return Err(ConfigError::setting(
+                "rate_limit.burst",
+                "must be at least 1 when `rate_limit.per_second` is set",
+            ));
         }
         if self.worker.queue.is_empty() {
             return Err(ConfigError::setting("worker.queue", "must not be empty"));
@@ -1275,6 +1447,75 @@ mod tests {
             assert!(e.to_string().contains(var), "{e}");
             assert!(e.to_string().contains("at least 1"), "{e}");
         }
+    }
+
+    #[test]
+    fn cors_and_rate_limits_are_off_by_default_and_checked() {
+        let c = Config::default();
+        assert_eq!(c.cors.policy().unwrap(), None);
+        assert_eq!(c.rate_limit.limit(), None);
+
+        let c = Config::load(
+            &Flags::default(),
+            env_of(&[
+                (
+                    "PARLANCE_CORS_ALLOWED_ORIGINS",
+                    "https://app.example.com, http://localhost:3000",
+                ),
+                ("PARLANCE_CORS_ALLOWED_METHODS", "get,post"),
+                ("PARLANCE_RATE_LIMIT_PER_SECOND", "5"),
+            ]),
+        )
+        .unwrap();
+        let policy = c.cors.policy().unwrap().unwrap();
+        assert_eq!(
+            policy.origins.unwrap(),
+            ["https://app.example.com", "http://localhost:3000"]
+        );
+        assert_eq!(
+            policy.methods,
+            [axum::http::Method::GET, axum::http::Method::POST]
+        );
+        assert_eq!(policy.headers.len(), 3);
+        assert_eq!(c.rate_limit.limit(), crate::http::RateLimit::new(5, 50));
+
+        let (_f, flags) = file("[cors]\nallowed_origins = [\"*\"]\n");
+        let c = Config::load(&flags, env_of(&[])).unwrap();
+        assert_eq!(c.cors.policy().unwrap().unwrap().origins, None);
+
+        for (var, value, named) in [
+            (
+                "PARLANCE_CORS_ALLOWED_ORIGINS",
+                "https://app.example.com/",
+                "cors.allowed_origins",
+            ),
+            (
+                "PARLANCE_CORS_ALLOWED_METHODS",
+                "GE T",
+                "cors.allowed_methods",
+            ),
+            (
+                "PARLANCE_CORS_ALLOWED_HEADERS",
+                "a b",
+                "cors.allowed_headers",
+            ),
+        ] {
+            let e = Config::load(
+                &Flags::default(),
+                env_of(&[("PARLANCE_CORS_ALLOWED_ORIGINS", "http://x"), (var, value)]),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains(named), "{e}");
+        }
+        let e = Config::load(
+            &Flags::default(),
+            env_of(&[
+                ("PARLANCE_RATE_LIMIT_PER_SECOND", "5"),
+                ("PARLANCE_RATE_LIMIT_BURST", "0"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("rate_limit.burst"), "{e}");
     }
 
     #[test]

@@ -58,7 +58,6 @@ use parlance_postgres::{
     PgAdoptionStore, PgAuditLog, PgCheckpointStore, PgConversationStore, PgCrisisLog, PgFlowStore,
     PgMemoryStore, PgPool, PgSessionStore, PgTaskQueue, PgTourCatalogs,
 };
-use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -97,6 +96,8 @@ pub struct AppState {
     pub agent: Agent,
     /// Time budgets of requests, per route family.
     pub budgets: budget::Budgets,
+    /// CORS and the per-key rate limit.
+    pub edge: http::Edge,
 }
 
 impl std::fmt::Debug for AppState {
@@ -145,6 +146,8 @@ pub struct Components {
     pub queue_clock: Option<Arc<dyn Clock>>,
     /// Time budgets of requests, per route family, and the crisis gate's.
     pub budgets: budget::Budgets,
+    /// CORS and the per-key rate limit (both off by default).
+    pub edge: http::Edge,
 }
 
 impl Components {
@@ -176,6 +179,7 @@ impl Components {
             queue: QueueConfig::default(),
             queue_clock: None,
             budgets: budget::Budgets::default(),
+            edge: http::Edge::default(),
         }
     }
 
@@ -207,6 +211,9 @@ impl Components {
         c.body_limit = config.server.body_limit;
         c.queue = config.worker.queue_config();
         c.budgets = config.budget.budgets();
+        c.edge = http::Edge::default()
+            .with_cors(config.cors.policy()?)
+            .with_rate_limit(config.rate_limit.limit());
         if let Some(dir) = &config.flows.dir {
             c.flows = FlowCatalog::load_dir(dir, &Invokers::is_builtin)
                 .with_context(|| format!("`flows.dir` {}", dir.display()))?;
@@ -247,6 +254,7 @@ impl Components {
             queue: queue_config,
             queue_clock,
             budgets,
+            edge,
         } = self;
         monitoring::install();
         let queue_clock = queue_clock.unwrap_or_else(|| clock.clone());
@@ -310,6 +318,7 @@ impl Components {
             },
             shared,
             budgets,
+            edge,
         }
     }
 }
@@ -468,12 +477,13 @@ pub fn keys_for(key: &ApiKey) -> ApiKeys {
     ApiKeys::single(key, ProductId::default_product())
 }
 
-/// The whole service: health probes and metrics open, every feature's
-/// routes under `/v1` behind a key.
+/// The whole service: health probes, metrics and the API document open,
+/// every feature's routes under `/v1` behind a key (and its rate limit),
+/// every answer with a request id and an access line, CORS when configured.
 pub fn router(state: &AppState) -> Router {
     let (router, doc) = api(state);
     let doc = http::openapi::Document::render(&doc);
-    router
+    let app = router
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(Extension(doc))
@@ -483,8 +493,10 @@ pub fn router(state: &AppState) -> Router {
             state.body_limit,
             http::reject_large_bodies,
         ))
-        .layer(middleware::from_fn(http::reject_large_heads))
-        .layer(TraceLayer::new_for_http())
+        .layer(middleware::from_fn(http::reject_large_heads));
+    state
+        .edge
+        .wrap(app)
         .layer(middleware::from_fn(monitoring::track_http))
 }
 
@@ -506,7 +518,10 @@ fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
     let v1 = v1
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
-        .route_layer(middleware::from_fn(http::check_params))
+        .route_layer(middleware::from_fn(http::check_params));
+    let v1 = state
+        .edge
+        .limit_keys(v1)
         .layer(middleware::from_fn_with_state(
             state.keys.clone(),
             auth::require_key,

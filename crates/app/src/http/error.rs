@@ -142,6 +142,22 @@ impl ApiError {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-request", detail)
     }
 
+    /// 429 `rate-limited`: the key is over its request rate; it may make
+    /// its next request after `wait`, sent as `Retry-After` in whole seconds
+    /// (rounded up, at least 1).
+    pub fn rate_limited(wait: std::time::Duration) -> Self {
+        let secs = u32::try_from(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            format!("this API key is over its request rate; retry in {secs} s"),
+        )
+        .with("retry_after_secs", secs)
+        .retry_after(secs)
+    }
+
     /// 503 `unavailable`: a dependency is down; retry.
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)

@@ -1,14 +1,17 @@
 //! What every route shares: problem+json errors, the JSON extractor, body
-//! and head limits, the fallbacks, the health probes, and the serving loop
+//! and head limits, the fallbacks, the health probes, request ids, the
+//! access log, CORS and per-key rate limits (`edge`), and the serving loop
 //! with its connection limits (`serve`). It names no feature; the crate root
 //! assembles the routers.
 
 mod budget;
+mod edge;
 mod error;
 pub(crate) mod health;
 mod json;
 pub(crate) mod openapi;
 mod params;
+mod rate_limit;
 pub mod serve;
 
 use axum::extract::{Request, State};
@@ -17,9 +20,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 
 pub(crate) use budget::{enforce as enforce_budget, exhausted_now};
+pub(crate) use edge::record_product;
+pub use edge::{
+    CorsPolicy, Edge, MAX_REQUEST_ID_BYTES, REQUEST_ID, parse_origin, usable_request_id,
+};
 pub use error::ApiError;
 pub use json::ApiJson;
 pub(crate) use params::check_params;
+pub use rate_limit::RateLimit;
 pub use serve::{ServeOptions, serve};
 
 /// The most items (events, actions, features, todos) one request may carry;
@@ -133,6 +141,7 @@ pub(crate) async fn problem_json(req: Request, next: Next) -> Response {
         414 => "uri-too-long",
         415 => "unsupported-media-type",
         422 => "invalid-request",
+        429 => "rate-limited",
         431 => "headers-too-large",
         _ => "client-error",
     };
