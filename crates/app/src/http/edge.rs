@@ -77,7 +77,7 @@ fn request_span(req: &Request<Body>) -> Span {
         "request",
         request_id = %id,
         method = %req.method(),
-        route,
+        route = route.map(tracing::field::display),
         product = tracing::field::Empty,
     )
 }
@@ -86,7 +86,7 @@ fn request_span(req: &Request<Body>) -> Span {
 /// middleware without spans of its own runs between the request span and
 /// the key check, so the current span is the request's.
 pub(crate) fn record_product(product: &parlance_core::ProductId) {
-    Span::current().record("product", product.as_str());
+    Span::current().record("product", tracing::field::display(product.as_str()));
 }
 
 /// The access line: one per request, when its answer's head is ready.

@@ -9,6 +9,7 @@ mod connections;
 mod contracts;
 mod conversation;
 mod deadlines;
+mod edge;
 mod faults;
 mod flow;
 mod flow_storage;

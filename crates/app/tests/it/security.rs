@@ -13,7 +13,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use sqlx::Row as _;
 
-use crate::support::{TestServer, url_for};
+use crate::support::{Captured, TestServer, url_for};
 
 fn parlance_keys(url: &str, args: &[&str]) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_parlance"))
@@ -102,45 +102,6 @@ async fn keys_made_by_the_cli_are_stored_hashed_and_can_be_revoked() {
     assert!(!parlance_keys(&url, &["list", "--product", "acme"])[0]["revoked_at"].is_null());
 }
 
-/// A `MakeWriter` appending every log line to a shared buffer.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// A subscriber at `info` (what `serve` logs by default), JSON lines with
-    /// every field, spans included.
-    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
-        tracing_subscriber::fmt()
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(self.clone())
-            .finish()
-    }
-}
-
 /// Every string under a key that carries message text, in `v`.
 fn texts(v: &Value, out: &mut Vec<String>) {
     const TEXT_KEYS: [&str; 9] = [
@@ -203,6 +164,24 @@ async fn the_demo_logs_no_key_and_no_message_text_at_info() {
         "the demo exchanged message texts: {said:?}"
     );
     assert!(!logs.contains("pk_demo"), "the API key was logged");
+    // The access lines are among what is checked: the demo's authenticated
+    // requests each have one, with the product and the request id.
+    let authenticated = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"] == "served"
+                && v["span"]["product"].is_string()
+                && v["span"]["request_id"].is_string()
+                && v["span"]["route"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("/v1/"))
+        })
+        .count();
+    assert!(
+        authenticated >= 5,
+        "too few access lines of authenticated requests:\n{logs}"
+    );
     for text in &said {
         let escaped = serde_json::to_string(text).unwrap();
         let escaped = escaped.trim_matches('"');

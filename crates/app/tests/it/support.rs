@@ -126,3 +126,50 @@ pub(crate) fn components(clock: &Arc<ManualClock>) -> parlance_app::Components {
     c.ids = Arc::new(SequentialIds::new());
     c
 }
+
+/// A `MakeWriter` appending every log line to a shared buffer.
+#[derive(Clone, Default)]
+pub(crate) struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+impl Captured {
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// The captured lines, each parsed as JSON.
+    pub(crate) fn lines(&self) -> Vec<serde_json::Value> {
+        self.text()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
+    /// A subscriber at `info` (what `serve` logs by default), JSON lines with
+    /// every field, spans included.
+    pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+        tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(self.clone())
+            .finish()
+    }
+}
