@@ -14,7 +14,7 @@ use parlance_ports::PortResult;
 use parlance_postgres::PgApiKeys;
 use sha2::{Digest, Sha256};
 
-use crate::http::ApiError;
+use crate::http::{ApiError, KeyId};
 
 /// A secret API key. `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -112,36 +112,12 @@ impl ApiKeys {
     }
 }
 
-/// Which key opened a request: the key's SHA-256 digest, never the key.
-/// Rate limits are kept per `KeyId`; `Debug` shows only a fingerprint (the
-/// first 4 bytes, in hex).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KeyId([u8; 32]);
-
-impl KeyId {
-    /// The id of a presented key.
-    pub fn of(presented: &str) -> Self {
-        Self(ApiKey::digest(presented))
-    }
-
-    /// The first 4 bytes of the digest, in hex.
-    pub fn fingerprint(&self) -> String {
-        hex::encode(&self.0[..4])
-    }
-}
-
-impl fmt::Debug for KeyId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "KeyId({})", self.fingerprint())
-    }
-}
-
 /// The product the request's key opens; set by [`require_key`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Authenticated(pub ProductId);
 
 /// Middleware for `/v1`: a valid `Authorization: Bearer <key>` or 401. An
-/// accepted request carries [`Authenticated`] and [`KeyId`], and its
+/// accepted request carries [`Authenticated`] and the key's [`KeyId`], and its
 /// product is recorded on the request span.
 pub async fn require_key(
     State(keys): State<Arc<ApiKeys>>,
@@ -160,7 +136,7 @@ pub async fn require_key(
         .await?
         .ok_or_else(|| ApiError::unauthorized("unknown API key"))?;
     crate::http::record_product(&product);
-    let id = KeyId::of(presented);
+    let id = KeyId::new(ApiKey::digest(presented));
     req.extensions_mut().insert(Authenticated(product));
     req.extensions_mut().insert(id);
     Ok(next.run(req).await)

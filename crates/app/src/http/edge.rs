@@ -96,7 +96,7 @@ fn access_line(res: &Response<Body>, latency: Duration, _span: &Span) {
 }
 
 /// Which browser origins may call the API, with which methods and headers
-/// (from `[cors]`, see [`crate::config::CorsConfig::policy`]).
+/// (from the `[cors]` settings).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CorsPolicy {
     /// The allowed origins; `None` allows any.

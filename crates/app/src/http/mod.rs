@@ -27,7 +27,7 @@ pub use edge::{
 pub use error::ApiError;
 pub use json::ApiJson;
 pub(crate) use params::check_params;
-pub use rate_limit::RateLimit;
+pub use rate_limit::{KeyId, RateLimit};
 pub use serve::{ServeOptions, serve};
 
 /// The most items (events, actions, features, todos) one request may carry;

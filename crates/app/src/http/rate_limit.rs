@@ -3,7 +3,7 @@
 //! past that it gets 429 `rate-limited` with `Retry-After`.
 //!
 //! The limiter is keyed by [`KeyId`], the key's SHA-256 digest, never the
-//! key. Only requests whose key was accepted are counted, so it tracks at
+//! key; the key check puts it on the request. Only requests whose key was accepted are counted, so it tracks at
 //! most the number of valid keys (those configured and those stored); and
 //! every [`SWEEP_EVERY`] checks it forgets the keys whose allowance is full
 //! again (governor's `retain_recent`), so revoked or idle keys do not stay.
@@ -23,7 +23,30 @@ use governor::clock::Clock as _;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use super::ApiError;
-use crate::auth::KeyId;
+
+/// Which key opened a request: the key's SHA-256 digest, never the key
+/// (the key check makes it). Rate limits are kept per `KeyId`; `Debug`
+/// shows only a fingerprint (the first 4 bytes, in hex).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId([u8; 32]);
+
+impl KeyId {
+    /// The id of the key whose SHA-256 digest is `digest`.
+    pub fn new(digest: [u8; 32]) -> Self {
+        Self(digest)
+    }
+
+    /// The first 4 bytes of the digest, in hex.
+    pub fn fingerprint(&self) -> String {
+        hex::encode(&self.0[..4])
+    }
+}
+
+impl std::fmt::Debug for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyId({})", self.fingerprint())
+    }
+}
 
 /// How many checks pass between two sweeps of idle keys.
 pub(crate) const SWEEP_EVERY: u32 = 1024;
@@ -105,6 +128,12 @@ pub(crate) async fn limit(
 mod tests {
     use super::*;
 
+    fn key(n: u32) -> KeyId {
+        let mut digest = [0u8; 32];
+        digest[..4].copy_from_slice(&n.to_be_bytes());
+        KeyId::new(digest)
+    }
+
     #[test]
     fn zero_turns_the_limit_off() {
         assert!(RateLimit::new(0, 10).is_none());
@@ -115,7 +144,7 @@ mod tests {
     #[test]
     fn a_key_past_its_burst_waits_and_other_keys_do_not() {
         let limiter = KeyLimiter::new(RateLimit::new(1, 2).unwrap());
-        let (a, b) = (KeyId::of("pk_a"), KeyId::of("pk_b"));
+        let (a, b) = (key(1), key(2));
         assert!(limiter.check(&a).is_ok());
         assert!(limiter.check(&a).is_ok());
         let wait = limiter.check(&a).unwrap_err();
@@ -132,12 +161,12 @@ mod tests {
         // 1 ms after its request.
         let limiter = KeyLimiter::new(RateLimit::new(1000, 1).unwrap());
         for i in 0..500 {
-            limiter.check(&KeyId::of(&format!("pk_{i}"))).unwrap();
+            limiter.check(&key(i)).unwrap();
         }
         assert_eq!(limiter.tracked(), 500);
         std::thread::sleep(Duration::from_millis(50));
         // One busy key makes the checks that trigger a sweep.
-        let busy = KeyId::of("pk_busy");
+        let busy = key(u32::MAX);
         for _ in 0..SWEEP_EVERY {
             let _ = limiter.check(&busy);
         }
