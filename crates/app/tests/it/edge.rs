@@ -19,7 +19,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::load::{Proc, free_port};
-use crate::support::{Captured, KEY, TestServer, components, wait_until};
+use crate::support::{
+    Captured, KEY, TestServer, components, register_request_callsites, wait_until,
+};
 
 const TOURS: &str = "/v1/products/acme/tours";
 const ORIGIN: &str = "https://app.example.com";
@@ -163,6 +165,7 @@ fn failing_reply_model() -> OfflineLlm {
 async fn each_request_logs_one_access_line_and_its_logs_carry_the_request_id() {
     let logs = Captured::default();
     let _guard = tracing::subscriber::set_default(logs.subscriber());
+    register_request_callsites().await;
     let clock = Arc::new(ManualClock::new());
     let mut c = components(&clock);
     c.llm = Arc::new(failing_reply_model());
@@ -240,10 +243,13 @@ async fn each_request_logs_one_access_line_and_its_logs_carry_the_request_id() {
     assert_eq!(
         lines
             .iter()
-            .filter(|l| l["fields"]["message"] == "served")
+            .filter(|l| l["fields"]["message"] == "served"
+                && l["span"]["request_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("log-")))
             .count(),
         expect.len(),
-        "no other access line"
+        "no other access line for these requests"
     );
 
     // The handler's own warning is written inside the request's span.

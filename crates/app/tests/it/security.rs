@@ -135,6 +135,7 @@ async fn the_demo_logs_no_key_and_no_message_text_at_info() {
     let mut transcript = Vec::new();
     {
         let _guard = tracing::subscriber::set_default(logs.subscriber());
+        crate::support::register_request_callsites().await;
         tracing::info!("capture started");
         parlance_app::demo::run(&mut transcript).await.unwrap();
     }

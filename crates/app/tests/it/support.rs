@@ -173,3 +173,20 @@ impl Captured {
             .finish()
     }
 }
+
+/// Call after installing a capturing subscriber on this thread: registers
+/// the request span's and the access line's callsites (one request through
+/// a router) and rebuilds tracing's interest cache, so that both count that
+/// subscriber. tracing caches a callsite's interest when it is first hit; a
+/// test on another thread hitting it at the moment this subscriber is
+/// installed may otherwise leave it cached as unwanted.
+pub(crate) async fn register_request_callsites() {
+    use tower::ServiceExt as _;
+    let app = parlance_app::router(&AppState::memory(keys()));
+    let req = axum::http::Request::get("/healthz")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    assert!(res.status().is_success());
+    tracing::callsite::rebuild_interest_cache();
+}
