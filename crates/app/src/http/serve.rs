@@ -280,7 +280,7 @@ async fn handle(
         Err(never) => match never {},
     };
     let mut res = if timed_out.load(Ordering::Acquire) && res.status().is_client_error() {
-        ApiError::new(
+        let mut timeout = ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "request-timeout",
             format!(
@@ -288,7 +288,15 @@ async fn handle(
                 body_read_timeout.as_secs_f64()
             ),
         )
-        .into_response()
+        .into_response();
+        // The answer replaced keeps what the router's outer layers set: the
+        // request id and the CORS allowances.
+        for (name, value) in res.headers() {
+            if *name == super::REQUEST_ID || name.as_str().starts_with("access-control-") {
+                timeout.headers_mut().append(name, value.clone());
+            }
+        }
+        timeout
     } else {
         res
     };

@@ -325,6 +325,12 @@ async fn a_stalled_body_is_cut_at_the_body_timeout() {
         "urn:parlance:problem:request-timeout"
     );
     assert_eq!(answer.header("connection"), Some("close"));
+    assert!(
+        answer
+            .header("x-request-id")
+            .is_some_and(|id| parlance_app::http::usable_request_id(id.as_bytes())),
+        "the 408 keeps the request id: {answer:?}"
+    );
     assert!(closed_within(&mut s, Duration::from_secs(5)).await);
 }
 
