@@ -1,10 +1,8 @@
 //! HTTP routes under `/v1/products/{product_id}`: conversations and contact
 //! replies.
 
-use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
 use parlance_core::ProductId;
 use parlance_core::conversation::{
     ContactId, ConversationCommand, ConversationKey, ConversationState, DEFAULT_HEARTBEAT_S,
@@ -14,102 +12,140 @@ use parlance_core::machine::Name;
 use parlance_ports::{AuditRecord, ListFilter, Stored};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::Conversations;
 use super::service;
 use crate::auth::Tenant;
 use crate::execute::Executed;
+use crate::http::openapi::{CommandProblems, ReadProblems, StateProblems};
 use crate::http::{ApiError, ApiJson};
 
 /// The conversation routes.
-pub fn routes() -> Router<Conversations> {
-    Router::new()
-        .route(
-            "/products/{product_id}/conversations",
-            post(create).get(list),
-        )
-        .route("/products/{product_id}/conversations/{id}", get(fetch))
-        .route(
-            "/products/{product_id}/conversations/{id}/replies",
-            post(reply),
-        )
-        .route(
-            "/products/{product_id}/conversations/{id}/pause",
-            post(pause),
-        )
-        .route(
-            "/products/{product_id}/conversations/{id}/resume",
-            post(resume),
-        )
-        .route(
-            "/products/{product_id}/conversations/{id}/cancel",
-            post(cancel),
-        )
-        .route("/products/{product_id}/conversations/{id}/send", post(send))
-        .route(
-            "/products/{product_id}/conversations/{id}/audit",
-            get(audit),
-        )
-        .route(
-            "/products/{product_id}/contacts/{contact_id}/replies",
-            post(contact_reply),
-        )
+pub fn routes() -> OpenApiRouter<Conversations> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(fetch))
+        .routes(routes!(reply))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(cancel))
+        .routes(routes!(send))
+        .routes(routes!(audit))
+        .routes(routes!(contact_reply))
+}
+
+/// The path of one conversation. The id is checked by the handler: one that
+/// is not a UUID names no conversation, so it answers 404.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct ConversationPath {
+    /// The product (the key's).
+    #[param(value_type = ProductId)]
+    #[allow(dead_code)] // checked by `Tenant`
+    product_id: String,
+    /// The conversation instance.
+    #[param(value_type = InstanceId)]
+    id: String,
+}
+
+/// The path of one contact. The id is checked by the handler, so a bad one
+/// answers 422 naming it.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct ContactPath {
+    /// The product (the key's).
+    #[param(value_type = ProductId)]
+    #[allow(dead_code)] // checked by `Tenant`
+    product_id: String,
+    /// The contact the reply comes from.
+    #[param(value_type = ContactId)]
+    contact_id: String,
 }
 
 /// A todo as text, or as `{text, done}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
+#[schema(as = ConversationTodoInput)]
 enum TodoInput {
+    /// The todo's text; it is not done.
     Text(String),
+    /// The todo with its state.
     Item(Todo),
 }
 
-/// `POST /conversations`.
-#[derive(Debug, Deserialize)]
+/// A new conversation instance.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = NewConversation)]
 struct CreateBody {
+    /// Who the conversation is with (a phone number, a chat handle).
+    #[schema(value_type = ContactId)]
     contact_id: String,
+    /// What the agent must achieve.
     objective: String,
+    /// The agent's checklist (at most 1,000 items).
     #[serde(default)]
     todos: Vec<TodoInput>,
+    /// The channel name (default `loopback`).
     #[serde(default)]
+    #[schema(example = "webhook")]
     channel: Option<String>,
+    /// Seconds between an unanswered message and its follow-up (default
+    /// 1,800).
     #[serde(default)]
     heartbeat_interval_s: Option<u64>,
+    /// Follow-ups before the instance is abandoned (default 5; 0: never
+    /// follow up).
     #[serde(default)]
     max_follow_ups: Option<u32>,
+    /// A free JSON object, kept as given.
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
+    /// The new instance's id; one is generated when absent. An id that
+    /// exists answers 409.
     #[serde(default)]
     instance_id: Option<Uuid>,
 }
 
-/// `POST .../replies` and `.../send`.
-#[derive(Debug, Deserialize)]
+/// A message's text.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ConversationText)]
 struct TextBody {
+    /// The text (for a reply: not blank).
     text: String,
 }
 
-/// `GET /conversations` query.
-#[derive(Debug, Deserialize)]
+/// Which conversations to list.
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// Only this contact's.
+    #[param(value_type = Option<ContactId>)]
     contact_id: Option<String>,
+    /// Only those in this state.
+    #[param(value_type = Option<ConversationState>)]
     state: Option<String>,
+    /// At most this many (at most 1,000, the default).
+    #[param(minimum = 0)]
     limit: Option<usize>,
 }
 
 /// An instance as stored: the record and its version.
-#[derive(Debug, Serialize)]
-struct InstanceView {
+#[derive(Debug, Serialize, ToSchema)]
+struct ConversationInstance {
     #[serde(flatten)]
     instance: Instance,
+    /// The stored version (1 once created, one more per commit).
     version: u64,
 }
 
-impl From<Stored<Instance>> for InstanceView {
+impl From<Stored<Instance>> for ConversationInstance {
     fn from(s: Stored<Instance>) -> Self {
         Self {
             instance: s.state,
@@ -119,29 +155,56 @@ impl From<Stored<Instance>> for InstanceView {
 }
 
 /// An instance with its transcript.
-#[derive(Debug, Serialize)]
-struct View {
-    conversation: InstanceView,
+#[derive(Debug, Serialize, ToSchema)]
+struct ConversationView {
+    /// The instance.
+    conversation: ConversationInstance,
+    /// Its messages, oldest first.
     transcript: Vec<Message>,
 }
 
-/// What a command did.
-#[derive(Debug, Serialize)]
-struct CommandView {
-    conversation: InstanceView,
-    transitions: Vec<TransitionView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    promoted: Option<InstanceView>,
+/// A page of instances.
+#[derive(Debug, Serialize, ToSchema)]
+struct ConversationList {
+    /// The instances, oldest first.
+    items: Vec<ConversationInstance>,
 }
 
-#[derive(Debug, Serialize)]
-struct TransitionView {
+/// What a command did.
+#[derive(Debug, Serialize, ToSchema)]
+struct ConversationCommandView {
+    /// The instance after the command.
+    conversation: ConversationInstance,
+    /// The state changes the command made, in order.
+    transitions: Vec<ConversationTransition>,
+    /// The contact's next queued instance, when the command ended this one
+    /// and promoted it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    promoted: Option<ConversationInstance>,
+}
+
+/// One state change.
+#[derive(Debug, Serialize, ToSchema)]
+struct ConversationTransition {
+    /// The state left.
+    #[schema(value_type = ConversationState)]
     from: Name,
+    /// The state entered.
+    #[schema(value_type = ConversationState)]
     to: Name,
+    /// The command or event that caused it.
+    #[schema(value_type = String, example = "contact_reply")]
     cause: Name,
 }
 
-impl From<Executed<Instance>> for CommandView {
+/// An instance's transitions, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+struct ConversationAudit {
+    /// The records (at most 1,000).
+    items: Vec<AuditRecord>,
+}
+
+impl From<Executed<Instance>> for ConversationCommandView {
     fn from(e: Executed<Instance>) -> Self {
         Self {
             // State changes only: a late reply, from and to the terminal
@@ -152,14 +215,14 @@ impl From<Executed<Instance>> for CommandView {
                 .into_iter()
                 .filter_map(|t| {
                     let from = t.from.filter(|from| *from != t.to)?;
-                    Some(TransitionView {
+                    Some(ConversationTransition {
                         from,
                         to: t.to,
                         cause: t.cause,
                     })
                 })
                 .collect(),
-            conversation: InstanceView {
+            conversation: ConversationInstance {
                 instance: e.state,
                 version: e.version.0,
             },
@@ -182,11 +245,24 @@ fn parse_contact(raw: String) -> Result<ContactId, ApiError> {
     ContactId::parse(raw).map_err(|e| ApiError::unprocessable(e.to_string()))
 }
 
+/// Creates a conversation instance. When another instance holds the
+/// contact, the new one waits in `QUEUED` until it ends.
+#[utoipa::path(
+    post,
+    path = "/products/{product_id}/conversations",
+    tag = "conversations",
+    params(crate::http::openapi::ProductPath),
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "The instance was created.", body = ConversationView),
+        CommandProblems,
+    ),
+)]
 async fn create(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
     ApiJson(body): ApiJson<CreateBody>,
-) -> Result<(StatusCode, ApiJson<View>), ApiError> {
+) -> Result<(StatusCode, ApiJson<ConversationView>), ApiError> {
     crate::http::check_items("todos", body.todos.len())?;
     let instance_id = InstanceId::from_uuid(
         body.instance_id
@@ -213,8 +289,8 @@ async fn create(
     let created = service::create(&state, new).await?;
     Ok((
         StatusCode::CREATED,
-        ApiJson(View {
-            conversation: InstanceView {
+        ApiJson(ConversationView {
+            conversation: ConversationInstance {
                 instance: created.state,
                 version: created.version.0,
             },
@@ -223,11 +299,19 @@ async fn create(
     ))
 }
 
+/// The product's conversation instances, oldest first.
+#[utoipa::path(
+    get,
+    path = "/products/{product_id}/conversations",
+    tag = "conversations",
+    params(crate::http::openapi::ProductPath, ListQuery),
+    responses((status = 200, description = "The instances.", body = ConversationList), ReadProblems),
+)]
 async fn list(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
     Query(q): Query<ListQuery>,
-) -> Result<ApiJson<Value>, ApiError> {
+) -> Result<ApiJson<ConversationList>, ApiError> {
     let filter = ListFilter {
         contact_id: q.contact_id.map(parse_contact).transpose()?,
         state: q
@@ -239,21 +323,29 @@ async fn list(
             .transpose()?,
         limit: q.limit,
     };
-    let items: Vec<InstanceView> = state
+    let items = state
         .index
         .list(&product, &filter)
         .await?
         .into_iter()
-        .map(InstanceView::from)
+        .map(ConversationInstance::from)
         .collect();
-    Ok(ApiJson(serde_json::json!({ "items": items })))
+    Ok(ApiJson(ConversationList { items }))
 }
 
+/// A conversation instance and its transcript.
+#[utoipa::path(
+    get,
+    path = "/products/{product_id}/conversations/{id}",
+    tag = "conversations",
+    params(ConversationPath),
+    responses((status = 200, description = "The instance.", body = ConversationView), ReadProblems),
+)]
 async fn fetch(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<ApiJson<View>, ApiError> {
+    Path(ConversationPath { id, .. }): Path<ConversationPath>,
+) -> Result<ApiJson<ConversationView>, ApiError> {
     let key = parse_key(&product, &id)?;
     let conversation = state
         .store
@@ -261,32 +353,61 @@ async fn fetch(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no conversation {}", key.instance_id)))?;
     let transcript = state.index.transcript(&key).await?;
-    Ok(ApiJson(View {
+    Ok(ApiJson(ConversationView {
         conversation: conversation.into(),
         transcript,
     }))
 }
 
+/// The contact's reply to a conversation. Awaited (`WAITING_FOR_REPLY`,
+/// `HEARTBEAT_SCHEDULED`), it queues an agent turn; otherwise it is only
+/// added to the transcript (a paused conversation takes it up on `resume`;
+/// an ended one records it as a late reply).
+#[utoipa::path(
+    post,
+    path = "/products/{product_id}/conversations/{id}/replies",
+    tag = "conversations",
+    params(ConversationPath),
+    request_body = TextBody,
+    responses(
+        (status = 200, description = "The reply was recorded.", body = ConversationCommandView),
+        CommandProblems,
+    ),
+)]
 async fn reply(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, id)): Path<(String, String)>,
+    Path(ConversationPath { id, .. }): Path<ConversationPath>,
     ApiJson(body): ApiJson<TextBody>,
-) -> Result<ApiJson<CommandView>, ApiError> {
+) -> Result<ApiJson<ConversationCommandView>, ApiError> {
     let key = parse_key(&product, &id)?;
     check_text(&body.text)?;
     let command = ConversationCommand::ContactReply { text: body.text };
     Ok(ApiJson(service::run(&state, &key, command).await?.into()))
 }
 
-/// A reply addressed to a contact goes to the instance holding it, else to
-/// the contact's newest instance.
+/// A reply from a contact, for the conversation that holds the contact, or
+/// else the contact's newest one; then as a reply to that conversation.
+#[utoipa::path(
+    post,
+    path = "/products/{product_id}/contacts/{contact_id}/replies",
+    tag = "conversations",
+    params(ContactPath),
+    request_body = TextBody,
+    responses(
+        (status = 200, description = "The reply was recorded.", body = ConversationCommandView),
+        CommandProblems,
+    ),
+)]
 async fn contact_reply(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, contact)): Path<(String, String)>,
+    Path(ContactPath {
+        contact_id: contact,
+        ..
+    }): Path<ContactPath>,
     ApiJson(body): ApiJson<TextBody>,
-) -> Result<ApiJson<CommandView>, ApiError> {
+) -> Result<ApiJson<ConversationCommandView>, ApiError> {
     check_text(&body.text)?;
     let contact = parse_contact(contact)?;
     let filter = ListFilter {
@@ -317,57 +438,116 @@ async fn operator(
     product: &ProductId,
     raw_id: &str,
     command: ConversationCommand,
-) -> Result<ApiJson<CommandView>, ApiError> {
+) -> Result<ApiJson<ConversationCommandView>, ApiError> {
     let key = parse_key(product, raw_id)?;
     Ok(ApiJson(service::run(state, &key, command).await?.into()))
 }
 
+/// Pauses a conversation that has not ended: its state and the time left on
+/// its heartbeat are kept for `resume`.
+#[utoipa::path(
+    post,
+    path = "/products/{product_id}/conversations/{id}/pause",
+    tag = "conversations",
+    params(ConversationPath),
+    responses(
+        (status = 200, description = "The instance is paused.", body = ConversationCommandView),
+        StateProblems,
+    ),
+)]
 async fn pause(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<ApiJson<CommandView>, ApiError> {
+    Path(ConversationPath { id, .. }): Path<ConversationPath>,
+) -> Result<ApiJson<ConversationCommandView>, ApiError> {
     operator(&state, &product, &id, ConversationCommand::Pause).await
 }
 
+/// Resumes a paused conversation in the state it was paused in (waiting for
+/// the agent when the contact replied meanwhile), or hands a conversation
+/// that needs a person back to the agent (`ACTIVE`).
+#[utoipa::path(
+    post,
+    path = "/products/{product_id}/conversations/{id}/resume",
+    tag = "conversations",
+    params(ConversationPath),
+    responses(
+        (status = 200, description = "The instance is resumed.", body = ConversationCommandView),
+        StateProblems,
+    ),
+)]
 async fn resume(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<ApiJson<CommandView>, ApiError> {
+    Path(ConversationPath { id, .. }): Path<ConversationPath>,
+) -> Result<ApiJson<ConversationCommandView>, ApiError> {
     operator(&state, &product, &id, ConversationCommand::Resume).await
 }
 
+/// Cancels a conversation that has not ended: it ends `FAILED` with
+/// `end_reason` `cancelled`, and the contact's next queued conversation
+/// starts.
+#[utoipa::path(
+    post,
+    path = "/products/{product_id}/conversations/{id}/cancel",
+    tag = "conversations",
+    params(ConversationPath),
+    responses(
+        (status = 200, description = "The instance is cancelled.", body = ConversationCommandView),
+        StateProblems,
+    ),
+)]
 async fn cancel(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<ApiJson<CommandView>, ApiError> {
+    Path(ConversationPath { id, .. }): Path<ConversationPath>,
+) -> Result<ApiJson<ConversationCommandView>, ApiError> {
     operator(&state, &product, &id, ConversationCommand::Cancel).await
 }
 
+/// Sends an operator's message to the contact, while the conversation
+/// waits for a reply or needs a person (which hands it back to the agent).
+#[utoipa::path(
+    post,
+    path = "/products/{product_id}/conversations/{id}/send",
+    tag = "conversations",
+    params(ConversationPath),
+    request_body = TextBody,
+    responses(
+        (status = 200, description = "The message is queued for delivery.", body = ConversationCommandView),
+        CommandProblems,
+    ),
+)]
 async fn send(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, id)): Path<(String, String)>,
+    Path(ConversationPath { id, .. }): Path<ConversationPath>,
     ApiJson(body): ApiJson<TextBody>,
-) -> Result<ApiJson<CommandView>, ApiError> {
+) -> Result<ApiJson<ConversationCommandView>, ApiError> {
     let key = parse_key(&product, &id)?;
     let command = ConversationCommand::OperatorSend { text: body.text };
     Ok(ApiJson(service::run(&state, &key, command).await?.into()))
 }
 
+/// The conversation's transitions, oldest first (the first 1,000).
+#[utoipa::path(
+    get,
+    path = "/products/{product_id}/conversations/{id}/audit",
+    tag = "conversations",
+    params(ConversationPath),
+    responses((status = 200, description = "The audit trail.", body = ConversationAudit), ReadProblems),
+)]
 async fn audit(
     State(state): State<Conversations>,
     Tenant(product): Tenant,
-    Path((_, id)): Path<(String, String)>,
-) -> Result<ApiJson<Value>, ApiError> {
+    Path(ConversationPath { id, .. }): Path<ConversationPath>,
+) -> Result<ApiJson<ConversationAudit>, ApiError> {
     let key = parse_key(&product, &id)?;
     let id = key.instance_id;
     if state.store.load(&key).await?.is_none() {
         return Err(ApiError::not_found(format!("no conversation {id}")));
     }
-    let items: Vec<AuditRecord> = state
+    let items = state
         .shared
         .audit
         .list(
@@ -378,9 +558,8 @@ async fn audit(
             1000,
         )
         .await?;
-    Ok(ApiJson(serde_json::json!({ "items": items })))
+    Ok(ApiJson(ConversationAudit { items }))
 }
-
 #[cfg(test)]
 mod tests {
     use parlance_core::NotAllowed;

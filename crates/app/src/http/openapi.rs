@@ -216,6 +216,16 @@ impl IntoResponses for CommandProblems {
     }
 }
 
+/// The error answers of a command without a body (`pause`, a flow's
+/// `start_session` by `GET`): a read's, and a state that may not allow it.
+pub(crate) struct StateProblems;
+
+impl IntoResponses for StateProblems {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        problems(&[ANY, CONFLICT].concat())
+    }
+}
+
 /// The error answers of a write without a state machine behind it (a
 /// catalog or plan put).
 pub(crate) struct PutProblems;

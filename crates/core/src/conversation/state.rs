@@ -10,6 +10,7 @@ use crate::table::{Edge, TransitionTable};
 /// Where a conversation instance is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ConversationState {
     /// Created; the agent has not yet sent its first message.
     Created,
