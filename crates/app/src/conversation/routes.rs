@@ -250,6 +250,7 @@ fn parse_contact(raw: String) -> Result<ContactId, ApiError> {
 #[utoipa::path(
     post,
     path = "/products/{product_id}/conversations",
+    operation_id = "create_conversation",
     tag = "conversations",
     params(crate::http::openapi::ProductPath),
     request_body = CreateBody,
@@ -303,6 +304,7 @@ async fn create(
 #[utoipa::path(
     get,
     path = "/products/{product_id}/conversations",
+    operation_id = "list_conversations",
     tag = "conversations",
     params(crate::http::openapi::ProductPath, ListQuery),
     responses((status = 200, description = "The instances.", body = ConversationList), ReadProblems),
@@ -337,6 +339,7 @@ async fn list(
 #[utoipa::path(
     get,
     path = "/products/{product_id}/conversations/{id}",
+    operation_id = "get_conversation",
     tag = "conversations",
     params(ConversationPath),
     responses((status = 200, description = "The instance.", body = ConversationView), ReadProblems),
@@ -366,6 +369,7 @@ async fn fetch(
 #[utoipa::path(
     post,
     path = "/products/{product_id}/conversations/{id}/replies",
+    operation_id = "post_conversation_reply",
     tag = "conversations",
     params(ConversationPath),
     request_body = TextBody,
@@ -391,6 +395,7 @@ async fn reply(
 #[utoipa::path(
     post,
     path = "/products/{product_id}/contacts/{contact_id}/replies",
+    operation_id = "post_contact_reply",
     tag = "conversations",
     params(ContactPath),
     request_body = TextBody,
@@ -448,6 +453,7 @@ async fn operator(
 #[utoipa::path(
     post,
     path = "/products/{product_id}/conversations/{id}/pause",
+    operation_id = "pause_conversation",
     tag = "conversations",
     params(ConversationPath),
     responses(
@@ -469,6 +475,7 @@ async fn pause(
 #[utoipa::path(
     post,
     path = "/products/{product_id}/conversations/{id}/resume",
+    operation_id = "resume_conversation",
     tag = "conversations",
     params(ConversationPath),
     responses(
@@ -490,6 +497,7 @@ async fn resume(
 #[utoipa::path(
     post,
     path = "/products/{product_id}/conversations/{id}/cancel",
+    operation_id = "cancel_conversation",
     tag = "conversations",
     params(ConversationPath),
     responses(
@@ -510,6 +518,7 @@ async fn cancel(
 #[utoipa::path(
     post,
     path = "/products/{product_id}/conversations/{id}/send",
+    operation_id = "send_conversation_message",
     tag = "conversations",
     params(ConversationPath),
     request_body = TextBody,
@@ -533,6 +542,7 @@ async fn send(
 #[utoipa::path(
     get,
     path = "/products/{product_id}/conversations/{id}/audit",
+    operation_id = "get_conversation_audit",
     tag = "conversations",
     params(ConversationPath),
     responses((status = 200, description = "The audit trail.", body = ConversationAudit), ReadProblems),

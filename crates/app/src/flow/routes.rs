@@ -3,30 +3,76 @@
 
 use std::sync::Arc;
 
-use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::routing::{get, post};
 use parlance_core::ProductId;
-use parlance_core::flow::{ClientEvent, Flow, FlowError, FlowKey, FlowRecord, FlowSessionId};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use parlance_core::flow::{
+    ClientEvent, Flow, FlowError, FlowKey, FlowRecord, FlowSessionId, StateKind,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::{OpenApi, Ref};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::Flows;
 use super::service::{AiResponse, TaskState};
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
+use crate::http::openapi::{CommandProblems, Problem, ReadProblems, StateProblems};
 use crate::http::{ApiError, ApiJson};
 
 /// The flow routes.
-pub fn routes() -> Router<Flows> {
-    Router::new()
-        .route("/ai/{flow}/start_session", get(start_get).post(start_post))
-        .route("/ai/{flow}/event", post(event))
-        .route("/ai/{flow}/task_state/{session_id}", get(task_state))
-        .route("/ai/{flow}/model/{session_id}", get(model))
-        .route("/products/{product_id}/flows", get(list))
+pub fn routes() -> OpenApiRouter<Flows> {
+    let mut router = OpenApiRouter::new()
+        .routes(routes!(start_get, start_post))
+        .routes(routes!(event))
+        .routes(routes!(task_state))
+        .routes(routes!(model))
+        .routes(routes!(list));
+    start_body_not_nullable(router.get_openapi_mut());
+    router
+}
+
+/// utoipa says a request body is optional only when its type is an
+/// `Option`, and then also lets it be JSON `null`, which `start_session`
+/// refuses (422, as every body that is not an object). This keeps the body
+/// optional and describes it as the object alone.
+fn start_body_not_nullable(doc: &mut OpenApi) {
+    let content = doc
+        .paths
+        .paths
+        .get_mut("/ai/{flow}/start_session")
+        .and_then(|item| item.post.as_mut())
+        .and_then(|op| op.request_body.as_mut())
+        .and_then(|body| body.content.get_mut("application/json"));
+    if let Some(content) = content {
+        content.schema = Some(Ref::from_schema_name(StartBody::name()).into());
+    }
+}
+
+/// The path of a flow's routes. The flow is looked up by the handler: an
+/// unknown name answers 404.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct FlowPath {
+    /// The flow's name, as loaded with `--flows`.
+    #[param(example = "qa")]
+    flow: String,
+}
+
+/// The path of one flow session. The id is checked by the handler: one the
+/// service cannot have issued names no session, so it answers 404.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+struct FlowSessionPath {
+    /// The flow's name, as loaded with `--flows`.
+    #[param(example = "qa")]
+    flow: String,
+    /// The session, as `start_session` answered it.
+    #[param(value_type = FlowSessionId)]
+    session_id: String,
 }
 
 /// The answer to a flow call that failed: one answer per meaning, as for
@@ -78,55 +124,122 @@ fn key(product: ProductId, id: &str) -> Result<FlowKey, ApiError> {
         .map_err(|_| ApiError::not_found(format!("no session `{id}` in this flow")))
 }
 
-/// The optional body of `start_session`.
-#[derive(Debug, Default, Deserialize)]
+/// The optional body of `start_session`: accepted for compatibility with
+/// the reference, and unused.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[schema(as = FlowStart)]
 struct StartBody {
+    /// Anything; sessions keep no user info.
     #[allow(dead_code)] // accepted for compatibility; sessions keep no user info
     user_info: Option<Value>,
+    /// Ignored; flows have no seed hook.
     #[allow(dead_code)] // accepted for compatibility; flows have no seed hook
     seed_data: Option<String>,
 }
 
+/// Starts a session of the flow in its initial state, and answers the
+/// greeting.
+#[utoipa::path(
+    get,
+    path = "/ai/{flow}/start_session",
+    operation_id = "start_flow_session",
+    tag = "flows",
+    params(FlowPath),
+    responses(
+        (status = 200, description = "The new session.", body = AiResponse),
+        StateProblems,
+    ),
+)]
 async fn start_get(
     State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path(name): Path<String>,
-) -> Result<Json<AiResponse>, ApiError> {
+    Path(FlowPath { flow: name }): Path<FlowPath>,
+) -> Result<ApiJson<AiResponse>, ApiError> {
     let flow = flow(&state, &name)?;
     state
         .start_session(&product, &flow)
         .await
-        .map(Json)
+        .map(ApiJson)
         .map_err(|e| answer(e, None))
 }
 
+/// Starts a session of the flow, as `GET` does. The body is optional and of
+/// any content type; when present it must be a JSON object of this shape,
+/// else 422.
+#[utoipa::path(
+    post,
+    path = "/ai/{flow}/start_session",
+    operation_id = "post_start_flow_session",
+    tag = "flows",
+    params(FlowPath),
+    request_body(
+        content = Option<StartBody>,
+        description = "Optional; accepted for compatibility and unused.",
+        content_type = "application/json",
+    ),
+    responses(
+        (status = 200, description = "The new session.", body = AiResponse),
+        (
+            status = 413,
+            description = "The body is over the limit (`payload-too-large`).",
+            content_type = "application/problem+json",
+            body = Problem,
+        ),
+        StateProblems,
+    ),
+)]
 async fn start_post(
     State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path(flow): Path<String>,
+    Path(path): Path<FlowPath>,
     body: Bytes,
-) -> Result<Json<AiResponse>, ApiError> {
+) -> Result<ApiJson<AiResponse>, ApiError> {
     if !body.iter().all(u8::is_ascii_whitespace) {
         serde_json::from_slice::<StartBody>(&body)
             .map_err(|e| ApiError::unprocessable(format!("bad start_session body: {e}")))?;
     }
-    start_get(State(state), Tenant(product), Path(flow)).await
+    start_get(State(state), Tenant(product), Path(path)).await
 }
 
-/// `POST /event` body; every field is required, as in the reference.
-#[derive(Debug, Deserialize)]
+/// An event for a session; every member is required, as in the reference.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = FlowEvent)]
 struct EventBody {
+    /// The session, as `start_session` answered it (an unknown one answers
+    /// 404).
+    #[schema(value_type = FlowSessionId)]
     session_id: String,
+    /// `poll`, `cancel`, `retry`, or one of the flow's events (see
+    /// `next_actions`).
+    #[schema(example = "user_input")]
     event: String,
+    /// The user's input (empty for `poll`, `cancel` and `retry`).
     event_input: String,
 }
 
+/// Sends an event to a session: `poll` reads progress or the latest
+/// response and changes nothing; `cancel` stops the running task graph and
+/// returns to the last user state; `retry` runs the task graph of a state
+/// whose run failed again; any other event is the flow's, fired with
+/// `event_input`.
+#[utoipa::path(
+    post,
+    path = "/ai/{flow}/event",
+    operation_id = "post_flow_event",
+    tag = "flows",
+    params(FlowPath),
+    request_body = EventBody,
+    responses(
+        (status = 200, description = "The session after the event.", body = AiResponse),
+        CommandProblems,
+    ),
+)]
 async fn event(
     State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path(name): Path<String>,
+    Path(FlowPath { flow: name }): Path<FlowPath>,
     ApiJson(body): ApiJson<EventBody>,
-) -> Result<Json<AiResponse>, ApiError> {
+) -> Result<ApiJson<AiResponse>, ApiError> {
     let flow = flow(&state, &name)?;
     let key = key(product, &body.session_id)?;
     state
@@ -137,55 +250,137 @@ async fn event(
             &body.event_input,
         )
         .await
-        .map(Json)
+        .map(ApiJson)
         .map_err(|e| answer(e, Some(&key.session_id)))
 }
 
+/// Whether a session is ready for its next event (no task graph runs), and
+/// which events it takes.
+#[utoipa::path(
+    get,
+    path = "/ai/{flow}/task_state/{session_id}",
+    operation_id = "get_flow_task_state",
+    tag = "flows",
+    params(FlowSessionPath),
+    responses((status = 200, description = "The session's readiness.", body = TaskState), ReadProblems),
+)]
 async fn task_state(
     State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path((name, session_id)): Path<(String, String)>,
-) -> Result<Json<TaskState>, ApiError> {
+    Path(FlowSessionPath {
+        flow: name,
+        session_id,
+    }): Path<FlowSessionPath>,
+) -> Result<ApiJson<TaskState>, ApiError> {
     let flow = flow(&state, &name)?;
     let key = key(product, &session_id)?;
     state
         .task_state(&key, &flow)
         .await
-        .map(Json)
+        .map(ApiJson)
         .map_err(|e| answer(e, Some(&key.session_id)))
 }
 
+/// The session's state, model and dialogue, as a JSON string in `response`.
+#[utoipa::path(
+    get,
+    path = "/ai/{flow}/model/{session_id}",
+    operation_id = "get_flow_model",
+    tag = "flows",
+    params(FlowSessionPath),
+    responses(
+        (
+            status = 200,
+            description = "The session; `response` is a JSON object as a string: the session's \
+                           state, model fields, errors and running task graph, with `dialogue` \
+                           and `version`.",
+            body = AiResponse,
+        ),
+        ReadProblems,
+    ),
+)]
 async fn model(
     State(state): State<Flows>,
     Tenant(product): Tenant,
-    Path((name, session_id)): Path<(String, String)>,
-) -> Result<Json<AiResponse>, ApiError> {
+    Path(FlowSessionPath {
+        flow: name,
+        session_id,
+    }): Path<FlowSessionPath>,
+) -> Result<ApiJson<AiResponse>, ApiError> {
     let flow = flow(&state, &name)?;
     let key = key(product, &session_id)?;
     state
         .model(&key, &flow)
         .await
-        .map(Json)
+        .map(ApiJson)
         .map_err(|e| answer(e, Some(&key.session_id)))
 }
 
-async fn list(State(state): State<Flows>, Tenant(_product): Tenant) -> Json<Value> {
-    let flows: Vec<Value> = state
+/// The loaded flows.
+#[derive(Debug, Serialize, ToSchema)]
+struct FlowList {
+    /// The flows, by name.
+    flows: Vec<FlowSummary>,
+}
+
+// The members below are in alphabetical order: the order the answer had
+// when it was built as a `serde_json::Value`, so its bytes are unchanged.
+
+/// One loaded flow.
+#[derive(Debug, Serialize, ToSchema)]
+struct FlowSummary {
+    /// A human description.
+    description: String,
+    /// The initial state.
+    initial: Option<String>,
+    /// The flow's name, its key in `/v1/ai/{flow}`.
+    name: String,
+    /// Its states, in declaration order.
+    states: Vec<FlowStateSummary>,
+}
+
+/// One state of a flow.
+#[derive(Debug, Serialize, ToSchema)]
+struct FlowStateSummary {
+    /// The events that leave it, in declaration order.
+    events: Vec<String>,
+    /// The state's id.
+    id: String,
+    /// `user` (waits for the user) or `invoker` (runs a task graph).
+    kind: StateKind,
+}
+
+/// The flows loaded with `--flows`, with their states and the events that
+/// leave each.
+#[utoipa::path(
+    get,
+    path = "/products/{product_id}/flows",
+    operation_id = "list_flows",
+    tag = "flows",
+    params(crate::http::openapi::ProductPath),
+    responses((status = 200, description = "The loaded flows.", body = FlowList), ReadProblems),
+)]
+async fn list(State(state): State<Flows>, Tenant(_product): Tenant) -> ApiJson<FlowList> {
+    let flows = state
         .catalog()
         .iter()
         .map(|f| {
             let def = f.def();
-            json!({
-                "name": def.name,
-                "description": def.description,
-                "initial": def.initial,
-                "states": def.states.iter().map(|s| json!({
-                    "id": s.id,
-                    "kind": s.kind.as_str(),
-                    "events": f.events_from(&s.id),
-                })).collect::<Vec<_>>(),
-            })
+            FlowSummary {
+                name: def.name.clone(),
+                description: def.description.clone(),
+                initial: def.initial.clone(),
+                states: def
+                    .states
+                    .iter()
+                    .map(|s| FlowStateSummary {
+                        id: s.id.clone(),
+                        kind: s.kind,
+                        events: f.events_from(&s.id),
+                    })
+                    .collect(),
+            }
         })
         .collect();
-    Json(json!({ "flows": flows }))
+    ApiJson(FlowList { flows })
 }

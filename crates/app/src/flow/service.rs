@@ -26,7 +26,7 @@ use super::invoker::{Invoker, Invokers};
 use crate::execute::{Executed, Executor, ServiceError};
 
 /// Progress as the reference's clients read it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct AiProgress {
     /// Tasks counted so far in the running invoker chain.
     pub total_number_of_subtasks: i64,
@@ -37,7 +37,7 @@ pub struct AiProgress {
 }
 
 /// The reference's `AIResponse`, plus typed errors.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct AiResponse {
     /// The session.
     pub session_id: String,
@@ -54,7 +54,8 @@ pub struct AiResponse {
 }
 
 /// The reference's `task_state` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = FlowTaskState)]
 pub struct TaskState {
     /// What the client may send next (empty while a DAG runs).
     pub next_actions: Vec<String>,

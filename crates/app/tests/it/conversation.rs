@@ -23,7 +23,7 @@ use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, keys, spawn_worker, url_for, wait_until};
+use crate::support::{TestServer, assert_documented, keys, spawn_worker, url_for, wait_until};
 
 const BASE: &str = "/v1/products/acme/conversations";
 
@@ -299,6 +299,103 @@ async fn one_contact_one_active_conversation_and_operator_commands() {
         .await;
     assert_eq!(status, StatusCode::OK);
     snapshot!("conversation_audit", &audit);
+}
+
+/// Every answer of the conversation routes is the one the API document
+/// describes: its members documented, the required ones present, and each
+/// command declaring the 409 its state may answer.
+#[tokio::test]
+async fn every_answer_is_the_one_the_document_describes() {
+    let f = Fixture::new(OfflineLlm::new()).await;
+    let (status, _, doc) = f
+        .server
+        .send(Method::GET, "/openapi.json", None, false)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let one = "/v1/products/{product_id}/conversations/{id}";
+    let check = |method: &str, path: &str, status: u16, body: &Value| {
+        assert_documented(&doc, method, path, status, body);
+    };
+
+    let created = f
+        .create(
+            "+15550009",
+            json!({"metadata": {"crm": 7}, "todos": [{"text": "confirm", "done": true}]}),
+        )
+        .await;
+    check(
+        "post",
+        "/v1/products/{product_id}/conversations",
+        201,
+        &created,
+    );
+    let first = id_of(&created);
+    let second = id_of(&f.create("+15550009", json!({})).await);
+    f.drain().await;
+
+    let (_, list) = f.send(Method::GET, BASE, None).await;
+    check("get", "/v1/products/{product_id}/conversations", 200, &list);
+    let (_, replied) = f
+        .send(
+            Method::POST,
+            &format!("{BASE}/{first}/replies"),
+            Some(json!({"text": "which day?"})),
+        )
+        .await;
+    assert!(!replied["transitions"].as_array().unwrap().is_empty());
+    check("post", &format!("{one}/replies"), 200, &replied);
+    f.drain().await;
+    for command in ["pause", "resume"] {
+        let (status, body) = f
+            .send(Method::POST, &format!("{BASE}/{first}/{command}"), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        check("post", &format!("{one}/{command}"), 200, &body);
+    }
+    let (_, sent) = f
+        .send(
+            Method::POST,
+            &format!("{BASE}/{first}/send"),
+            Some(json!({"text": "Hi, a human here."})),
+        )
+        .await;
+    check("post", &format!("{one}/send"), 200, &sent);
+    let (_, cancelled) = f
+        .send(Method::POST, &format!("{BASE}/{first}/cancel"), None)
+        .await;
+    assert_eq!(cancelled["promoted"]["instance_id"], second.as_str());
+    check("post", &format!("{one}/cancel"), 200, &cancelled);
+    let (_, contact) = f
+        .send(
+            Method::POST,
+            "/v1/products/acme/contacts/+15550009/replies",
+            Some(json!({"text": "hello?"})),
+        )
+        .await;
+    check(
+        "post",
+        "/v1/products/{product_id}/contacts/{contact_id}/replies",
+        200,
+        &contact,
+    );
+    f.drain().await;
+    let (_, view) = f.send(Method::GET, &format!("{BASE}/{second}"), None).await;
+    assert!(!view["transcript"].as_array().unwrap().is_empty());
+    check("get", one, 200, &view);
+    let (_, audit) = f
+        .send(Method::GET, &format!("{BASE}/{first}/audit"), None)
+        .await;
+    check("get", &format!("{one}/audit"), 200, &audit);
+
+    let created = &doc["paths"]["/v1/products/{product_id}/conversations"]["post"]["responses"];
+    assert!(created.get("201").is_some() && created.get("200").is_none());
+    for command in ["pause", "resume", "cancel", "send", "replies"] {
+        let op = &doc["paths"][format!("{one}/{command}")]["post"];
+        assert!(
+            op["responses"]["409"].is_object(),
+            "{command} declares no 409"
+        );
+    }
 }
 
 #[tokio::test]

@@ -29,7 +29,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::support::{KEY, TestServer, keys};
+use crate::support::{KEY, TestServer, assert_documented, keys};
 
 /// Echoes the rendered text once a permit is released.
 struct Gated(Arc<Semaphore>);
@@ -497,6 +497,83 @@ async fn keeps_reference_paths_and_response_shapes() {
         StatusCode::NOT_FOUND,
         "another product's flows do not exist"
     );
+}
+
+/// Every answer of the flow routes is the one the API document describes,
+/// and `start_session`'s body is documented as optional and an object.
+#[tokio::test]
+async fn every_answer_is_the_one_the_document_describes() {
+    let f = fixture(None).await;
+    let (status, _, doc) = f
+        .server
+        .send(Method::GET, "/openapi.json", None, false)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let check = |method: &str, path: &str, body: &Value| {
+        assert_documented(&doc, method, path, 200, body);
+    };
+    let start = "/v1/ai/{flow}/start_session";
+    let (_, _, started) = f
+        .server
+        .send(Method::GET, "/v1/ai/qa/start_session", None, true)
+        .await;
+    check("get", start, &started);
+    let (status, _, started) = f
+        .server
+        .send(
+            Method::POST,
+            "/v1/ai/qa/start_session",
+            Some(&json!({"user_info": {"name": "Ada"}, "seed_data": "x"})),
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{started}");
+    check("post", start, &started);
+    let sid = started["session_id"].as_str().unwrap().to_owned();
+    let (_, asked) = f.event("qa", &sid, "user_input", "What is Rust?").await;
+    assert!(asked["progress"].is_object(), "{asked}");
+    check("post", "/v1/ai/{flow}/event", &asked);
+    let answered = f
+        .poll_until("qa", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    check("post", "/v1/ai/{flow}/event", &answered);
+    let (_, _, ts) = f
+        .server
+        .send(
+            Method::GET,
+            &format!("/v1/ai/qa/task_state/{sid}"),
+            None,
+            true,
+        )
+        .await;
+    check("get", "/v1/ai/{flow}/task_state/{session_id}", &ts);
+    let (_, _, model) = f
+        .server
+        .send(Method::GET, &format!("/v1/ai/qa/model/{sid}"), None, true)
+        .await;
+    check("get", "/v1/ai/{flow}/model/{session_id}", &model);
+    let (_, _, list) = f
+        .server
+        .send(Method::GET, "/v1/products/acme/flows", None, true)
+        .await;
+    check("get", "/v1/products/{product_id}/flows", &list);
+
+    let body = &doc["paths"][start]["post"]["requestBody"];
+    assert_ne!(body["required"], true, "the body is optional");
+    assert_eq!(
+        body["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/FlowStart",
+        "an object, not null"
+    );
+    let (status, _, refused) = f
+        .server
+        .send(
+            Method::POST,
+            "/v1/ai/qa/start_session",
+            Some(&Value::Null),
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
 }
 
 #[tokio::test]

@@ -190,3 +190,82 @@ pub(crate) async fn register_request_callsites() {
     assert!(res.status().is_success());
     tracing::callsite::rebuild_interest_cache();
 }
+/// Checks `body`, the answer `status` to `method path`, against the schema
+/// the API document `doc` gives it: every member the body has is documented,
+/// and every member documented as required is there, in nested objects and
+/// array items too. A schema is followed through `$ref`, `allOf` and the
+/// non-null alternative of a `oneOf`; member types are not checked. (No
+/// JSON Schema validator is a dependency; this is what the tests need.)
+pub(crate) fn assert_documented(doc: &Value, method: &str, path: &str, status: u16, body: &Value) {
+    let schema = &doc["paths"][path][method]["responses"][status.to_string()]["content"]["application/json"]
+        ["schema"];
+    assert!(
+        schema.is_object(),
+        "{method} {path} documents no JSON answer {status}"
+    );
+    check_members(doc, schema, body, &format!("{method} {path} {status}"));
+fn resolve<'d>(doc: &'d Value, schema: &'d Value) -> &'d Value {
+    match schema["$ref"].as_str() {
+        Some(r) => {
+            let name = r.trim_start_matches("#/components/schemas/");
+            let target = &doc["components"]["schemas"][name];
+            assert!(target.is_object(), "{r} is not in the document");
+            resolve(doc, target)
+        }
+        None => schema,
+/// The properties and required members of an object schema, merged over
+/// `allOf`.
+fn members<'d>(doc: &'d Value, schema: &'d Value) -> (Vec<(&'d str, &'d Value)>, Vec<&'d str>) {
+    let schema = resolve(doc, schema);
+    let mut props: Vec<(&str, &Value)> = schema["properties"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| (k.as_str(), v)).collect())
+        .unwrap_or_default();
+    let mut required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    for part in schema["allOf"].as_array().into_iter().flatten() {
+        let (p, r) = members(doc, part);
+        props.extend(p);
+        required.extend(r);
+    (props, required)
+fn check_members(doc: &Value, schema: &Value, value: &Value, at: &str) {
+    let schema = resolve(doc, schema);
+    if let Some(alternatives) = schema["oneOf"].as_array() {
+        if value.is_null() {
+            return;
+        }
+        let non_null: Vec<&Value> = alternatives
+            .iter()
+            .filter(|a| a["type"] != "null")
+            .collect();
+        if let [only] = non_null[..] {
+            return check_members(doc, only, value, at);
+        }
+        return;
+    match value {
+        Value::Object(map) => {
+            let (props, required) = members(doc, schema);
+            if props.is_empty() {
+                return; // a free-form object
+            }
+            for (key, member) in map {
+                let Some((_, s)) = props.iter().find(|(k, _)| k == key) else {
+                    panic!("{at}: member `{key}` is not documented");
+                };
+                check_members(doc, s, member, &format!("{at}.{key}"));
+            }
+            for key in required {
+                assert!(
+                    map.contains_key(key),
+                    "{at}: required member `{key}` is missing"
+                );
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                check_members(doc, &schema["items"], item, &format!("{at}[{i}]"));
+            }
+        }
+        _ => {}

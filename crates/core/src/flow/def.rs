@@ -13,6 +13,7 @@ use super::dialogue::Persistence;
 /// What a state does once entered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = FlowStateKind))]
 pub enum StateKind {
     /// Render the template, then wait for the user.
     User,

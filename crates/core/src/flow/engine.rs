@@ -98,6 +98,7 @@ struct Hook {
 /// A task failure recorded on the session; the list is cleared by the next
 /// successful transition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = FlowTaskError))]
 pub struct TaskError {
     /// The DAG run that failed.
     pub invocation_id: String,
