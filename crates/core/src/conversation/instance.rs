@@ -16,7 +16,7 @@ pub const DEFAULT_MAX_FOLLOW_UPS: u32 = 5;
 /// Who wrote a transcript message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = ConversationRole))]
 pub enum Role {
     /// The AI agent.
     Agent,
@@ -29,7 +29,7 @@ pub enum Role {
 /// One transcript entry. The transcript is append-only: no message is ever
 /// dropped or changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = ConversationMessage))]
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
@@ -45,7 +45,7 @@ pub struct Message {
 
 /// A checklist item the agent works through.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = ConversationTodo))]
 pub struct Todo {
     /// What must be done.
     pub text: String,
@@ -79,7 +79,7 @@ pub struct NewInstance {
 
 /// One conversation instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = ConversationRecord))]
 pub struct Instance {
     /// The tenant.
     pub product_id: ProductId,
