@@ -190,6 +190,7 @@ pub(crate) async fn register_request_callsites() {
     assert!(res.status().is_success());
     tracing::callsite::rebuild_interest_cache();
 }
+
 /// Checks `body`, the answer `status` to `method path`, against the schema
 /// the API document `doc` gives it: every member the body has is documented,
 /// and every member documented as required is there, in nested objects and
@@ -204,6 +205,8 @@ pub(crate) fn assert_documented(doc: &Value, method: &str, path: &str, status: u
         "{method} {path} documents no JSON answer {status}"
     );
     check_members(doc, schema, body, &format!("{method} {path} {status}"));
+}
+
 fn resolve<'d>(doc: &'d Value, schema: &'d Value) -> &'d Value {
     match schema["$ref"].as_str() {
         Some(r) => {
@@ -213,6 +216,9 @@ fn resolve<'d>(doc: &'d Value, schema: &'d Value) -> &'d Value {
             resolve(doc, target)
         }
         None => schema,
+    }
+}
+
 /// The properties and required members of an object schema, merged over
 /// `allOf`.
 fn members<'d>(doc: &'d Value, schema: &'d Value) -> (Vec<(&'d str, &'d Value)>, Vec<&'d str>) {
@@ -229,7 +235,10 @@ fn members<'d>(doc: &'d Value, schema: &'d Value) -> (Vec<(&'d str, &'d Value)>,
         let (p, r) = members(doc, part);
         props.extend(p);
         required.extend(r);
+    }
     (props, required)
+}
+
 fn check_members(doc: &Value, schema: &Value, value: &Value, at: &str) {
     let schema = resolve(doc, schema);
     if let Some(alternatives) = schema["oneOf"].as_array() {
@@ -244,6 +253,7 @@ fn check_members(doc: &Value, schema: &Value, value: &Value, at: &str) {
             return check_members(doc, only, value, at);
         }
         return;
+    }
     match value {
         Value::Object(map) => {
             let (props, required) = members(doc, schema);
@@ -269,3 +279,5 @@ fn check_members(doc: &Value, schema: &Value, value: &Value, at: &str) {
             }
         }
         _ => {}
+    }
+}
