@@ -513,7 +513,7 @@ fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
         .merge(OpenApiRouter::from(adoption::routes()).with_state(state.adoption.clone()))
         .merge(conversation::routes().with_state(state.conversations.clone()))
         .merge(flow::routes().with_state(state.flows.clone()))
-        .merge(OpenApiRouter::from(agent::routes()).with_state(state.agent.clone()))
+        .merge(agent::routes().with_state(state.agent.clone()))
         .split_for_parts();
     let v1 = v1
         .fallback(http::not_found)

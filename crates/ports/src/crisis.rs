@@ -84,6 +84,7 @@ pub fn split_crisis_entries<'d>(
 
 /// One assessment to record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CrisisLogEntry {
     /// The tenant.
     pub product_id: ProductId,
@@ -105,6 +106,7 @@ pub struct CrisisLogEntry {
 
 /// A recorded assessment with its position in the log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CrisisLogRecord {
     /// Strictly increasing per log.
     pub seq: i64,

@@ -13,6 +13,7 @@ use parlance_core::{IdError, ProductId, StructuredError, parse_structured};
 use parlance_ports::{CompletionRequest, LlmError, Message as LlmMessage, PortError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+use utoipa::ToSchema;
 
 use super::Agent;
 use super::stages::{AgentContext, embed, runner};
@@ -51,7 +52,7 @@ pub(super) enum AgentError {
 }
 
 /// The public input of a turn.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct AgentInput {
     /// The user's message.
@@ -168,7 +169,7 @@ pub(super) async fn run_turn(
 }
 
 /// A thread as stored: its transcript and persisted reducer fields.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub(super) struct ThreadView {
     /// The thread.
     pub thread_id: ThreadId,
@@ -177,6 +178,7 @@ pub(super) struct ThreadView {
     /// Turns committed.
     pub version: u64,
     /// Every message, oldest first.
+    #[schema(value_type = Vec<Message>)]
     pub transcript: Vec<Value>,
     /// Session memory, progress, exercise state and pending action.
     pub state: Map<String, Value>,
@@ -234,7 +236,7 @@ fn summary_schema() -> Value {
 }
 
 /// A stored memory entry as the API shows it (without its vector).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub(super) struct MemoryView {
     /// Its id.
     pub id: MemoryId,

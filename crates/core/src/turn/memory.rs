@@ -19,6 +19,7 @@ crate::uuid_id!(
 
 /// A fact about the owner: `[category] Subject PREDICATE object`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SemanticEntry {
     /// Grouping, e.g. `relationship`, `health`, `preference`.
     pub category: String,
@@ -35,6 +36,7 @@ pub struct SemanticEntry {
 
 /// A summary of an earlier session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EpisodicEntry {
     /// What the session was about.
     pub summary: String,
@@ -55,6 +57,7 @@ pub struct EpisodicEntry {
 /// A structured memory entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum MemoryEntry {
     /// A fact.
     Semantic(SemanticEntry),
@@ -65,6 +68,7 @@ pub enum MemoryEntry {
 /// The two kinds of entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum MemoryKind {
     /// [`MemoryEntry::Semantic`].
     Semantic,
@@ -138,6 +142,7 @@ impl MemoryEntry {
 /// kept from older checkpoints, which renders unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WorkingMemoryEntry {
     /// A structured entry.
     Entry(MemoryEntry),

@@ -14,6 +14,7 @@ use crate::merge_by_some;
 /// Transport surface of a turn.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Channel {
     /// Tests and the CLI.
     #[default]
@@ -27,6 +28,7 @@ pub enum Channel {
 /// Who spoke.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Role {
     /// The user.
     #[default]
@@ -37,6 +39,7 @@ pub enum Role {
 
 /// One conversation turn as kept in `history` and `transcript`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Message {
     /// Who spoke.
     pub role: Role,
@@ -87,6 +90,7 @@ merge_by_some!(SessionProgress {
 
 /// The crisis gate's assessment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CrisisAssessment {
     /// 0 (none) to 3 (imminent).
     pub level: u8,
@@ -102,6 +106,7 @@ pub struct CrisisAssessment {
 
 /// Classifier provenance, read by crisis logging.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CrisisAudit {
     /// Whether and how a rule overrode the classifier.
     pub override_kind: Option<String>,
@@ -218,11 +223,13 @@ crate::turn_state! {
 
 /// The public output of a turn.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SupportOutput {
     /// The reply.
     pub response_text: String,
     /// What kind of answer it is: `crisis`, `reply`, `memory_control` or
     /// `grounded_answer` (from the route; `reply` when none was set).
+    #[cfg_attr(feature = "openapi", schema(value_type = TurnResponseType))]
     pub response_type: &'static str,
     /// The crisis assessment.
     pub crisis: CrisisAssessment,
@@ -232,16 +239,56 @@ pub struct SupportOutput {
     /// clarifying, psychoeducation, technique, closing), `exercise`
     /// (guided_exercise), `safety` (safety_check, crisis_response) or
     /// `utility` (memory_control, grounded_lookup); `none` without a style.
+    #[cfg_attr(feature = "openapi", schema(value_type = ResponseStyleType))]
     pub response_style_type: &'static str,
     /// Who chose the style: `exercise` for a guided-exercise step, `gate`
     /// for crisis and utility routes, `model` otherwise; `none` without one.
+    #[cfg_attr(feature = "openapi", schema(value_type = ResponseStyleSource))]
     pub response_style_source: &'static str,
     /// The approach used.
     pub therapeutic_approach: Option<String>,
     /// Whether the turn is worth summarizing.
     pub should_persist_memory: bool,
     /// This turn's diagnostics.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub diagnostics: Diagnostics,
+}
+
+/// What kind of answer a turn gave, from its route.
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)] // a schema only
+enum TurnResponseType {
+    Crisis,
+    Reply,
+    MemoryControl,
+    GroundedAnswer,
+}
+
+/// The family of a reply's style.
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)] // a schema only
+enum ResponseStyleType {
+    Therapeutic,
+    Exercise,
+    Safety,
+    Utility,
+    None,
+}
+
+/// Who chose a reply's style.
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)] // a schema only
+enum ResponseStyleSource {
+    Exercise,
+    Gate,
+    Model,
+    None,
 }
 
 impl TurnView for SupportState {
