@@ -510,7 +510,7 @@ pub fn openapi_document(state: &AppState) -> utoipa::openapi::OpenApi {
 fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
     let (v1, v1_doc) = OpenApiRouter::new()
         .merge(session::routes().with_state(state.sessions.clone()))
-        .merge(OpenApiRouter::from(adoption::routes()).with_state(state.adoption.clone()))
+        .merge(adoption::routes().with_state(state.adoption.clone()))
         .merge(conversation::routes().with_state(state.conversations.clone()))
         .merge(flow::routes().with_state(state.flows.clone()))
         .merge(agent::routes().with_state(state.agent.clone()))

@@ -16,6 +16,7 @@
 
 mod routes;
 pub mod runners;
+mod schema;
 pub(crate) mod service;
 
 use std::sync::Arc;

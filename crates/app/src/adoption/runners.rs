@@ -26,6 +26,7 @@ use parlance_core::{ErrorClass, MachineError, ProductId, StructuredError, Timest
 use parlance_ports::{CompletionRequest, LlmError, Message, PortError, ResponseFormat, Stored};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use super::Adoptions;
 use super::service;
@@ -38,7 +39,7 @@ pub const MAX_QUERY_CHARS: usize = 2000;
 pub const MAX_HISTORY_TURNS: usize = 20;
 
 /// How the model was asked and how its answer read.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct LlmCall {
     /// The prompt's registry name.
     pub prompt: &'static str,
@@ -54,11 +55,12 @@ pub struct LlmCall {
 }
 
 /// The gate's decision, as the gate route shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct GateView {
     /// True when the model may be asked.
     pub passed: bool,
     /// The stable reason code.
+    #[schema(value_type = super::schema::GateCode)]
     pub code: &'static str,
     /// The reference's reason string.
     pub reason: String,
@@ -75,7 +77,7 @@ impl From<&GateDecision> for GateView {
 }
 
 /// What one runner did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RunReport<A> {
     /// The gate (the welcome only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -97,13 +99,16 @@ pub struct RunReport<A> {
 
 /// A journey change an answer made, as a report shows it (the audit log
 /// holds the same change).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct JourneyChange {
     /// The journey before.
+    #[schema(value_type = Option<parlance_core::adoption::JourneyState>)]
     pub from: Option<Name>,
     /// The journey after.
+    #[schema(value_type = parlance_core::adoption::JourneyState)]
     pub to: Name,
     /// The answer's command.
+    #[schema(value_type = String, example = "judge_adoption")]
     pub cause: Name,
 }
 
@@ -289,7 +294,7 @@ async fn save_answer<A>(
 }
 
 /// `POST .../adoption/judge`: what the judge is shown besides the state.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JudgeRequest {
     /// Recent actions, oldest first.
@@ -324,7 +329,7 @@ pub async fn judge_adoption(
 }
 
 /// `POST .../adoption/welcome`: the gate's inputs and the recent activity.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WelcomeRequest {
     /// Seconds the user has spent on the app (finite, not negative).
@@ -391,7 +396,7 @@ pub async fn onboarding_welcome(
 }
 
 /// `POST .../adoption/followup`: how a tour ended.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FollowupRequest {
     /// The tour's workflow (one of the user's plan).
@@ -459,7 +464,7 @@ pub async fn onboarding_followup(
 }
 
 /// `POST .../adoption/session-summary`: the session being summarised.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SummaryRequest {
     /// The session's id.
@@ -473,12 +478,13 @@ pub struct SummaryRequest {
 
 /// The summary runner's answer: the text and the session snapshot it was
 /// written from.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct SummaryAnswer {
     /// The parsed text.
     #[serde(flatten)]
     pub output: SummaryOutput,
     /// The session snapshot (`_v: 1`) the prompt was rendered from.
+    #[schema(value_type = super::schema::SessionSummarySnapshot)]
     pub snapshot: Value,
 }
 
@@ -549,7 +555,7 @@ pub async fn session_summary(
 }
 
 /// `POST .../tours/match`: a user's question.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TourMatchRequest {
     /// The question (not blank, at most [`MAX_QUERY_CHARS`] characters).
@@ -581,7 +587,7 @@ pub struct TourQuery {
 }
 
 /// Tour matching's answer, with what the prompt allowed.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TourMatchReport {
     /// The model call; `None` when no tour is visible to the role: the
     /// model is not asked and the result is empty (status `parsed`).

@@ -18,6 +18,7 @@ pub(crate) const ACTIVITY_SOURCE: &str = "activity";
 /// What the shell must do after an adoption operation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AdoptionEffect {
     /// Deliver the welcome message to the user.
     SendWelcome {
@@ -39,6 +40,7 @@ pub enum AdoptionEffect {
 
 /// What the activity detector found in one batch.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Detected {
     /// Workflows completed by this batch.
     pub workflows: Vec<DetectedItem>,
@@ -50,6 +52,7 @@ pub struct Detected {
 
 /// One completion the detector found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DetectedItem {
     /// The workflow.
     pub workflow_id: String,

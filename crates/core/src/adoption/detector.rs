@@ -10,6 +10,7 @@ use super::plan::{OnboardingWorkflow, PlanError, PlanIssue};
 /// One observed user action. Fields that are absent never match a rule.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Activity {
     /// Event type, e.g. `$pageview`.
     pub event_type: Option<String>,
@@ -31,6 +32,7 @@ pub const MAX_URL_GLOB_CHARS: usize = 1_024;
 /// One rule: every set field must hold (AND), `min_count` matching actions
 /// complete it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActivitySignalRule {
     /// Exact event type (or the action's type when it has no event type).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -215,6 +217,7 @@ impl ActivitySignalRule {
 
 /// Rules any one of which completes a workflow or step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActivitySignals {
     /// Rules, in order; the first to reach its count wins.
     pub any_of: Vec<ActivitySignalRule>,

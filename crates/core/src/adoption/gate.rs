@@ -10,6 +10,7 @@ use super::model::UserAdoptionState;
 /// Gate thresholds (per product).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExplorationGateConfig {
     /// Roles admitted (compared trimmed and lowercased); empty admits everyone.
     pub role_allowlist: Vec<String>,

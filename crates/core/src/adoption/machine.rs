@@ -65,6 +65,7 @@ impl EntityKey for AdoptionKey {
 /// One change to a user's adoption state, as a batch of events lists it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AdoptionEvent {
     /// Sets the journey (a change is a transition caused by
     /// `set_journey_state`).

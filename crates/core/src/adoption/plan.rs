@@ -9,6 +9,7 @@ use super::ordered::OrderedValue as V;
 
 /// Something the lenient loader skipped or read differently, with where.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PlanIssue {
     /// Where, e.g. `$[2].steps[0].step_id`.
     pub path: String,
@@ -59,6 +60,7 @@ pub enum PlanError {
 
 /// One step of a workflow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowStep {
     /// Unique within the workflow.
     pub step_id: String,
@@ -81,6 +83,7 @@ fn is_true(b: &bool) -> bool {
 
 /// One workflow of the plan (its id lines up with a tour id).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OnboardingWorkflow {
     /// Unique within the plan.
     pub workflow_id: String,

@@ -17,6 +17,7 @@ use super::model::{JourneyState, MasteryLevel, WorkflowStatus, clamp_rating};
 /// How a raw LLM answer parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ParseStatus {
     /// A JSON object was found and read.
     Parsed,
@@ -485,6 +486,7 @@ fn get_bool(m: &serde_json::Map<String, Value>, k: &str) -> bool {
 /// The adoption judge's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JudgeOutput {
     /// How the raw answer parsed.
     pub status: ParseStatus,
@@ -496,11 +498,24 @@ pub struct JudgeOutput {
         serialize_with = "mastery_pair",
         deserialize_with = "read_mastery_pair"
     )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<JudgedMastery>))]
     pub mastery: Option<(u8, MasteryLevel)>,
     /// One sentence.
     pub mastery_description: String,
     /// Why.
     pub reasoning: String,
+}
+
+/// The judge's mastery as an answer shows it.
+#[cfg(feature = "openapi")]
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // a schema only: written by `mastery_pair`
+struct JudgedMastery {
+    /// 0 to 10.
+    #[schema(maximum = 10)]
+    rating: u8,
+    /// The level.
+    level: MasteryLevel,
 }
 
 fn mastery_pair<S: serde::Serializer>(
@@ -572,6 +587,7 @@ pub fn parse_judge_output(raw: Option<&str>) -> JudgeOutput {
 /// One suggested flow.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SuggestedFlow {
     /// The tour (workflow) id.
     pub tour_id: String,
@@ -584,6 +600,7 @@ pub struct SuggestedFlow {
 /// One workflow's judged progress.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowCompletion {
     /// The workflow.
     pub workflow_id: String,
@@ -620,6 +637,7 @@ fn parse_flows(m: &serde_json::Map<String, Value>, allowed: &[&str]) -> Vec<Sugg
 /// The welcome's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WelcomeOutput {
     /// How the raw answer parsed.
     pub status: ParseStatus,
@@ -703,6 +721,7 @@ pub fn parse_welcome_output(
 /// The follow-up's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FollowupOutput {
     /// How the raw answer parsed.
     pub status: ParseStatus,

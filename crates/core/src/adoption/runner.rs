@@ -262,6 +262,7 @@ pub fn build_welcome_prompt(
 /// How a tour ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TourEvent {
     /// The user finished it.
     Completed,
@@ -457,6 +458,7 @@ pub fn build_summary_prompt(input: &SessionSummaryInput) -> Result<RenderedPromp
 /// The session summary answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SummaryOutput {
     /// `Parsed` for usable text, `Empty` otherwise.
     pub status: ParseStatus,

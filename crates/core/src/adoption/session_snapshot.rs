@@ -15,6 +15,7 @@ use super::snapshot::{
 /// What the completion rate is measured against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum CompletionRateDenominator {
     /// Every catalog workflow (the default).
     #[default]

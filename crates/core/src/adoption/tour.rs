@@ -12,6 +12,7 @@ pub const MAX_RELATED_TOURS: usize = 3;
 
 /// One tour of a product's catalog.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TourCatalogEntry {
     /// The tour (and workflow) id.
     pub tour_id: String,
@@ -158,6 +159,7 @@ pub fn build_tour_match_input(
 
 /// The validated tour-match answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TourMatchResult {
     /// How the raw answer parsed.
     pub status: ParseStatus,
