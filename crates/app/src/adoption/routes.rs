@@ -118,6 +118,7 @@ fn llm_failure(prompt: &str, e: &LlmError) -> ApiError {
 
 /// A user's adoption record as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AdoptionRecord)]
 struct RecordView {
     /// The user.
     user_id: UserId,
@@ -157,6 +158,7 @@ async fn get_state(
 /// `PUT .../adoption`: replace the whole state with a snapshot.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AdoptionReplace)]
 struct PutState {
     /// The snapshot (`_v: 1`, the reference layout), maps in document order.
     #[schema(value_type = AdoptionSnapshot)]
@@ -239,6 +241,7 @@ async fn delete_state(
 /// `POST .../adoption/events`: changes applied in order, all or nothing.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AdoptionEvents)]
 struct PostEvents {
     /// The changes, in order.
     events: Vec<AdoptionEvent>,
@@ -280,6 +283,7 @@ async fn post_events(
 /// `POST .../adoption/activity`: a batch of the user's actions.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AdoptionActivity)]
 struct PostActivity {
     /// The actions, oldest first.
     #[serde(default)]
@@ -294,6 +298,7 @@ struct PostActivity {
 
 /// The record after an activity batch, and what the batch completed.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AdoptionActivityResult)]
 struct ActivityView {
     #[serde(flatten)]
     record: RecordView,
@@ -354,6 +359,7 @@ async fn post_activity(
 /// `POST .../adoption/gate`: the explore-first gate, without side effects.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AdoptionGateRequest)]
 struct PostGate {
     /// Seconds the user has spent on the app (not negative).
     seconds_on_app: f64,
@@ -409,6 +415,7 @@ async fn post_gate(
 
 /// The adoption block for an assistant's prompt.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AdoptionPromptBlock)]
 struct PromptBlock {
     /// `[USER ADOPTION STATE]` with role, journey, mastery and guidance, one
     /// per line.
@@ -448,6 +455,7 @@ struct RoleQuery {
 /// `PUT .../onboarding-plan`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = OnboardingPlanPut)]
 struct PutPlan {
     /// The role this plan is for; absent for the product-wide plan.
     #[serde(default)]
@@ -460,6 +468,7 @@ struct PutPlan {
 
 /// An onboarding plan as stored.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = OnboardingPlanView)]
 struct PlanView {
     /// The role it is for; null for the product-wide plan.
     role: Option<String>,
@@ -470,6 +479,7 @@ struct PlanView {
 
 /// A stored plan, and what was skipped reading it.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = OnboardingPlanStored)]
 struct PutPlanView {
     #[serde(flatten)]
     plan: PlanView,
@@ -563,6 +573,7 @@ async fn get_plan(
 /// `PUT .../tour-catalog`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = TourCatalogPut)]
 struct PutCatalog {
     /// The role this catalog is for; absent for the product-wide catalog.
     #[serde(default)]
@@ -577,6 +588,7 @@ struct PutCatalog {
 
 /// A tour catalog as stored.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = TourCatalogView)]
 struct CatalogView {
     /// The role it is for; null for the product-wide catalog.
     role: Option<String>,
@@ -586,6 +598,7 @@ struct CatalogView {
 
 /// A stored catalog, and what was skipped reading it.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = TourCatalogStored)]
 struct PutCatalogView {
     #[serde(flatten)]
     catalog: CatalogView,

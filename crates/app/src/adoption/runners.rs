@@ -40,6 +40,7 @@ pub const MAX_HISTORY_TURNS: usize = 20;
 
 /// How the model was asked and how its answer read.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[schema(as = AdoptionLlmCall)]
 pub struct LlmCall {
     /// The prompt's registry name.
     pub prompt: &'static str,
@@ -56,6 +57,7 @@ pub struct LlmCall {
 
 /// The gate's decision, as the gate route shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[schema(as = AdoptionGate)]
 pub struct GateView {
     /// True when the model may be asked.
     pub passed: bool,
@@ -84,7 +86,12 @@ pub struct RunReport<A> {
     pub gate: Option<GateView>,
     /// The model call; `None` when the model was not asked.
     pub llm: Option<LlmCall>,
-    /// The parsed answer; `None` when the model was not asked.
+    /// The parsed answer (the runner's output: `JudgeOutput`,
+    /// `WelcomeOutput`, `FollowupOutput` or `SummaryAnswer`); null when the
+    /// model was not asked.
+    // utoipa drops the nullability of an `Option` of a generic parameter,
+    // so the document names the answer's type in the description instead.
+    #[schema(value_type = Option<Object>)]
     pub answer: Option<A>,
     /// True when the answer changed the state and it was saved.
     pub applied: bool,

@@ -166,6 +166,7 @@ async fn thread(
 /// `POST .../end` body.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AgentEndRequest)]
 struct EndBody {
     /// The user whose thread it is; absent when the thread's owner is its
     /// session.
@@ -216,6 +217,7 @@ struct KindQuery {
 
 /// An owner's memory entries.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AgentMemoryList)]
 struct MemoryList {
     /// The entries.
     entries: Vec<MemoryView>,
@@ -245,6 +247,7 @@ async fn list_memory(
 /// `POST .../memory/{owner}` body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AgentMemoryAdd)]
 struct AddBody {
     /// The entry to store.
     entry: MemoryEntry,
@@ -308,6 +311,7 @@ struct PageQuery {
 
 /// A page of the crisis log, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AgentCrisisLogPage)]
 struct CrisisLogPage {
     /// The records.
     records: Vec<CrisisLogRecord>,

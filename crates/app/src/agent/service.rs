@@ -170,6 +170,7 @@ pub(super) async fn run_turn(
 
 /// A thread as stored: its transcript and persisted reducer fields.
 #[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = AgentThread)]
 pub(super) struct ThreadView {
     /// The thread.
     pub thread_id: ThreadId,
@@ -237,6 +238,7 @@ fn summary_schema() -> Value {
 
 /// A stored memory entry as the API shows it (without its vector).
 #[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = AgentMemoryView)]
 pub(super) struct MemoryView {
     /// Its id.
     pub id: MemoryId,

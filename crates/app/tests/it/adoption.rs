@@ -9,6 +9,7 @@ use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::documented::assert_documented;
 use crate::support::{TestServer, keys};
 
 const BASE: &str = "/v1/products/acme";
@@ -123,6 +124,148 @@ async fn activity_flow(s: &TestServer) {
         body,
         json!({"passed": false, "code": "already_onboarded", "reason": "already_onboarded"})
     );
+}
+
+/// Every adoption route answers, successes and refusals alike, as the API
+/// document describes.
+#[tokio::test]
+async fn answers_match_the_api_document() {
+    let s = TestServer::memory().await;
+    let user = format!("{BASE}/users/u-doc/adoption");
+    let other = format!("{BASE}/users/u-doc-2/adoption");
+    let snapshot = json!({
+        "_v": 1, "user_id": "u-doc-2", "metadata": {"role": "admin"},
+        "mastery": {"rating": 4, "level": "intermediate", "description": "basics"},
+        "onboarding": {"workflow_progress": {"w": {"workflow_id": "w", "status": "completed",
+            "confidence": 1, "steps": {"a": {"step_id": "a", "status": "completed"}}}},
+            "last_step_in": {"should_step_in": true, "reason": "ready"}},
+        "sessions": {"count": 1, "index": [{"session_id": "s0", "session_number": 1,
+            "started_at": 1767225600.0, "captured_at": 1767225600.0}]},
+        "first_seen_at": 1767225600.0, "last_updated_at": 1767225600.0
+    });
+    let calls = [
+        (
+            Method::PUT,
+            format!("{BASE}/onboarding-plan"),
+            Some(plan()),
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            format!("{BASE}/onboarding-plan"),
+            None,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            format!("{BASE}/onboarding-plan?role=nobody"),
+            None,
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            Method::PUT,
+            format!("{BASE}/onboarding-plan"),
+            Some(json!({"workflows": {}})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            Method::PUT,
+            format!("{BASE}/tour-catalog"),
+            Some(json!({"role": "admin", "tours": [
+                {"tour_id": "create_project", "name": "Create", "use_when": "new"},
+                {"name": "no id"}
+            ]})),
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            format!("{BASE}/tour-catalog?role=admin"),
+            None,
+            StatusCode::OK,
+        ),
+        (Method::GET, user.clone(), None, StatusCode::NOT_FOUND),
+        (
+            Method::GET,
+            format!("{BASE}/users/{}/adoption", "x".repeat(300)),
+            None,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            Method::POST,
+            format!("{user}/activity"),
+            Some(json!({
+                "metadata": {"role": "admin"},
+                "discovered_features": ["/dashboard"],
+                "actions": [{"event_type": "project_created"},
+                            {"event_type": "$pageview", "canonical_url": "/projects/new"}]
+            })),
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            format!("{user}/events"),
+            Some(json!({"events": [
+                {"kind": "set_mastery", "rating": 4, "level": "intermediate"},
+                {"kind": "record_session", "session_id": "s1", "session_number": 1,
+                 "started_at": 1767225600.0},
+                {"kind": "mark_welcomed"}
+            ]})),
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            format!("{user}/events"),
+            Some(
+                json!({"events": [{"kind": "upsert_step_progress", "workflow_id": "none",
+                "step_id": "a", "status": "completed", "confidence": 1}]}),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            Method::POST,
+            format!("{user}/gate"),
+            Some(json!({"seconds_on_app": 120})),
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            format!("{user}/prompt-block"),
+            None,
+            StatusCode::OK,
+        ),
+        (Method::GET, user.clone(), None, StatusCode::OK),
+        (
+            Method::PUT,
+            other.clone(),
+            Some(json!({"state": snapshot})),
+            StatusCode::CREATED,
+        ),
+        (
+            Method::PUT,
+            other.clone(),
+            Some(json!({"state": snapshot, "expected_version": 1})),
+            StatusCode::OK,
+        ),
+        (
+            Method::PUT,
+            other.clone(),
+            Some(json!({"state": snapshot})),
+            StatusCode::CONFLICT,
+        ),
+        (
+            Method::POST,
+            format!("{BASE}/tours/match"),
+            Some(json!({"query": " "})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (Method::DELETE, user.clone(), None, StatusCode::NO_CONTENT),
+        (Method::DELETE, user, None, StatusCode::NOT_FOUND),
+    ];
+    for (method, path, body, expected) in calls {
+        let (status, _, answer) = s.send(method.clone(), &path, body.as_ref(), true).await;
+        assert_eq!(status, expected, "{method} {path}: {answer}");
+        assert_documented(&method, &path, status, &answer);
+    }
 }
 
 #[tokio::test]

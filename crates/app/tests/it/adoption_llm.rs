@@ -15,6 +15,7 @@ use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::documented::assert_documented;
 use crate::support::{TestServer, keys};
 
 const BASE: &str = "/v1/products/acme";
@@ -62,8 +63,10 @@ async fn send(
     path: &str,
     body: Option<Value>,
 ) -> (StatusCode, String, Value) {
-    s.send(method, &format!("{BASE}{path}"), body.as_ref(), true)
-        .await
+    let path = format!("{BASE}{path}");
+    let (status, ctype, v) = s.send(method.clone(), &path, body.as_ref(), true).await;
+    assert_documented(&method, &path, status, &v);
+    (status, ctype, v)
 }
 
 /// An admin who explored three features, with the plan stored.

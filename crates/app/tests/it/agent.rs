@@ -12,6 +12,7 @@ use parlance_testkit::ManualClock;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::documented::assert_documented;
 use crate::support::{TestServer, keys};
 
 const BASE: &str = "/v1/products/acme/agent";
@@ -87,9 +88,9 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let (status, _, v) = s
-        .send(method, &format!("{BASE}{path}"), body.as_ref(), true)
-        .await;
+    let path = format!("{BASE}{path}");
+    let (status, _, v) = s.send(method.clone(), &path, body.as_ref(), true).await;
+    assert_documented(&method, &path, status, &v);
     (status, redact(v))
 }
 
@@ -153,6 +154,7 @@ async fn scenario(s: &TestServer) {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED);
+    assert_documented(&Method::POST, &format!("{BASE}/memory/ana"), status, &added);
     insta::assert_json_snapshot!("agent_memory_add", redact(added.clone()));
     let id = added["id"].as_str().unwrap().to_owned();
     let (status, _) = call(s, Method::DELETE, &format!("/memory/ana/{id}"), None).await;

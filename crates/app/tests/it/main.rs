@@ -9,6 +9,7 @@ mod connections;
 mod contracts;
 mod conversation;
 mod deadlines;
+mod documented;
 mod edge;
 mod faults;
 mod flow;

@@ -15,6 +15,7 @@ use crate::merge_by_some;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = TurnChannel))]
 pub enum Channel {
     /// Tests and the CLI.
     #[default]
@@ -29,6 +30,7 @@ pub enum Channel {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = TurnRole))]
 pub enum Role {
     /// The user.
     #[default]
@@ -40,6 +42,7 @@ pub enum Role {
 /// One conversation turn as kept in `history` and `transcript`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = TurnMessage))]
 pub struct Message {
     /// Who spoke.
     pub role: Role,
