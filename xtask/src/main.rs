@@ -1,4 +1,5 @@
-//! Project automation: `cargo xtask ci | test | docs | fuzz | bench | soak`.
+//! Project automation: `cargo xtask ci | test | docs | fuzz | bench | soak |
+//! api-test | client-test`.
 //!
 //! Depends on no `parlance-*` crate, so it builds in seconds. It finds the
 //! workspace root from `CARGO_MANIFEST_DIR`, runs cargo through the `CARGO`
@@ -7,8 +8,11 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool
 
+mod api;
 mod pg;
+mod py;
 mod run;
+mod serve;
 #[cfg(test)]
 mod tidy;
 
@@ -20,9 +24,11 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), cargo-deny
-         (advisories reported, not blocking), docs, tidy, and the fuzz smoke run
-         (needs a nightly toolchain; skipped without one unless CI is set)
+  ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), schemathesis
+         and the Python client's tests against a live serve (a minute of schemathesis
+         on each backend), cargo-deny (advisories reported, not blocking), docs, tidy,
+         and the fuzz smoke run (needs a nightly toolchain; skipped without one unless
+         CI is set)
   test   the workspace tests, with PostgreSQL found or started as for ci
   docs   build the API docs with warnings denied
   fuzz [--smoke | --secs N] [target...]
@@ -31,6 +37,12 @@ commands:
          (quick to compile), --secs N for N seconds on an optimised one
   bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
                 against PostgreSQL found or started as for ci
+  api-test [--minutes N] [--backend memory|postgres]
+         schemathesis against `parlance serve` on its /openapi.json: every operation,
+         positive and negative data, stateful links; N minutes (default 2) split
+         between memory and PostgreSQL; Python tools in target/py/venv
+  client-test [--backend memory|postgres]
+         the Python client's tests (clients/python) against `parlance serve`
   soak [--minutes N] [--out DIR]
          mixed load on every machine against two serves and two workers on
          PostgreSQL, with slow clients and oversized inputs; records requests,
@@ -47,6 +59,8 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
+        Some("api-test") => api::api_test(&args[1..]),
+        Some("client-test") => api::client_test(&args[1..]),
         _ => {
             eprint!("{USAGE}");
             bail!("unknown or missing command")
@@ -68,6 +82,13 @@ fn ci() -> Result<()> {
     ])
     .run()?;
     test(&[])?;
+    let live = std::time::Instant::now();
+    api::run(&api::Plan {
+        backends: vec![api::Backend::Memory, api::Backend::Postgres],
+        schemathesis: Some(std::time::Duration::from_secs(60)),
+        pytest: true,
+    })?;
+    let live = live.elapsed();
     deny()?;
     let advisories = advisories();
     docs()?;
@@ -79,6 +100,7 @@ fn ci() -> Result<()> {
         println!("xtask: fuzz smoke run skipped: no nightly toolchain");
     }
     println!("xtask: {advisories}");
+    println!("xtask: schemathesis and the Python client's tests took {live:.0?}");
     println!("xtask: ci passed in {:.0?}", started.elapsed());
     Ok(())
 }

@@ -166,3 +166,59 @@ fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("find a free port")?;
     Ok(l.local_addr()?.port())
 }
+
+/// A database of its own on the server `db` names, made with `psql` and
+/// dropped when this is dropped, so a run never touches the shared one.
+pub(crate) struct Scratch {
+    admin_url: String,
+    name: String,
+    url: String,
+}
+
+impl Scratch {
+    pub(crate) fn create(db: &Db, label: &str) -> Result<Self> {
+        let name = format!("parlance_{label}_{}", std::process::id());
+        let (base, query) = match db.url.split_once('?') {
+            Some((b, q)) => (b, format!("?{q}")),
+            None => (db.url.as_str(), String::new()),
+        };
+        let Some((server, _)) = base.rsplit_once('/') else {
+            bail!("DATABASE_URL has no database name");
+        };
+        let scratch = Self {
+            admin_url: db.url.clone(),
+            url: format!("{server}/{name}{query}"),
+            name,
+        };
+        scratch.psql(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            scratch.name
+        ))?;
+        scratch.psql(&format!("CREATE DATABASE {}", scratch.name))?;
+        Ok(scratch)
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn psql(&self, sql: &str) -> Result<()> {
+        Cmd::new("psql")
+            .args(["--quiet", "--no-psqlrc", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg_shown_as(&self.admin_url, "$DATABASE_URL")
+            .args(["-c", sql])
+            .run()
+            .context("psql is needed to make a database of its own for the run")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(e) = self.psql(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )) {
+            eprintln!("xtask: could not drop database {}: {e:#}", self.name);
+        }
+    }
+}

@@ -43,6 +43,14 @@ impl Cmd {
         self
     }
 
+    /// An argument shown as `shown` (a URL that may hold a password).
+    pub(crate) fn arg_shown_as(mut self, arg: impl AsRef<OsStr>, shown: &str) -> Self {
+        self.shown.push(' ');
+        self.shown.push_str(shown);
+        self.inner.arg(arg);
+        self
+    }
+
     pub(crate) fn args<I, S>(mut self, args: I) -> Self
     where
         I: IntoIterator<Item = S>,

@@ -1,0 +1,1 @@
+"""Typed client for the Parlance service."""
