@@ -1,0 +1,316 @@
+"""The sync and async clients.
+
+Both share the namespaces below (``sessions``, ``adoption``,
+``conversations``, ``agent``, ``flows``); a call on :class:`Client` returns
+the answer, on :class:`AsyncClient` an awaitable of it.
+"""
+
+from typing import Any, Dict, List, Optional, Union
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from . import models as m
+from ._operations import OPERATIONS, Op
+from .errors import raise_for_problem
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def _body(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return value
+
+
+def _query(params: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _decode(op: Op, response: httpx.Response) -> Any:
+    raise_for_problem(response)
+    if op.answer is None:
+        return None
+    data = response.json()
+    if op.answer is m.JsonObject:
+        return data
+    return TypeAdapter(op.answer).validate_python(data)
+
+
+class _Base:
+    def __init__(self, send: Any, product: str) -> None:
+        self._send = send
+        self._product = product
+
+    def _call(
+        self,
+        name: str,
+        json: Any = None,
+        params: Optional[Dict[str, Any]] = None,
+        **path: str,
+    ) -> Any:
+        op = OPERATIONS[name]
+        url = op.path.format(product_id=self._product, **path)
+        return self._send(op, url, _body(json), _query(params or {}))
+
+
+class Sessions(_Base):
+    """The session assistance machine."""
+
+    def post_event(self, session_id: str, event: Union[m.SessionEvent, Dict[str, Any]]) -> m.EventView:
+        return self._call("post_event", event, session_id=session_id)
+
+    def get(self, session_id: str) -> m.SessionView:
+        return self._call("get_session", session_id=session_id)
+
+    def gate(self, session_id: str) -> m.GateView:
+        return self._call("get_gate", session_id=session_id)
+
+    def audit(self, session_id: str, after_seq: Optional[int] = None, limit: Optional[int] = None) -> m.AuditPage:
+        return self._call("get_audit", params={"after_seq": after_seq, "limit": limit}, session_id=session_id)
+
+    def get_tours(self) -> m.JsonObject:
+        return self._call("get_tours")
+
+    def put_tours(self, catalog: m.JsonObject) -> m.JsonObject:
+        return self._call("put_tours", catalog)
+
+
+class Adoption(_Base):
+    """User adoption: state, events, activity, the explore-first gate, plans
+    and catalogs, and the runners."""
+
+    def get(self, user_id: str) -> m.AdoptionRecord:
+        return self._call("get_adoption", user_id=user_id)
+
+    def put(self, user_id: str, state: m.JsonObject, expected_version: Optional[int] = None) -> m.AdoptionRecord:
+        body: Dict[str, Any] = {"state": state}
+        if expected_version is not None:
+            body["expected_version"] = expected_version
+        return self._call("put_adoption", body, user_id=user_id)
+
+    def delete(self, user_id: str) -> None:
+        return self._call("delete_adoption", user_id=user_id)
+
+    def events(self, user_id: str, events: List[m.JsonObject], metadata: Optional[m.JsonObject] = None) -> m.JsonObject:
+        return self._call("post_adoption_events", m.AdoptionEvents(events=events, metadata=metadata), user_id=user_id)
+
+    def activity(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+        return self._call("post_adoption_activity", body, user_id=user_id)
+
+    def gate(
+        self,
+        user_id: str,
+        seconds_on_app: float,
+        distinct_features_seen: Optional[int] = None,
+        config: Optional[m.JsonObject] = None,
+    ) -> m.AdoptionGate:
+        body = m.AdoptionGateRequest(
+            seconds_on_app=seconds_on_app, distinct_features_seen=distinct_features_seen, config=config
+        )
+        return self._call("post_adoption_gate", body, user_id=user_id)
+
+    def prompt_block(self, user_id: str) -> m.PromptBlock:
+        return self._call("get_prompt_block", user_id=user_id)
+
+    def judge(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+        return self._call("post_judge", body, user_id=user_id)
+
+    def welcome(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+        return self._call("post_welcome", body, user_id=user_id)
+
+    def followup(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+        return self._call("post_followup", body, user_id=user_id)
+
+    def session_summary(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+        return self._call("post_session_summary", body, user_id=user_id)
+
+    def match_tours(self, body: m.JsonObject) -> m.JsonObject:
+        return self._call("post_tour_match", body)
+
+    def get_plan(self, role: Optional[str] = None) -> m.JsonObject:
+        return self._call("get_plan", params={"role": role})
+
+    def put_plan(self, plan: m.JsonObject) -> m.JsonObject:
+        return self._call("put_plan", plan)
+
+    def get_catalog(self, role: Optional[str] = None) -> m.JsonObject:
+        return self._call("get_catalog", params={"role": role})
+
+    def put_catalog(self, catalog: m.JsonObject) -> m.JsonObject:
+        return self._call("put_catalog", catalog)
+
+
+class Conversations(_Base):
+    """Conversation instances: replies, follow-ups, pause, hand-off."""
+
+    def create(self, contact_id: str, objective: str, **fields: Any) -> m.ConversationView:
+        return self._call("create_conversation", m.ConversationCreate(contact_id=contact_id, objective=objective, **fields))
+
+    def list(
+        self, contact_id: Optional[str] = None, state: Optional[str] = None, limit: Optional[int] = None
+    ) -> m.ConversationList:
+        return self._call("list_conversations", params={"contact_id": contact_id, "state": state, "limit": limit})
+
+    def get(self, id: str) -> m.ConversationView:
+        return self._call("get_conversation", id=id)
+
+    def reply(self, id: str, text: str) -> m.ConversationChange:
+        return self._call("reply", m.Text(text=text), id=id)
+
+    def contact_reply(self, contact_id: str, text: str) -> m.ConversationChange:
+        return self._call("contact_reply", m.Text(text=text), contact_id=contact_id)
+
+    def pause(self, id: str) -> m.ConversationChange:
+        return self._call("pause", id=id)
+
+    def resume(self, id: str) -> m.ConversationChange:
+        return self._call("resume", id=id)
+
+    def cancel(self, id: str) -> m.ConversationChange:
+        return self._call("cancel", id=id)
+
+    def send(self, id: str, text: str) -> m.ConversationChange:
+        return self._call("send", m.Text(text=text), id=id)
+
+    def audit(self, id: str) -> m.JsonObject:
+        return self._call("conversation_audit", id=id)
+
+
+class Agent(_Base):
+    """Agent turns of the reference support agent, threads and memory."""
+
+    def turn(self, message: str, user_id: str, session_id: str, **fields: Any) -> m.AgentOutput:
+        body = m.AgentInput(message=message, user_id=user_id, session_id=session_id, **fields)
+        return self._call("turn", body)
+
+    def thread(self, id: str, user_id: Optional[str] = None) -> m.Thread:
+        return self._call("get_thread", params={"user_id": user_id}, id=id)
+
+    def end(self, id: str, user_id: Optional[str] = None) -> m.MemoryEntry:
+        return self._call("end_thread", {"user_id": user_id} if user_id else {}, id=id)
+
+    def memory(self, owner: str, kind: Optional[str] = None) -> m.MemoryList:
+        return self._call("list_memory", params={"kind": kind}, owner=owner)
+
+    def remember(self, owner: str, entry: m.JsonObject) -> m.MemoryEntry:
+        return self._call("add_memory", {"entry": entry}, owner=owner)
+
+    def forget(self, owner: str, id: str) -> None:
+        return self._call("delete_memory", owner=owner, id=id)
+
+    def crisis_log(self, owner: str, after_seq: Optional[int] = None, limit: Optional[int] = None) -> m.CrisisLog:
+        return self._call("crisis_log", params={"after_seq": after_seq, "limit": limit}, owner=owner)
+
+
+class Flows(_Base):
+    """Flows loaded with ``serve --flows``, on the reference-compatible routes."""
+
+    def start(self, flow: str) -> m.FlowAnswer:
+        return self._call("start_session", flow=flow)
+
+    def event(self, flow: str, session_id: str, event: str, event_input: Any = None) -> m.FlowAnswer:
+        body = m.FlowEvent(session_id=session_id, event=event, event_input=event_input)
+        return self._call("flow_event", body, flow=flow)
+
+    def task_state(self, flow: str, session_id: str) -> m.TaskState:
+        return self._call("task_state", flow=flow, session_id=session_id)
+
+    def model(self, flow: str, session_id: str) -> m.FlowAnswer:
+        return self._call("flow_model", flow=flow, session_id=session_id)
+
+    def list(self) -> m.FlowList:
+        return self._call("list_flows")
+
+
+class _Namespaces:
+    def _mount(self, send: Any, product: str) -> None:
+        self.sessions = Sessions(send, product)
+        self.adoption = Adoption(send, product)
+        self.conversations = Conversations(send, product)
+        self.agent = Agent(send, product)
+        self.flows = Flows(send, product)
+
+
+def _headers(api_key: str) -> Dict[str, str]:
+    return {"authorization": f"Bearer {api_key}", "accept": "application/json"}
+
+
+class Client(_Namespaces):
+    """A blocking client: ``Client(url, api_key)``; the product is the key's
+    (``default`` for the key ``serve`` prints)."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        api_key: str = "",
+        product: str = "default",
+        timeout: float = 40.0,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        self._http = httpx.Client(base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport)
+        self._mount(self._send, product)
+
+    def _send(self, op: Op, url: str, json: Any, params: Dict[str, Any]) -> Any:
+        kwargs: Dict[str, Any] = {"params": params}
+        if op.request is not None or json is not None:
+            kwargs["json"] = json if json is not None else {}
+        return _decode(op, self._http.request(op.method, url, **kwargs))
+
+    def healthz(self) -> m.Health:
+        return self._send(OPERATIONS["healthz"], "/healthz", None, {})
+
+    def readyz(self) -> m.Readiness:
+        return self._send(OPERATIONS["readyz"], "/readyz", None, {})
+
+    def document(self) -> m.JsonObject:
+        """The API document (OpenAPI 3.1)."""
+        return self._send(OPERATIONS["document"], "/openapi.json", None, {})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncClient(_Namespaces):
+    """The asyncio client: the same calls as :class:`Client`, awaited."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        api_key: str = "",
+        product: str = "default",
+        timeout: float = 40.0,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key), timeout=timeout, transport=transport)
+        self._mount(self._send, product)
+
+    async def _send(self, op: Op, url: str, json: Any, params: Dict[str, Any]) -> Any:
+        kwargs: Dict[str, Any] = {"params": params}
+        if op.request is not None or json is not None:
+            kwargs["json"] = json if json is not None else {}
+        return _decode(op, await self._http.request(op.method, url, **kwargs))
+
+    async def healthz(self) -> m.Health:
+        return await self._send(OPERATIONS["healthz"], "/healthz", None, {})
+
+    async def readyz(self) -> m.Readiness:
+        return await self._send(OPERATIONS["readyz"], "/readyz", None, {})
+
+    async def document(self) -> m.JsonObject:
+        return await self._send(OPERATIONS["document"], "/openapi.json", None, {})
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
