@@ -209,7 +209,7 @@ class Flows(_Base):
     def start(self, flow: str) -> m.FlowAnswer:
         return self._call("start_session", flow=flow)
 
-    def event(self, flow: str, session_id: str, event: str, event_input: Any = None) -> m.FlowAnswer:
+    def event(self, flow: str, session_id: str, event: str, event_input: Any = "") -> m.FlowAnswer:
         body = m.FlowEvent(session_id=session_id, event=event, event_input=event_input)
         return self._call("flow_event", body, flow=flow)
 

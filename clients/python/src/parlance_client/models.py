@@ -342,7 +342,7 @@ class FlowAnswer(Model):
 class FlowEvent(Model):
     session_id: str
     event: str
-    event_input: Any = None
+    event_input: Any = ""
 
 
 class TaskState(Model):
