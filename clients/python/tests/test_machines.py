@@ -115,6 +115,10 @@ def test_conversations_sync(client):
     created = client.conversations.create(contact, "book a demo", todos=["find a day", m.Todo(text="confirm")])
     conv = created.conversation
     assert conv.contact_id == contact and [t.text for t in conv.todos] == ["find a day", "confirm"]
+    deadline = time.monotonic() + 20
+    while client.conversations.get(conv.instance_id).conversation.state != "WAITING_FOR_REPLY":
+        assert time.monotonic() < deadline, "the opening message was not sent"
+        time.sleep(0.05)
     replied = client.conversations.contact_reply(contact, "Tuesday works")
     assert replied.conversation.instance_id == conv.instance_id
     assert replied.transitions
