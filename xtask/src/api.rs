@@ -38,11 +38,14 @@ pub(crate) struct Plan {
     pub(crate) pytest: bool,
 }
 
-/// `cargo xtask api-test [--minutes N] [--backend memory|postgres]`: N
-/// minutes (default 2) of schemathesis, split between the backends.
+/// `cargo xtask api-test [--minutes N] [--backend memory|postgres]
+/// [--with-client]`: N minutes (default 2) of schemathesis, split between
+/// the backends, and with `--with-client` the client's tests on each (what
+/// `cargo xtask ci` runs).
 pub(crate) fn api_test(args: &[String]) -> Result<()> {
     let mut minutes = 2.0_f64;
     let mut backends = vec![Backend::Memory, Backend::Postgres];
+    let mut pytest = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -54,6 +57,7 @@ pub(crate) fn api_test(args: &[String]) -> Result<()> {
                     .context("--minutes needs a positive number")?;
             }
             "--backend" => backends = vec![backend(it.next())?],
+            "--with-client" => pytest = true,
             other => bail!("unknown api-test argument `{other}`"),
         }
     }
@@ -61,7 +65,7 @@ pub(crate) fn api_test(args: &[String]) -> Result<()> {
     run(&Plan {
         backends,
         schemathesis: Some(each),
-        pytest: false,
+        pytest,
     })
 }
 

@@ -37,10 +37,11 @@ commands:
          (quick to compile), --secs N for N seconds on an optimised one
   bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
                 against PostgreSQL found or started as for ci
-  api-test [--minutes N] [--backend memory|postgres]
+  api-test [--minutes N] [--backend memory|postgres] [--with-client]
          schemathesis against `parlance serve` on its /openapi.json: every operation,
          positive and negative data, stateful links; N minutes (default 2) split
-         between memory and PostgreSQL; Python tools in target/py/venv
+         between memory and PostgreSQL; --with-client runs the Python client's tests
+         against the same servers (as ci does); Python tools in target/py/venv
   client-test [--backend memory|postgres]
          the Python client's tests (clients/python) against `parlance serve`
   soak [--minutes N] [--out DIR]
@@ -83,11 +84,7 @@ fn ci() -> Result<()> {
     .run()?;
     test(&[])?;
     let live = std::time::Instant::now();
-    api::run(&api::Plan {
-        backends: vec![api::Backend::Memory, api::Backend::Postgres],
-        schemathesis: Some(std::time::Duration::from_secs(60)),
-        pytest: true,
-    })?;
+    api::api_test(&["--with-client".to_owned()])?;
     let live = live.elapsed();
     deny()?;
     let advisories = advisories();
