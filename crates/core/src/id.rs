@@ -34,10 +34,12 @@ pub enum IdError {
 }
 
 /// Declares a validated string id: non-empty, at most `$max` bytes, and no
-/// control characters (plus `$extra`, a predicate every char must pass).
+/// control characters (plus `$allowed`, a predicate every char must pass).
+/// `$pattern` is the same rule on characters as a regular expression (ECMA
+/// and Python syntax), for JSON Schemas; a test checks the two agree.
 #[macro_export]
 macro_rules! string_id {
-    ($(#[$meta:meta])* $name:ident, $kind:literal, max = $max:expr, chars = $allowed:expr) => {
+    ($(#[$meta:meta])* $name:ident, $kind:literal, max = $max:expr, chars = $allowed:expr, pattern = $pattern:literal) => {
         $(#[$meta])*
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub struct $name(String);
@@ -45,6 +47,10 @@ macro_rules! string_id {
         impl $name {
             /// The longest accepted id, in bytes.
             pub const MAX_LEN: usize = $max;
+
+            /// The characters an id may hold, as a regular expression over
+            /// the whole id (the length in bytes is checked apart).
+            pub const PATTERN: &'static str = $pattern;
 
             /// Validates and wraps `value`.
             pub fn parse(value: impl Into<String>) -> Result<Self, $crate::id::IdError> {
@@ -121,9 +127,16 @@ macro_rules! string_id {
             fn schema() -> ::utoipa::openapi::RefOr<::utoipa::openapi::schema::Schema> {
                 ::utoipa::openapi::ObjectBuilder::new()
                     .schema_type(::utoipa::openapi::schema::Type::String)
-                    .description(Some(concat!("A ", $kind, ".")))
+                    .description(Some(concat!(
+                        "A ",
+                        $kind,
+                        ": at most ",
+                        stringify!($max),
+                        " bytes of UTF-8, no control characters."
+                    )))
                     .min_length(Some(1))
                     .max_length(Some($max))
+                    .pattern(Some($pattern))
                     .into()
             }
         }
@@ -143,7 +156,8 @@ string_id!(
     ProductId,
     "product id",
     max = 64,
-    chars = product_char
+    chars = product_char,
+    pattern = "^[A-Za-z0-9._-]+$"
 );
 
 impl ProductId {

@@ -110,7 +110,11 @@ impl Modify for BearerKey {
     info(
         title = "Parlance",
         description = "The state layer for conversational agents: the session assistance \
-                       machine, user adoption, conversation instances, agent turns and flows.",
+                       machine, user adoption, conversation instances, agent turns and flows.\n\n\
+                       Every body is JSON. Text anywhere in a body may not hold NUL (U+0000) and \
+                       integers must fit a signed 64-bit integer: no store can keep them, and \
+                       they answer 422 `invalid-request` naming the `field`, whether or not the \
+                       route reads it. Ids are checked by length in bytes of UTF-8.",
     ),
     modifiers(&BearerKey),
     security(("api_key" = [])),

@@ -68,5 +68,6 @@ crate::string_id!(
     UserId,
     "user id",
     max = 256,
-    chars = user_char
+    chars = user_char,
+    pattern = "^[^/\\u0000-\\u001F\\u007F-\\u009F]+$"
 );

@@ -35,7 +35,8 @@ crate::string_id!(
     ContactId,
     "contact id",
     max = 256,
-    chars = |c: char| !c.is_whitespace() || c == ' '
+    chars = |c: char| !c.is_whitespace() || c == ' ',
+    pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]+$"
 );
 
 crate::uuid_id!(

@@ -37,7 +37,8 @@ crate::string_id!(
     FlowSessionId,
     "flow session id",
     max = 128,
-    chars = session_char
+    chars = session_char,
+    pattern = "^[A-Za-z0-9._-]+$"
 );
 
 impl FlowSessionId {

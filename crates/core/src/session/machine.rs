@@ -96,6 +96,7 @@ pub enum SessionEvent {
         /// `NEW` or `REPLY_EXISTING`.
         event: ConversationEvent,
         /// The conversation.
+        #[cfg_attr(feature = "openapi", schema(min_length = 1))]
         conversation_id: String,
     },
 }

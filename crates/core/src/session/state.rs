@@ -27,7 +27,8 @@ crate::string_id!(
     SessionId,
     "session id",
     max = 256,
-    chars = |_| true
+    chars = |_| true,
+    pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]+$"
 );
 
 /// The session default interaction timeout, in seconds.

@@ -18,7 +18,8 @@ crate::string_id!(
     OwnerId,
     "owner id",
     max = 128,
-    chars = id_char
+    chars = id_char,
+    pattern = "^[^/\\u0000-\\u001F\\u007F-\\u009F]+$"
 );
 
 crate::string_id!(
@@ -26,7 +27,8 @@ crate::string_id!(
     ThreadId,
     "thread id",
     max = 128,
-    chars = id_char
+    chars = id_char,
+    pattern = "^[^/\\u0000-\\u001F\\u007F-\\u009F]+$"
 );
 
 /// Where a thread's checkpoint lives: product first, then owner and thread.
