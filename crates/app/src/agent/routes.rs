@@ -212,6 +212,7 @@ fn owner_id(owner: &str) -> Result<OwnerId, ApiError> {
 #[serde(deny_unknown_fields)]
 struct KindQuery {
     /// Only entries of this kind; every entry when absent.
+    #[param(inline)]
     kind: Option<MemoryKind>,
 }
 

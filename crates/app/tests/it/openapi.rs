@@ -105,3 +105,44 @@ async fn every_operation_declares_its_problems_and_the_key_it_needs() {
         }
     }
 }
+
+/// Every `$ref` in `value`, with where it was found.
+fn refs<'v>(value: &'v Value, at: String, out: &mut Vec<(String, &'v str)>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("$ref", Value::String(target)) => out.push((at.clone(), target)),
+                    _ => refs(v, format!("{at}/{k}"), out),
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                refs(v, format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn every_reference_in_the_document_resolves() {
+    let doc = committed();
+    let mut found = Vec::new();
+    refs(&doc, String::new(), &mut found);
+    assert!(found.len() > 100, "only {} references", found.len());
+    let dangling: Vec<String> = found
+        .iter()
+        .filter(|(_, target)| {
+            let pointer = target.strip_prefix('#').unwrap_or("(not local)");
+            doc.pointer(pointer).is_none()
+        })
+        .map(|(at, target)| format!("{at} -> {target}"))
+        .collect();
+    assert!(
+        dangling.is_empty(),
+        "references to nothing:\n{}",
+        dangling.join("\n")
+    );
+}
