@@ -83,7 +83,7 @@ def test_adoption_sync(client):
     client.adoption.events(user, [{"kind": "set_journey_state", "state": "onboarding"}], metadata={"plan": "pro"})
     record = client.adoption.get(user)
     assert record.user_id == user and record.version == 1
-    assert record.state["journey_state"] == "onboarding"
+    assert record.state.journey_state == "onboarding"
     gate = client.adoption.gate(user, seconds_on_app=1)
     assert gate.passed is False and gate.code
     assert "journey: onboarding" in client.adoption.prompt_block(user).prompt_block
@@ -101,7 +101,7 @@ def test_adoption_async(make_async_client):
             user = new_id("user")
             await client.adoption.events(user, [{"kind": "set_journey_state", "state": "onboarded"}])
             record = await client.adoption.get(user)
-            assert record.state["journey_state"] == "onboarded"
+            assert record.state.journey_state == "onboarded"
             assert (await client.adoption.prompt_block(user)).prompt_block
 
     run(go())
@@ -132,7 +132,7 @@ def test_conversations_sync(client):
     problem = refused.value
     assert problem.status == 409 and problem.kind == "not-allowed"
     assert problem.command == "pause" and problem.state == problem.extra["state"]
-    assert isinstance(client.conversations.audit(conv.instance_id)["items"], list)
+    assert isinstance(client.conversations.audit(conv.instance_id).items, list)
 
 
 def test_conversations_async(make_async_client):
@@ -164,7 +164,7 @@ def test_agent_sync(client):
             "object": "short answers",
         })
     assert stored.owner == owner
-    assert any(e.get("id") == stored.id for e in client.agent.memory(owner, kind="semantic").entries)
+    assert any(e.id == stored.id for e in client.agent.memory(owner, kind="semantic").entries)
     client.agent.forget(owner, stored.id)
     with pytest.raises(NotFound):
         client.agent.forget(owner, stored.id)
@@ -181,7 +181,7 @@ def test_agent_async(make_async_client):
             await client.agent.turn("thanks", user_id=owner, session_id=thread)
             assert (await client.agent.thread(thread, user_id=owner)).version == 2
             ended = await client.agent.end(thread, user_id=owner)
-            assert ended.entry["type"] == "episodic"
+            assert ended.entry.type == "episodic"
 
     run(go())
 
@@ -197,7 +197,7 @@ def wait_ready(client, flow, sid):
 
 
 def test_flows_sync(client):
-    assert {"qa", "extraction"} <= {f["name"] for f in client.flows.list().flows}
+    assert {"qa", "extraction"} <= {f.name for f in client.flows.list().flows}
     started = client.flows.start("qa")
     assert started.next_actions == ["user_input"] and started.response
     polled = client.flows.event("qa", started.session_id, "user_input", "What is a flow?")

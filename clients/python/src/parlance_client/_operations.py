@@ -15,7 +15,8 @@ class Op(NamedTuple):
     method: str
     path: str
     answer: Any
-    """A model class, ``m.JsonObject`` for a free-form object, ``None`` for no body."""
+    """A model class, ``m.JsonObject`` for a free-form object, ``str`` for a
+    text body, ``None`` for no body."""
     request: Any = None
     """The body's model, a union of models, ``m.JsonObject``, or ``None`` for no body."""
 
@@ -27,40 +28,41 @@ OPERATIONS: Dict[str, Op] = {
     "healthz": Op("GET", "/healthz", m.Health),
     "readyz": Op("GET", "/readyz", m.Readiness),
     "document": Op("GET", "/openapi.json", m.JsonObject),
+    "metrics": Op("GET", "/metrics", str),
     # sessions
     "get_session": Op("GET", P + "/sessions/{session_id}", m.SessionView),
     "post_event": Op("POST", P + "/sessions/{session_id}/events", m.EventView, m.SessionEvent),
     "get_gate": Op("GET", P + "/sessions/{session_id}/proactive-gate", m.GateView),
     "get_audit": Op("GET", P + "/sessions/{session_id}/audit", m.AuditPage),
-    "get_tours": Op("GET", P + "/tours", m.JsonObject),
-    "put_tours": Op("PUT", P + "/tours", m.JsonObject, m.JsonObject),
+    "get_tours": Op("GET", P + "/tours", m.TourCatalog),
+    "put_tours": Op("PUT", P + "/tours", m.TourCatalog, m.TourCatalog),
     # user adoption
     "get_adoption": Op("GET", P + "/users/{user_id}/adoption", m.AdoptionRecord),
-    "put_adoption": Op("PUT", P + "/users/{user_id}/adoption", m.AdoptionRecord, m.JsonObject),
+    "put_adoption": Op("PUT", P + "/users/{user_id}/adoption", m.AdoptionRecord, m.AdoptionReplace),
     "delete_adoption": Op("DELETE", P + "/users/{user_id}/adoption", None),
     "post_adoption_events": Op(
-        "POST", P + "/users/{user_id}/adoption/events", m.JsonObject, m.AdoptionEvents
+        "POST", P + "/users/{user_id}/adoption/events", m.AdoptionRecord, m.AdoptionEvents
     ),
     "post_adoption_activity": Op(
-        "POST", P + "/users/{user_id}/adoption/activity", m.JsonObject, m.JsonObject
+        "POST", P + "/users/{user_id}/adoption/activity", m.AdoptionActivityResult, m.AdoptionActivity
     ),
     "post_adoption_gate": Op(
         "POST", P + "/users/{user_id}/adoption/gate", m.AdoptionGate, m.AdoptionGateRequest
     ),
     "get_prompt_block": Op("GET", P + "/users/{user_id}/adoption/prompt-block", m.PromptBlock),
-    "post_judge": Op("POST", P + "/users/{user_id}/adoption/judge", m.JsonObject, m.JsonObject),
-    "post_welcome": Op("POST", P + "/users/{user_id}/adoption/welcome", m.JsonObject, m.JsonObject),
+    "post_judge": Op("POST", P + "/users/{user_id}/adoption/judge", m.JudgeRun, m.JudgeRequest),
+    "post_welcome": Op("POST", P + "/users/{user_id}/adoption/welcome", m.WelcomeRun, m.WelcomeRequest),
     "post_followup": Op(
-        "POST", P + "/users/{user_id}/adoption/followup", m.JsonObject, m.JsonObject
+        "POST", P + "/users/{user_id}/adoption/followup", m.FollowupRun, m.FollowupRequest
     ),
     "post_session_summary": Op(
-        "POST", P + "/users/{user_id}/adoption/session-summary", m.JsonObject, m.JsonObject
+        "POST", P + "/users/{user_id}/adoption/session-summary", m.SummaryRun, m.SummaryRequest
     ),
-    "post_tour_match": Op("POST", P + "/tours/match", m.JsonObject, m.JsonObject),
-    "get_plan": Op("GET", P + "/onboarding-plan", m.JsonObject),
-    "put_plan": Op("PUT", P + "/onboarding-plan", m.JsonObject, m.JsonObject),
-    "get_catalog": Op("GET", P + "/tour-catalog", m.JsonObject),
-    "put_catalog": Op("PUT", P + "/tour-catalog", m.JsonObject, m.JsonObject),
+    "post_tour_match": Op("POST", P + "/tours/match", m.TourMatch, m.TourMatchRequest),
+    "get_plan": Op("GET", P + "/onboarding-plan", m.OnboardingPlan),
+    "put_plan": Op("PUT", P + "/onboarding-plan", m.OnboardingPlanStored, m.OnboardingPlanPut),
+    "get_catalog": Op("GET", P + "/tour-catalog", m.RoleTourCatalog),
+    "put_catalog": Op("PUT", P + "/tour-catalog", m.TourCatalogStored, m.TourCatalogPut),
     # conversations
     "create_conversation": Op(
         "POST", P + "/conversations", m.ConversationView, m.ConversationCreate
@@ -75,18 +77,18 @@ OPERATIONS: Dict[str, Op] = {
     "resume": Op("POST", P + "/conversations/{id}/resume", m.ConversationChange),
     "cancel": Op("POST", P + "/conversations/{id}/cancel", m.ConversationChange),
     "send": Op("POST", P + "/conversations/{id}/send", m.ConversationChange, m.Text),
-    "conversation_audit": Op("GET", P + "/conversations/{id}/audit", m.JsonObject),
+    "conversation_audit": Op("GET", P + "/conversations/{id}/audit", m.ConversationAudit),
     # agent turns
     "turn": Op("POST", P + "/agent/turns", m.AgentOutput, m.AgentInput),
     "get_thread": Op("GET", P + "/agent/threads/{id}", m.Thread),
-    "end_thread": Op("POST", P + "/agent/threads/{id}/end", m.MemoryEntry, m.JsonObject),
+    "end_thread": Op("POST", P + "/agent/threads/{id}/end", m.MemoryEntry, m.EndThread),
     "list_memory": Op("GET", P + "/agent/memory/{owner}", m.MemoryList),
-    "add_memory": Op("POST", P + "/agent/memory/{owner}", m.MemoryEntry, m.JsonObject),
+    "add_memory": Op("POST", P + "/agent/memory/{owner}", m.MemoryEntry, m.AddMemory),
     "delete_memory": Op("DELETE", P + "/agent/memory/{owner}/{id}", None),
     "crisis_log": Op("GET", P + "/agent/crisis-log/{owner}", m.CrisisLog),
     # flows
     "start_session_get": Op("GET", "/v1/ai/{flow}/start_session", m.FlowAnswer),
-    "start_session": Op("POST", "/v1/ai/{flow}/start_session", m.FlowAnswer),
+    "start_session": Op("POST", "/v1/ai/{flow}/start_session", m.FlowAnswer, m.FlowStart),
     "flow_event": Op("POST", "/v1/ai/{flow}/event", m.FlowAnswer, m.FlowEvent),
     "task_state": Op("GET", "/v1/ai/{flow}/task_state/{session_id}", m.TaskState),
     "flow_model": Op("GET", "/v1/ai/{flow}/model/{session_id}", m.FlowAnswer),

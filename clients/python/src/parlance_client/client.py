@@ -5,7 +5,7 @@ Both share the namespaces below (``sessions``, ``adoption``,
 the answer, on :class:`AsyncClient` an awaitable of it.
 """
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -23,6 +23,10 @@ def _body(value: Any) -> Any:
     return value
 
 
+def _list(items: Optional[Sequence[Any]]) -> Optional[list]:
+    return None if items is None else list(items)
+
+
 def _query(params: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
@@ -31,6 +35,8 @@ def _decode(op: Op, response: httpx.Response) -> Any:
     raise_for_problem(response)
     if op.answer is None:
         return None
+    if op.answer is str:
+        return response.text
     data = response.json()
     if op.answer is m.JsonObject:
         return data
@@ -69,11 +75,11 @@ class Sessions(_Base):
     def audit(self, session_id: str, after_seq: Optional[int] = None, limit: Optional[int] = None) -> m.AuditPage:
         return self._call("get_audit", params={"after_seq": after_seq, "limit": limit}, session_id=session_id)
 
-    def get_tours(self) -> m.JsonObject:
+    def get_tours(self) -> m.TourCatalog:
         return self._call("get_tours")
 
-    def put_tours(self, catalog: m.JsonObject) -> m.JsonObject:
-        return self._call("put_tours", catalog)
+    def put_tours(self, catalog: Union[m.TourCatalog, m.JsonObject]) -> m.TourCatalog:
+        return self._call("put_tours", m.TourCatalog.model_validate(catalog))
 
 
 class Adoption(_Base):
@@ -83,19 +89,37 @@ class Adoption(_Base):
     def get(self, user_id: str) -> m.AdoptionRecord:
         return self._call("get_adoption", user_id=user_id)
 
-    def put(self, user_id: str, state: m.JsonObject, expected_version: Optional[int] = None) -> m.AdoptionRecord:
-        body: Dict[str, Any] = {"state": state}
-        if expected_version is not None:
-            body["expected_version"] = expected_version
+    def put(
+        self,
+        user_id: str,
+        state: Union[m.AdoptionSnapshot, m.JsonObject],
+        expected_version: Optional[int] = None,
+    ) -> m.AdoptionRecord:
+        body = m.AdoptionReplace(state=state, expected_version=expected_version)
         return self._call("put_adoption", body, user_id=user_id)
 
     def delete(self, user_id: str) -> None:
         return self._call("delete_adoption", user_id=user_id)
 
-    def events(self, user_id: str, events: List[m.JsonObject], metadata: Optional[m.JsonObject] = None) -> m.JsonObject:
-        return self._call("post_adoption_events", m.AdoptionEvents(events=events, metadata=metadata), user_id=user_id)
+    def events(
+        self,
+        user_id: str,
+        events: Sequence[Union[m.AdoptionEvent, m.JsonObject]],
+        metadata: Optional[m.JsonObject] = None,
+    ) -> m.AdoptionRecord:
+        body = m.AdoptionEvents(events=list(events), metadata=metadata)
+        return self._call("post_adoption_events", body, user_id=user_id)
 
-    def activity(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+    def activity(
+        self,
+        user_id: str,
+        actions: Optional[Sequence[Union[m.Activity, m.JsonObject]]] = None,
+        discovered_features: Optional[Sequence[str]] = None,
+        metadata: Optional[m.JsonObject] = None,
+    ) -> m.AdoptionActivityResult:
+        body = m.AdoptionActivity(
+            actions=_list(actions), discovered_features=_list(discovered_features), metadata=metadata
+        )
         return self._call("post_adoption_activity", body, user_id=user_id)
 
     def gate(
@@ -103,7 +127,7 @@ class Adoption(_Base):
         user_id: str,
         seconds_on_app: float,
         distinct_features_seen: Optional[int] = None,
-        config: Optional[m.JsonObject] = None,
+        config: Optional[Union[m.ExplorationGateConfig, m.JsonObject]] = None,
     ) -> m.AdoptionGate:
         body = m.AdoptionGateRequest(
             seconds_on_app=seconds_on_app, distinct_features_seen=distinct_features_seen, config=config
@@ -113,32 +137,81 @@ class Adoption(_Base):
     def prompt_block(self, user_id: str) -> m.PromptBlock:
         return self._call("get_prompt_block", user_id=user_id)
 
-    def judge(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+    def judge(
+        self,
+        user_id: str,
+        activity: Optional[Sequence[Union[m.Activity, m.JsonObject]]] = None,
+        signals: Optional[m.JsonObject] = None,
+    ) -> m.JudgeRun:
+        body = m.JudgeRequest(activity=_list(activity), signals=signals)
         return self._call("post_judge", body, user_id=user_id)
 
-    def welcome(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+    def welcome(
+        self,
+        user_id: str,
+        seconds_on_app: float,
+        distinct_features_seen: Optional[int] = None,
+        config: Optional[Union[m.ExplorationGateConfig, m.JsonObject]] = None,
+        recent_activity: Optional[Sequence[Union[m.Activity, m.JsonObject]]] = None,
+    ) -> m.WelcomeRun:
+        body = m.WelcomeRequest(
+            seconds_on_app=seconds_on_app,
+            distinct_features_seen=distinct_features_seen,
+            config=config,
+            recent_activity=_list(recent_activity),
+        )
         return self._call("post_welcome", body, user_id=user_id)
 
-    def followup(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+    def followup(
+        self,
+        user_id: str,
+        workflow_id: str,
+        event: str,
+        abandoned_at_step: Optional[str] = None,
+        recent_activity: Optional[Sequence[Union[m.Activity, m.JsonObject]]] = None,
+    ) -> m.FollowupRun:
+        body = m.FollowupRequest(
+            workflow_id=workflow_id,
+            event=event,
+            abandoned_at_step=abandoned_at_step,
+            recent_activity=_list(recent_activity),
+        )
         return self._call("post_followup", body, user_id=user_id)
 
-    def session_summary(self, user_id: str, body: m.JsonObject) -> m.JsonObject:
+    def session_summary(
+        self, user_id: str, session_id: str, started_at: float, session_number: Optional[int] = None
+    ) -> m.SummaryRun:
+        body = m.SummaryRequest(session_id=session_id, started_at=started_at, session_number=session_number)
         return self._call("post_session_summary", body, user_id=user_id)
 
-    def match_tours(self, body: m.JsonObject) -> m.JsonObject:
+    def match_tours(
+        self,
+        query: str,
+        user_id: Optional[str] = None,
+        role: Optional[str] = None,
+        current_page: Optional[str] = None,
+        history: Optional[Sequence[str]] = None,
+    ) -> m.TourMatch:
+        body = m.TourMatchRequest(
+            query=query, user_id=user_id, role=role, current_page=current_page, history=_list(history)
+        )
         return self._call("post_tour_match", body)
 
-    def get_plan(self, role: Optional[str] = None) -> m.JsonObject:
+    def get_plan(self, role: Optional[str] = None) -> m.OnboardingPlan:
         return self._call("get_plan", params={"role": role})
 
-    def put_plan(self, plan: m.JsonObject) -> m.JsonObject:
-        return self._call("put_plan", plan)
+    def put_plan(
+        self, workflows: Sequence[Union[m.OnboardingWorkflow, m.JsonObject]], role: Optional[str] = None
+    ) -> m.OnboardingPlanStored:
+        return self._call("put_plan", m.OnboardingPlanPut(workflows=list(workflows), role=role))
 
-    def get_catalog(self, role: Optional[str] = None) -> m.JsonObject:
+    def get_catalog(self, role: Optional[str] = None) -> m.RoleTourCatalog:
         return self._call("get_catalog", params={"role": role})
 
-    def put_catalog(self, catalog: m.JsonObject) -> m.JsonObject:
-        return self._call("put_catalog", catalog)
+    def put_catalog(
+        self, tours: Sequence[Union[m.TourCatalogEntry, m.JsonObject]], role: Optional[str] = None
+    ) -> m.TourCatalogStored:
+        return self._call("put_catalog", m.TourCatalogPut(tours=list(tours), role=role))
 
 
 class Conversations(_Base):
@@ -173,7 +246,7 @@ class Conversations(_Base):
     def send(self, id: str, text: str) -> m.ConversationChange:
         return self._call("send", m.Text(text=text), id=id)
 
-    def audit(self, id: str) -> m.JsonObject:
+    def audit(self, id: str) -> m.ConversationAudit:
         return self._call("conversation_audit", id=id)
 
 
@@ -188,13 +261,15 @@ class Agent(_Base):
         return self._call("get_thread", params={"user_id": user_id}, id=id)
 
     def end(self, id: str, user_id: Optional[str] = None) -> m.MemoryEntry:
-        return self._call("end_thread", {"user_id": user_id} if user_id else {}, id=id)
+        return self._call("end_thread", m.EndThread(user_id=user_id), id=id)
 
     def memory(self, owner: str, kind: Optional[str] = None) -> m.MemoryList:
         return self._call("list_memory", params={"kind": kind}, owner=owner)
 
-    def remember(self, owner: str, entry: m.JsonObject) -> m.MemoryEntry:
-        return self._call("add_memory", {"entry": entry}, owner=owner)
+    def remember(
+        self, owner: str, entry: Union[m.SemanticEntry, m.EpisodicEntry, m.JsonObject]
+    ) -> m.MemoryEntry:
+        return self._call("add_memory", m.AddMemory(entry=entry), owner=owner)
 
     def forget(self, owner: str, id: str) -> None:
         return self._call("delete_memory", owner=owner, id=id)
@@ -206,8 +281,10 @@ class Agent(_Base):
 class Flows(_Base):
     """Flows loaded with ``serve --flows``, on the reference-compatible routes."""
 
-    def start(self, flow: str) -> m.FlowAnswer:
-        return self._call("start_session", flow=flow)
+    def start(self, flow: str, seed_data: Optional[str] = None, user_info: Any = None) -> m.FlowAnswer:
+        """A new session (``seed_data`` and ``user_info`` are accepted by the
+        service for compatibility, and unused)."""
+        return self._call("start_session", m.FlowStart(seed_data=seed_data, user_info=user_info), flow=flow)
 
     def event(self, flow: str, session_id: str, event: str, event_input: Any = "") -> m.FlowAnswer:
         body = m.FlowEvent(session_id=session_id, event=event, event_input=event_input)
@@ -267,6 +344,10 @@ class Client(_Namespaces):
         """The API document (OpenAPI 3.1)."""
         return self._send(OPERATIONS["document"], "/openapi.json", None, {})
 
+    def metrics(self) -> str:
+        """The process's metrics, in the Prometheus text format."""
+        return self._send(OPERATIONS["metrics"], "/metrics", None, {})
+
     def close(self) -> None:
         self._http.close()
 
@@ -305,6 +386,9 @@ class AsyncClient(_Namespaces):
 
     async def document(self) -> m.JsonObject:
         return await self._send(OPERATIONS["document"], "/openapi.json", None, {})
+
+    async def metrics(self) -> str:
+        return await self._send(OPERATIONS["metrics"], "/metrics", None, {})
 
     async def aclose(self) -> None:
         await self._http.aclose()
