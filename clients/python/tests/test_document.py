@@ -99,9 +99,17 @@ def is_model(t):
 
 
 def union_members(annotation):
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) is typing.Union:
         return list(typing.get_args(annotation))
     return [annotation]
+
+
+def is_model_union(annotation):
+    """A union of models (a tagged union may come wrapped in ``Annotated``)."""
+    members = union_members(annotation)
+    return len(members) > 1 and all(is_model(t) for t in members)
 
 
 def compare(doc, schema, model, where, answer, errors):
@@ -131,8 +139,15 @@ def compare(doc, schema, model, where, answer, errors):
         if typing.get_origin(inner) in (list, typing.List) and prop.get("type") == "array":
             (inner,) = typing.get_args(inner) or (typing.Any,)
             prop, _ = non_null(doc, prop.get("items", {}))
+            here += "[]"
+        elif typing.get_origin(inner) in (dict, typing.Dict) and isinstance(prop.get("additionalProperties"), dict):
+            inner = (typing.get_args(inner) or (str, typing.Any))[1]
+            prop, _ = non_null(doc, prop["additionalProperties"])
+            here += "{}"
         if is_model(inner):
             compare(doc, prop, inner, here, answer, errors)
+        elif is_model_union(inner):
+            compare_union(doc, prop, inner, here, answer, errors)
 
 
 def check_body(doc, schema, declared, where, answer, errors):
@@ -141,31 +156,40 @@ def check_body(doc, schema, declared, where, answer, errors):
     elif declared is m.JsonObject:
         if not is_free_object(doc, schema):
             errors.append(f"{where}: the document describes {resolve(doc, schema)}, the client a free-form object")
-    elif typing.get_origin(declared) is typing.Union:
-        variants = resolve(doc, schema).get("oneOf") or resolve(doc, schema).get("anyOf")
-        if not variants:
-            errors.append(f"{where}: the client declares a union, the document {resolve(doc, schema)}")
-            return
-        models = union_members(declared)
-        if len(models) != len(variants):
-            errors.append(f"{where}: {len(variants)} variants in the document, {len(models)} in the client")
-        for i, variant in enumerate(variants):
-            names = set((object_members(doc, variant) or ({}, set()))[0])
-            match = [mo for mo in models if {(f.alias or n) for n, f in mo.model_fields.items()} == names and _same_tag(doc, variant, mo)]
-            if not match:
-                errors.append(f"{where}[{i}]: no client model has the members {sorted(names)}")
-            else:
-                compare(doc, variant, match[0], f"{where}[{i}]", answer, errors)
+    elif is_model_union(declared):
+        compare_union(doc, schema, declared, where, answer, errors)
     else:
         compare(doc, schema, declared, where, answer, errors)
 
 
+def compare_union(doc, schema, declared, where, answer, errors):
+    variants = resolve(doc, schema).get("oneOf") or resolve(doc, schema).get("anyOf")
+    if not variants:
+        errors.append(f"{where}: the client declares a union, the document {resolve(doc, schema)}")
+        return
+    models = union_members(declared)
+    if len(models) != len(variants):
+        errors.append(f"{where}: {len(variants)} variants in the document, {len(models)} in the client")
+    for i, variant in enumerate(variants):
+        names = set((object_members(doc, variant) or ({}, set()))[0])
+        match = [mo for mo in models if {(f.alias or n) for n, f in mo.model_fields.items()} == names and _same_tag(doc, variant, mo)]
+        if not match:
+            errors.append(f"{where}[{i}]: no client model has the members {sorted(names)}")
+        else:
+            compare(doc, variant, match[0], f"{where}[{i}]", answer, errors)
+
+
+TAGS = ("type", "kind")
+"""The members a tagged union of the document is told apart by."""
+
+
 def _same_tag(doc, variant, model):
     props = (object_members(doc, variant) or ({}, set()))[0]
-    tag = resolve(doc, props.get("type", {})).get("enum")
-    if not tag or "type" not in model.model_fields:
-        return True
-    return model.model_fields["type"].default in tag
+    for name in TAGS:
+        tag = resolve(doc, props.get(name, {})).get("enum")
+        if tag and name in model.model_fields:
+            return model.model_fields[name].default in tag
+    return True
 
 
 def json_schema(content):
