@@ -7,6 +7,7 @@ import uuid
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
 from parlance_client import (
     BadRequest,
@@ -32,12 +33,43 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def undocumented(value, path="answer"):
+    """The members of an answer, at any depth, that its model does not
+    declare (the document does not describe them either)."""
+    found = []
+    if isinstance(value, BaseModel):
+        found += [f"{path}.{k}" for k in value.model_extra or {}]
+        for name in type(value).model_fields:
+            found += undocumented(getattr(value, name), f"{path}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found += undocumented(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found += undocumented(item, f"{path}[{key!r}]")
+    return found
+
+
+def documented(value):
+    assert not undocumented(value), f"members the document does not describe: {undocumented(value)}"
+    return value
+
+
 # Probes -----------------------------------------------------------------
 
 
 def test_probes(client):
     assert client.healthz().status == "ok"
     assert client.readyz().status == "ready"
+    assert "# TYPE parlance_" in client.metrics()
+
+
+def test_metrics_async(make_async_client):
+    async def go():
+        async with make_async_client() as client:
+            return await client.metrics()
+
+    assert "# HELP " in run(go())
 
 
 # Sessions ---------------------------------------------------------------
@@ -58,6 +90,11 @@ def test_sessions_sync(client):
     # A plain dict is sent as it is.
     again = client.sessions.post_event(sid, {"type": "user_message"})
     assert again.version == opened.version + 1
+
+
+def test_tour_catalog_round_trip(client):
+    tours = documented(client.sessions.get_tours())
+    assert documented(client.sessions.put_tours(tours)) == tours
 
 
 def test_sessions_async(make_async_client):
@@ -93,6 +130,53 @@ def test_adoption_sync(client):
     client.adoption.delete(user)
     with pytest.raises(NotFound):
         client.adoption.get(user)
+
+
+def test_adoption_state_activity_and_runners(client):
+    user, role = new_id("user"), new_id("role")
+    plan = documented(client.adoption.put_plan([
+        m.OnboardingWorkflow(workflow_id="export", name="Export", steps=[
+            m.WorkflowStep(step_id="open", name="Open the export page", activity_signals=m.ActivitySignals(
+                any_of=[m.ActivitySignalRule(canonical_url_prefix="/export", min_count=1)])),
+        ]),
+        {"workflow_id": "", "name": "no id"},
+    ], role=role))
+    assert [w.workflow_id for w in plan.workflows] == ["export"] and plan.skipped and plan.role == role
+    assert documented(client.adoption.get_plan(role=role)).workflows == plan.workflows
+    catalog = documented(client.adoption.put_catalog([m.TourCatalogEntry(tour_id="export", name="Export")], role=role))
+    assert [t.tour_id for t in catalog.tours] == ["export"] and catalog.skipped == []
+    assert documented(client.adoption.get_catalog(role=role)).tours == catalog.tours
+
+    record = documented(client.adoption.events(user, [
+        m.SetJourneyState(state="onboarding"),
+        m.SetMetadata(metadata={"role": role}),
+        m.SetMastery(rating=3, level="beginner", description="new"),
+        m.RecordSession(session_id="s-1", session_number=1, started_at=time.time() - 60),
+    ]))
+    assert record.version == 1 and record.state.mastery.level == "beginner"
+    assert record.state.sessions.index[0].session_id == "s-1"
+    seen = documented(client.adoption.activity(
+        user, actions=[m.Activity(type="click", canonical_url="/export/csv")], discovered_features=["export"]
+    ))
+    assert [d.step_id for d in seen.detected.steps] == ["open"]
+    assert seen.state.onboarding.workflow_progress["export"].steps["open"].status == "completed"
+    replaced = documented(client.adoption.put(user, seen.state, expected_version=seen.version))
+    assert replaced.version == seen.version + 1 and replaced.state.discovered_features == ["export"]
+
+    gate = documented(client.adoption.gate(user, 600, config=m.ExplorationGateConfig(min_distinct_features=1)))
+    assert gate.passed and gate.code == "ok"
+    judged = documented(client.adoption.judge(user, activity=[{"type": "click"}], signals={"exports": 1}))
+    assert judged.output is not None and judged.output.status and judged.llm is not None
+    welcomed = documented(client.adoption.welcome(user, 600, config={"min_distinct_features": 0}))
+    assert welcomed.gate is not None and welcomed.output is not None
+    followed = documented(client.adoption.followup(user, "export", "completed"))
+    assert followed.output is not None and followed.version > welcomed.version
+    summary = documented(client.adoption.session_summary(user, "s-1", time.time() - 60))
+    assert summary.output is not None and summary.output.snapshot.session_id == "s-1"
+    matched = documented(client.adoption.match_tours("how do I export my notes?", user_id=user))
+    assert matched.role == role and matched.allowed_tour_ids == ["export"]
+    with pytest.raises(Invalid):
+        client.adoption.followup(user, "export", "paused")
 
 
 def test_adoption_async(make_async_client):
@@ -132,7 +216,11 @@ def test_conversations_sync(client):
     problem = refused.value
     assert problem.status == 409 and problem.kind == "not-allowed"
     assert problem.command == "pause" and problem.state == problem.extra["state"]
-    assert isinstance(client.conversations.audit(conv.instance_id).items, list)
+    audit = documented(client.conversations.audit(conv.instance_id))
+    assert audit.items[0].entity_id == conv.instance_id and audit.items[-1].to == "FAILED"
+    view = documented(client.conversations.get(conv.instance_id))
+    assert view.transcript[0].role == "agent"
+    assert ("contact", "Tuesday works") in [(msg.role, msg.text) for msg in view.transcript]
 
 
 def test_conversations_async(make_async_client):
@@ -182,8 +270,29 @@ def test_agent_async(make_async_client):
             assert (await client.agent.thread(thread, user_id=owner)).version == 2
             ended = await client.agent.end(thread, user_id=owner)
             assert ended.entry.type == "episodic"
+            stored = await client.agent.remember(owner, m.EpisodicEntry(summary="talked about work", primary_themes=["work"]))
+            assert documented(stored).entry.primary_themes == ["work"]
+            assert stored.id in {e.id for e in (await client.agent.memory(owner, kind="episodic")).entries}
 
     run(go())
+
+
+def test_agent_typed_input_and_crisis_log(client):
+    owner, thread = new_id("owner"), new_id("thread")
+    out = documented(client.agent.turn(
+        "I want to kill myself",
+        user_id=owner,
+        session_id=thread,
+        history=[m.TurnMessage(role="user", content="hi")],
+        working_memory=["a line kept from an older checkpoint",
+                        m.SemanticEntry(category="preference", subject="User", predicate="LIKES", object="tea")],
+        installed_skills=["journal"],
+    ))
+    assert out.response_type == "crisis" and out.crisis.level >= 1
+    assert out.response_style_type == "safety" and out.response_style_source == "gate"
+    records = documented(client.agent.crisis_log(owner)).records
+    assert [(r.owner, r.thread, r.turn) for r in records] == [(owner, thread, 1)]
+    assert records[0].assessment.level == out.crisis.level and records[0].audit.classifier_path
 
 
 # Flows ------------------------------------------------------------------
@@ -208,6 +317,12 @@ def test_flows_sync(client):
         client.flows.event("qa", started.session_id, "advance")
     assert refused.value.command == "advance"
     assert client.flows.model("qa", started.session_id).response
+    flows = documented(client.flows.list()).flows
+    qa = next(f for f in flows if f.name == "qa")
+    assert qa.initial == qa.states[0].id and qa.states[0].kind in ("user", "invoker")
+    # The optional body of start_session is accepted, and unused.
+    seeded = documented(client.flows.start("qa", seed_data="seed", user_info={"plan": "pro"}))
+    assert seeded.next_actions == ["user_input"] and seeded.session_id != started.session_id
 
 
 def test_flows_async(make_async_client):
