@@ -11,7 +11,14 @@ EXAMPLES = re.findall(r"^## (.+?)\n.*?```python\n(.*?)```", README.read_text(enc
 
 def test_every_machine_has_an_example():
     titles = [t for t, _ in EXAMPLES]
-    assert titles == ["Sessions", "User adoption", "Conversations", "Agent turns", "Flows (async)"]
+    assert titles == [
+        "Sessions",
+        "User adoption",
+        "User adoption: plans and runners",
+        "Conversations",
+        "Agent turns",
+        "Flows (async)",
+    ]
 
 
 @pytest.mark.parametrize("title,code", EXAMPLES, ids=[t for t, _ in EXAMPLES])
