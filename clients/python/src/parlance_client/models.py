@@ -839,7 +839,8 @@ class AgentInput(Model):
     message: str
     user_id: Optional[str] = None
     session_id: Optional[str] = None
-    channel: Optional[Literal["TEST", "WEB", "VOICE"]] = None
+    channel: Optional[str] = None
+    """``TEST``, ``WEB`` or ``VOICE``."""
     history: Optional[List[TurnMessage]] = None
     working_memory: Optional[List[Union[MemoryContent, str]]] = None
     """Structured entries, or lines kept from older checkpoints."""
