@@ -293,6 +293,9 @@ def test_agent_typed_input_and_crisis_log(client):
     records = documented(client.agent.crisis_log(owner)).records
     assert [(r.owner, r.thread, r.turn) for r in records] == [(owner, thread, 1)]
     assert records[0].assessment.level == out.crisis.level and records[0].audit.classifier_path
+    # A value outside a closed set is the service's to refuse, as a typed problem.
+    with pytest.raises(Invalid):
+        client.agent.turn("hello", user_id=owner, session_id=thread, channel="FAX")
 
 
 # Flows ------------------------------------------------------------------
