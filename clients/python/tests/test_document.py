@@ -199,6 +199,14 @@ def json_schema(content):
     return None
 
 
+def test_the_document_is_valid_openapi_3_1(document):
+    from openapi_spec_validator import OpenAPIV31SpecValidator
+
+    assert document["openapi"] == "3.1.0"
+    errors = [str(e) for e in OpenAPIV31SpecValidator(document).iter_errors()]
+    assert not errors, "the document is not valid OpenAPI 3.1:\n" + "\n".join(errors[:20])
+
+
 def test_every_documented_operation_is_in_the_client(document):
     missing = [f"{method} {path}" for method, path, _ in operations(document) if find(method, path) is None]
     assert not missing, f"operations the client lacks: {missing}"
