@@ -99,7 +99,7 @@ fn backend(v: Option<&String>) -> Result<Backend> {
 /// failure is returned. Without python3 (or PostgreSQL for that backend)
 /// the part is skipped and said so, except under `CI`, where it fails.
 pub(crate) fn run(plan: &Plan) -> Result<()> {
-    if !py::available() && !root().join("target/py/venv/bin/python").is_file() {
+    if py::interpreter().is_none() && !root().join("target/py/venv/bin/python").is_file() {
         if on_ci() {
             bail!("CI is set and python3 (with venv) is missing: the API tests cannot run");
         }
