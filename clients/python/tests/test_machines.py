@@ -97,6 +97,17 @@ def test_tour_catalog_round_trip(client):
     assert documented(client.sessions.put_tours(tours)) == tours
 
 
+def test_a_null_set_on_purpose_is_sent(client):
+    # For the catalog, `null` (the session's own cooldown) and an absent
+    # member (120 s) differ: a model's explicit None must reach the service.
+    own = m.TourCatalog(default_cooldown_period_s=None)
+    assert client.sessions.put_tours(own).default_cooldown_period_s is None
+    assert client.sessions.get_tours().default_cooldown_period_s is None
+    defaults = client.sessions.put_tours(m.TourCatalog())
+    assert defaults.default_cooldown_period_s == 120.0
+    assert defaults.default_interaction_timeout_s == 20.0
+
+
 def test_sessions_async(make_async_client):
     async def go():
         async with make_async_client() as client:

@@ -19,8 +19,40 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 def _body(value: Any) -> Any:
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return _prune(value, value.model_dump(mode="json", by_alias=True))
     return value
+
+
+def _prune(model: Any, data: Any) -> Any:
+    """Drops the members left ``None`` by default, keeping those set to
+    ``None`` on purpose: for the service an absent member and ``null`` can
+    differ (a tour catalog's absent default timeout is 20 s, ``null`` the
+    session's own)."""
+    if isinstance(model, BaseModel) and isinstance(data, dict):
+        for name, field in type(model).model_fields.items():
+            key = field.serialization_alias or field.alias or name
+            if key not in data:
+                continue
+            value = getattr(model, name)
+            if value is None and name not in model.model_fields_set:
+                del data[key]
+            else:
+                _prune(value, data[key])
+    elif isinstance(model, (list, tuple)) and isinstance(data, list):
+        for item, dumped in zip(model, data):
+            _prune(item, dumped)
+    elif isinstance(model, dict) and isinstance(data, dict):
+        for key, item in model.items():
+            if key in data:
+                _prune(item, data[key])
+    return data
+
+
+def _make(model: Any, **fields: Any) -> Any:
+    """A request body from a call's arguments: an argument left ``None``
+    is left out, so the service applies its default (passing a model
+    instead sends exactly what it holds)."""
+    return model(**{k: v for k, v in fields.items() if v is not None})
 
 
 def _list(items: Optional[Sequence[Any]]) -> Optional[list]:
@@ -95,7 +127,7 @@ class Adoption(_Base):
         state: Union[m.AdoptionSnapshot, m.JsonObject],
         expected_version: Optional[int] = None,
     ) -> m.AdoptionRecord:
-        body = m.AdoptionReplace(state=state, expected_version=expected_version)
+        body = _make(m.AdoptionReplace, state=state, expected_version=expected_version)
         return self._call("put_adoption", body, user_id=user_id)
 
     def delete(self, user_id: str) -> None:
@@ -107,7 +139,7 @@ class Adoption(_Base):
         events: Sequence[Union[m.AdoptionEvent, m.JsonObject]],
         metadata: Optional[m.JsonObject] = None,
     ) -> m.AdoptionRecord:
-        body = m.AdoptionEvents(events=list(events), metadata=metadata)
+        body = _make(m.AdoptionEvents, events=list(events), metadata=metadata)
         return self._call("post_adoption_events", body, user_id=user_id)
 
     def activity(
@@ -117,7 +149,7 @@ class Adoption(_Base):
         discovered_features: Optional[Sequence[str]] = None,
         metadata: Optional[m.JsonObject] = None,
     ) -> m.AdoptionActivityResult:
-        body = m.AdoptionActivity(
+        body = _make(m.AdoptionActivity,
             actions=_list(actions), discovered_features=_list(discovered_features), metadata=metadata
         )
         return self._call("post_adoption_activity", body, user_id=user_id)
@@ -129,7 +161,7 @@ class Adoption(_Base):
         distinct_features_seen: Optional[int] = None,
         config: Optional[Union[m.ExplorationGateConfig, m.JsonObject]] = None,
     ) -> m.AdoptionGate:
-        body = m.AdoptionGateRequest(
+        body = _make(m.AdoptionGateRequest,
             seconds_on_app=seconds_on_app, distinct_features_seen=distinct_features_seen, config=config
         )
         return self._call("post_adoption_gate", body, user_id=user_id)
@@ -143,7 +175,7 @@ class Adoption(_Base):
         activity: Optional[Sequence[Union[m.Activity, m.JsonObject]]] = None,
         signals: Optional[m.JsonObject] = None,
     ) -> m.JudgeRun:
-        body = m.JudgeRequest(activity=_list(activity), signals=signals)
+        body = _make(m.JudgeRequest, activity=_list(activity), signals=signals)
         return self._call("post_judge", body, user_id=user_id)
 
     def welcome(
@@ -154,7 +186,7 @@ class Adoption(_Base):
         config: Optional[Union[m.ExplorationGateConfig, m.JsonObject]] = None,
         recent_activity: Optional[Sequence[Union[m.Activity, m.JsonObject]]] = None,
     ) -> m.WelcomeRun:
-        body = m.WelcomeRequest(
+        body = _make(m.WelcomeRequest,
             seconds_on_app=seconds_on_app,
             distinct_features_seen=distinct_features_seen,
             config=config,
@@ -170,7 +202,7 @@ class Adoption(_Base):
         abandoned_at_step: Optional[str] = None,
         recent_activity: Optional[Sequence[Union[m.Activity, m.JsonObject]]] = None,
     ) -> m.FollowupRun:
-        body = m.FollowupRequest(
+        body = _make(m.FollowupRequest,
             workflow_id=workflow_id,
             event=event,
             abandoned_at_step=abandoned_at_step,
@@ -181,7 +213,7 @@ class Adoption(_Base):
     def session_summary(
         self, user_id: str, session_id: str, started_at: float, session_number: Optional[int] = None
     ) -> m.SummaryRun:
-        body = m.SummaryRequest(session_id=session_id, started_at=started_at, session_number=session_number)
+        body = _make(m.SummaryRequest, session_id=session_id, started_at=started_at, session_number=session_number)
         return self._call("post_session_summary", body, user_id=user_id)
 
     def match_tours(
@@ -192,7 +224,7 @@ class Adoption(_Base):
         current_page: Optional[str] = None,
         history: Optional[Sequence[str]] = None,
     ) -> m.TourMatch:
-        body = m.TourMatchRequest(
+        body = _make(m.TourMatchRequest,
             query=query, user_id=user_id, role=role, current_page=current_page, history=_list(history)
         )
         return self._call("post_tour_match", body)
@@ -203,7 +235,7 @@ class Adoption(_Base):
     def put_plan(
         self, workflows: Sequence[Union[m.OnboardingWorkflow, m.JsonObject]], role: Optional[str] = None
     ) -> m.OnboardingPlanStored:
-        return self._call("put_plan", m.OnboardingPlanPut(workflows=list(workflows), role=role))
+        return self._call("put_plan", _make(m.OnboardingPlanPut, workflows=list(workflows), role=role))
 
     def get_catalog(self, role: Optional[str] = None) -> m.RoleTourCatalog:
         return self._call("get_catalog", params={"role": role})
@@ -211,14 +243,14 @@ class Adoption(_Base):
     def put_catalog(
         self, tours: Sequence[Union[m.TourCatalogEntry, m.JsonObject]], role: Optional[str] = None
     ) -> m.TourCatalogStored:
-        return self._call("put_catalog", m.TourCatalogPut(tours=list(tours), role=role))
+        return self._call("put_catalog", _make(m.TourCatalogPut, tours=list(tours), role=role))
 
 
 class Conversations(_Base):
     """Conversation instances: replies, follow-ups, pause, hand-off."""
 
     def create(self, contact_id: str, objective: str, **fields: Any) -> m.ConversationView:
-        return self._call("create_conversation", m.ConversationCreate(contact_id=contact_id, objective=objective, **fields))
+        return self._call("create_conversation", _make(m.ConversationCreate, contact_id=contact_id, objective=objective, **fields))
 
     def list(
         self, contact_id: Optional[str] = None, state: Optional[str] = None, limit: Optional[int] = None
@@ -254,14 +286,14 @@ class Agent(_Base):
     """Agent turns of the reference support agent, threads and memory."""
 
     def turn(self, message: str, user_id: str, session_id: str, **fields: Any) -> m.AgentOutput:
-        body = m.AgentInput(message=message, user_id=user_id, session_id=session_id, **fields)
+        body = _make(m.AgentInput, message=message, user_id=user_id, session_id=session_id, **fields)
         return self._call("turn", body)
 
     def thread(self, id: str, user_id: Optional[str] = None) -> m.Thread:
         return self._call("get_thread", params={"user_id": user_id}, id=id)
 
     def end(self, id: str, user_id: Optional[str] = None) -> m.MemoryEntry:
-        return self._call("end_thread", m.EndThread(user_id=user_id), id=id)
+        return self._call("end_thread", _make(m.EndThread, user_id=user_id), id=id)
 
     def memory(self, owner: str, kind: Optional[str] = None) -> m.MemoryList:
         return self._call("list_memory", params={"kind": kind}, owner=owner)
@@ -269,7 +301,7 @@ class Agent(_Base):
     def remember(
         self, owner: str, entry: Union[m.SemanticEntry, m.EpisodicEntry, m.JsonObject]
     ) -> m.MemoryEntry:
-        return self._call("add_memory", m.AddMemory(entry=entry), owner=owner)
+        return self._call("add_memory", _make(m.AddMemory, entry=entry), owner=owner)
 
     def forget(self, owner: str, id: str) -> None:
         return self._call("delete_memory", owner=owner, id=id)
@@ -284,10 +316,10 @@ class Flows(_Base):
     def start(self, flow: str, seed_data: Optional[str] = None, user_info: Any = None) -> m.FlowAnswer:
         """A new session (``seed_data`` and ``user_info`` are accepted by the
         service for compatibility, and unused)."""
-        return self._call("start_session", m.FlowStart(seed_data=seed_data, user_info=user_info), flow=flow)
+        return self._call("start_session", _make(m.FlowStart, seed_data=seed_data, user_info=user_info), flow=flow)
 
     def event(self, flow: str, session_id: str, event: str, event_input: Any = "") -> m.FlowAnswer:
-        body = m.FlowEvent(session_id=session_id, event=event, event_input=event_input)
+        body = _make(m.FlowEvent, session_id=session_id, event=event, event_input=event_input)
         return self._call("flow_event", body, flow=flow)
 
     def task_state(self, flow: str, session_id: str) -> m.TaskState:
