@@ -69,7 +69,9 @@ pub struct WorkflowStep {
     /// Description.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub description: String,
-    /// Whether the step counts toward completion.
+    /// Whether the step counts toward completion. The configuration form
+    /// writes `required: false` for an optional step and leaves the key out
+    /// for a required one, as the reference does.
     #[serde(skip_serializing_if = "is_true")]
     pub required: bool,
     /// Detection rules.
@@ -160,6 +162,38 @@ fn opt_text(v: Option<&V>, path: &str, issues: &mut Vec<PlanIssue>) -> String {
     }
 }
 
+/// Whether a step is required, from its `required` value.
+///
+/// An absent key means required; `true` and `false` are themselves. Any
+/// other value is read as the reference reads it, by its truth value (not
+/// required when it is `null`, `0`, `""`, `[]` or `{}`; required otherwise,
+/// `"false"` included), and reported. Reading `null` or `0` as required
+/// would turn a step the configuration made optional into a required one,
+/// and the normalised plan would no longer say `required: false`.
+fn step_required(v: Option<&V>, path: &str, issues: &mut Vec<PlanIssue>) -> bool {
+    let value = match v {
+        None => return true,
+        Some(V::Bool(b)) => return *b,
+        Some(value) => value,
+    };
+    let required = match value {
+        V::Null => false,
+        V::Number(n) => n.as_f64().is_none_or(|x| x != 0.0),
+        V::String(s) => !s.is_empty(),
+        V::Array(items) => !items.is_empty(),
+        V::Object(pairs) => !pairs.is_empty(),
+        V::Bool(b) => *b,
+    };
+    issues.push(PlanIssue::new(
+        path,
+        format!(
+            "expected a boolean, found {}, read as {required}",
+            value.type_name()
+        ),
+    ));
+    required
+}
+
 fn parse_step(
     v: &V,
     path: &str,
@@ -176,25 +210,11 @@ fn parse_step(
             return None;
         }
     };
-    let required = match v.get("required") {
-        None | Some(V::Null) => true,
-        Some(V::Bool(b)) => *b,
-        Some(other) => {
-            issues.push(PlanIssue::new(
-                format!("{path}.required"),
-                format!(
-                    "expected a boolean, found {}, read as true",
-                    other.type_name()
-                ),
-            ));
-            true
-        }
-    };
     Some(WorkflowStep {
         step_id,
         name: opt_text(v.get("name"), &format!("{path}.name"), issues),
         description: opt_text(v.get("description"), &format!("{path}.description"), issues),
-        required,
+        required: step_required(v.get("required"), &format!("{path}.required"), issues),
         activity_signals: ActivitySignals::from_value(
             v.get("activity_signals"),
             &format!("{path}.activity_signals"),

@@ -540,7 +540,143 @@ fn arb_json() -> impl Strategy<Value = Value> {
     })
 }
 
+/// A step's `required` as the reference reads it: absent is required, any
+/// other value by its truth value (`null`, `false`, `0`, `""`, `[]` and `{}`
+/// are false).
+fn reference_required(v: Option<&Value>) -> bool {
+    match v {
+        None => true,
+        Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
+/// A `required` value: absent, or any JSON a configuration may hold there.
+fn arb_required() -> impl Strategy<Value = Option<Value>> {
+    prop::option::weighted(
+        0.85,
+        prop::sample::select(vec![
+            Value::Null,
+            json!(false),
+            json!(true),
+            json!(0),
+            json!(0.0),
+            json!(-0.0),
+            json!(1),
+            json!(0.5),
+            json!(""),
+            json!("false"),
+            json!("no"),
+            json!([]),
+            json!([0]),
+            json!({}),
+            json!({"a": false}),
+        ]),
+    )
+}
+
+/// Plan configurations with unique ids, roles and steps whose `required`
+/// is spelled every way a configuration can spell it.
+fn arb_plan_config() -> impl Strategy<Value = Value> {
+    let step = (
+        arb_required(),
+        prop::option::of("[A-Za-z ]{0,6}"),
+        any::<bool>(),
+    );
+    let workflow = (
+        prop::sample::select(vec![None, Some("admin"), Some(" Admin "), Some("viewer")]),
+        prop::collection::vec(step, 0..5),
+        any::<bool>(),
+    );
+    prop::collection::vec(workflow, 0..4).prop_map(|workflows| {
+        let workflows = workflows
+            .into_iter()
+            .enumerate()
+            .map(|(w, (role, steps, signals))| {
+                let steps: Vec<Value> = steps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (required, name, with_signals))| {
+                        let mut step = json!({"step_id": format!("s{i}")});
+                        if let Some(required) = required {
+                            step["required"] = required;
+                        }
+                        if let Some(name) = name {
+                            step["name"] = json!(name);
+                        }
+                        if with_signals {
+                            step["activity_signals"] = json!({"any_of": [{"event_type": "e"}]});
+                        }
+                        step
+                    })
+                    .collect();
+                let mut workflow = json!({"workflow_id": format!("w{w}"), "steps": steps});
+                if let Some(role) = role {
+                    workflow["role"] = json!(role);
+                }
+                if signals {
+                    workflow["activity_signals"] = json!({"any_of": [{"type": "click"}]});
+                }
+                workflow
+            })
+            .collect();
+        Value::Array(workflows)
+    })
+}
+
 proptest! {
+    #[test]
+    fn every_steps_required_survives_output_and_a_round_trip(config in arb_plan_config()) {
+        let load = OnboardingPlan::from_config(&config);
+        prop_assert!(load.errors.is_empty(), "{:?}", load.errors);
+        let declared = config.as_array().unwrap();
+        prop_assert_eq!(load.plan.workflows.len(), declared.len());
+        let output = load.plan.to_config();
+        for (w, workflow) in load.plan.workflows.iter().enumerate() {
+            let steps = declared[w]["steps"].as_array().unwrap();
+            prop_assert_eq!(workflow.steps.len(), steps.len());
+            for (i, step) in workflow.steps.iter().enumerate() {
+                // Read as the reference reads it ...
+                let want = reference_required(steps[i].get("required"));
+                prop_assert_eq!(step.required, want, "{}", steps[i]);
+                // A value that is not a boolean is reported with its path.
+                let path = format!("$[{w}].steps[{i}].required");
+                let reported = load.skipped.iter().any(|x| x.path == path);
+                let not_boolean = steps[i].get("required").is_some_and(|r| !r.is_boolean());
+                prop_assert_eq!(reported, not_boolean, "{}", steps[i]);
+                // ... and written as it writes it: `false` when optional,
+                // nothing when required.
+                let written = output[w]["steps"][i].get("required");
+                prop_assert_eq!(written, (!want).then_some(&Value::Bool(false)), "{}", steps[i]);
+            }
+            let required: Vec<&str> = workflow
+                .steps
+                .iter()
+                .filter(|s| s.required)
+                .map(|s| s.step_id.as_str())
+                .collect();
+            prop_assert_eq!(workflow.required_step_ids(), required);
+        }
+        // The normalised form, and its JSON text as a store keeps it, reads
+        // back to the same plan with nothing to report.
+        let text = serde_json::to_string(&load.plan).unwrap();
+        for form in [output, serde_json::from_str::<Value>(&text).unwrap()] {
+            let again = OnboardingPlan::from_config(&form);
+            prop_assert_eq!(&again.plan, &load.plan);
+            prop_assert!(again.skipped.is_empty(), "{:?}", again.skipped);
+        }
+        // A role's view keeps its workflows' steps as they are.
+        for role in [None, Some("admin"), Some("viewer")] {
+            for kept in &load.plan.for_role(role).workflows {
+                prop_assert_eq!(Some(kept), load.plan.get(&kept.workflow_id));
+            }
+        }
+    }
+
     #[test]
     fn snapshot_round_trips(state in arb_state()) {
         let now = at(1.0);
