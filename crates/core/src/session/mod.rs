@@ -24,7 +24,7 @@ mod tours;
 mod tests;
 
 pub use machine::{SessionCommand, SessionEvent, SessionKey, SessionReport};
-pub use snapshot::{DecodeError, SNAPSHOT_VERSION};
+pub use snapshot::{DecodeError, SNAPSHOT_REQUIRED_KEYS, SNAPSHOT_VERSION};
 pub use state::{
     AssistState, ConversationEvent, CooldownChange, DEFAULT_COOLDOWN_PERIOD_S,
     DEFAULT_INTERACTION_TIMEOUT_S, DeliveryRoute, ProactiveState, ReactiveState, SessionError,

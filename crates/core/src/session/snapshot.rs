@@ -21,6 +21,34 @@ use crate::{ProductId, Timestamp};
 /// The snapshot version this build writes and reads.
 pub const SNAPSHOT_VERSION: u64 = 2;
 
+/// The keys a snapshot must hold, as paths (`proactive.last_message_at` is
+/// `last_message_at` inside `proactive`; an absent `proactive` lacks it). A
+/// snapshot missing any of them is refused with [`DecodeError::Missing`]
+/// naming it; every other key has a default. None of these has a default
+/// we could stand behind:
+///
+/// - `_v`: a snapshot of unknown version is never read as this one;
+/// - `product_id`, `session_id`: the session's identity (the reference
+///   loads a missing id as `""`, which its constructor forbids);
+/// - `current_state`: a default of `thinking` would silently end an active
+///   session and start no cooldown (the reference does that);
+/// - `last_interaction_at`, `proactive.last_message_at`,
+///   `reactive.last_message_at`: a default of "now" would extend timeouts
+///   instead of flagging a corrupt record (the reference's weakness 2).
+///
+/// `thinking.cooldown_started_at` is not listed: it may be absent or `null`
+/// (no cooldown), and is required only while `thinking.cooldown_active` is
+/// true.
+pub const SNAPSHOT_REQUIRED_KEYS: &[&str] = &[
+    "_v",
+    "product_id",
+    "session_id",
+    "current_state",
+    "last_interaction_at",
+    "proactive.last_message_at",
+    "reactive.last_message_at",
+];
+
 /// Why a document could not be decoded. `path` names the field, e.g.
 /// `thinking.cooldown_started_at` or `tours[2].id` (`$` is the document).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -444,6 +444,43 @@ fn malformed_fields_are_named_by_path() {
     );
 }
 
+/// `SNAPSHOT_REQUIRED_KEYS` is the decoder's rule, in one place: removing a
+/// key (or the object holding it) is refused, naming the key, exactly when
+/// the key is listed.
+#[test]
+fn exactly_the_listed_keys_are_required() {
+    let full = proactive().to_snapshot();
+    let mut paths: Vec<(String, Option<&str>)> = Vec::new();
+    for (k, v) in full.as_object().unwrap() {
+        paths.push((k.clone(), None));
+        if let Some(sub) = v.as_object() {
+            for sk in sub.keys() {
+                paths.push((format!("{k}.{sk}"), Some(k.as_str())));
+            }
+        }
+    }
+    for (path, parent) in &paths {
+        let mut v = full.clone();
+        match parent {
+            None => v.as_object_mut().unwrap().remove(path),
+            Some(p) => v[*p].as_object_mut().unwrap().remove(&path[p.len() + 1..]),
+        };
+        // The first listed key under the removed one (itself, or a key of
+        // the object removed) is the one named.
+        let lost = SNAPSHOT_REQUIRED_KEYS
+            .iter()
+            .find(|r| *r == path || r.starts_with(&format!("{path}.")));
+        match (SessionState::from_snapshot(&v), lost) {
+            (Ok(_), None) => {}
+            (Err(DecodeError::Missing { path: named }), Some(r)) => assert_eq!(&named, r),
+            (got, lost) => panic!("removing {path}: {got:?}, listed {lost:?}"),
+        }
+    }
+    for r in SNAPSHOT_REQUIRED_KEYS {
+        assert!(paths.iter().any(|(p, _)| p == r), "{r} is not written");
+    }
+}
+
 #[test]
 fn keys_with_a_seed_default_may_be_absent() {
     let mut v = session().to_snapshot();

@@ -11,8 +11,11 @@
 //! (`_v: 2`) only in the version, `product_id` and the "no cooldown" marker
 //! (`0.0` there, `null` here); [`to_our_snapshot`] translates exactly that.
 //!
-//! Two lists below name every divergence: [`SKIPS`], cases skipped by tag
-//! (Python artefacts and reference defects we fix), and one named exception,
+//! Two lists below name every divergence: [`SKIPS`], rules naming the
+//! snapshots we refuse and the reference loads, each by what the snapshot
+//! does (a key of `SNAPSHOT_REQUIRED_KEYS` missing, an unknown state, an id
+//! we refuse) or by a tag the corpus documents as a class of Python
+//! artefacts, with its reason; and one named exception,
 //! [`VISUAL_GUIDANCE_IN_THINKING`], applied step by step.
 
 use std::collections::BTreeMap;
@@ -20,46 +23,124 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use parlance_core::session::{
-    ConversationEvent, SessionError, SessionId, SessionState, TourCatalog, TourRegistry,
+    AssistState, ConversationEvent, DecodeError, SNAPSHOT_REQUIRED_KEYS, SessionError, SessionId,
+    SessionState, TourCatalog, TourRegistry,
 };
 use parlance_core::{ProductId, Timestamp};
 use serde_json::{Value, json};
 
-/// Cases skipped, by tag, with the reason. The first matching tag decides.
-const SKIPS: &[(&str, &str)] = &[
-    (
-        "py_type_leak",
-        "python artefact: the reference stores wrong-typed timeouts unvalidated; we reject them at load",
-    ),
-    (
-        "py_version_equality",
-        "python artefact: `_v` of 1.0 or true equals 1 under Python `==`; our version must be the integer",
-    ),
-    (
-        "mut:bad_state",
-        "defect we fix: the reference loads an unknown current_state as thinking; the spec makes it an error",
-    ),
-    (
-        "mut:no_session_id",
-        "defect we fix (weakness 12): the reference loads an empty or missing session id its constructor forbids",
-    ),
-    (
-        "sub:proactive",
-        "defect we fix (weakness 2): a missing timestamp (proactive.last_message_at) becomes now; we reject it",
-    ),
-    (
-        "sub:reactive",
-        "defect we fix (weakness 2): a missing timestamp (reactive.last_message_at) becomes now; we reject it",
-    ),
-    (
-        "drop:proactive",
-        "defect we fix (weakness 2): a missing timestamp (proactive.last_message_at) becomes now; we reject it",
-    ),
-    (
-        "drop:reactive",
-        "defect we fix (weakness 2): a missing timestamp (reactive.last_message_at) becomes now; we reject it",
-    ),
+/// A divergence rule: which cases it names, why, and the refusal it claims.
+///
+/// Every rule says we refuse a snapshot the reference loads; a case a rule
+/// names is still decoded, and must be refused as the rule says.
+struct Skip {
+    /// Why we differ.
+    reason: &'static str,
+    /// Whether the rule names this case (by what the case does, or by a
+    /// tag the corpus documents as a class).
+    applies: fn(&Value) -> bool,
+    /// The refusal the rule claims.
+    refusal: fn(&DecodeError) -> bool,
+}
+
+/// The rule for snapshots missing a key we require, whichever key it is.
+const MISSING_REQUIRED_KEY: &str = "policy (weakness 2; 12 for the session id): the reference loads a snapshot missing a key \
+     we require (SNAPSHOT_REQUIRED_KEYS: version, identity, current_state, the timestamps) with a default \
+     (an empty id, thinking, now); we refuse it, naming the key";
+
+/// Every divergence of the replay, with its reason. The first rule that
+/// applies names the case.
+const SKIPS: &[Skip] = &[
+    Skip {
+        reason: MISSING_REQUIRED_KEY,
+        applies: lacks_a_required_key,
+        refusal: |e| matches!(e, DecodeError::Missing { path } if SNAPSHOT_REQUIRED_KEYS.contains(&path.as_str())),
+    },
+    Skip {
+        reason: "python artefact: the reference stores wrong-typed timeouts unvalidated; we reject them at load",
+        applies: |c| tag(c, "py_type_leak"),
+        refusal: |e| {
+            matches!(
+                e,
+                DecodeError::WrongType { .. } | DecodeError::Invalid { .. }
+            ) && matches!(
+                e.path(),
+                Some("interaction_timeout_s" | "cooldown_period_s")
+            )
+        },
+    },
+    Skip {
+        reason: "python artefact: `_v` of 1.0 or true equals 1 under Python `==`; our version must be the integer",
+        applies: |c| {
+            reference_loads(c)
+                && snapshot(c)
+                    .and_then(|s| s.get("_v"))
+                    .is_some_and(|v| !(v.is_u64() || v.is_i64()))
+        },
+        refusal: |e| matches!(e, DecodeError::Version { .. }),
+    },
+    Skip {
+        reason: "defect we fix: the reference loads an unknown current_state as thinking; the spec makes it an error",
+        applies: |c| {
+            reference_loads(c)
+                && snapshot(c)
+                    .and_then(|s| s.get("current_state"))
+                    .is_some_and(|v| v.as_str().and_then(AssistState::from_wire).is_none())
+        },
+        refusal: |e| e.path() == Some("current_state"),
+    },
+    Skip {
+        reason: "defect we fix (weakness 12): the reference loads a session id its constructor forbids (empty, not text)",
+        applies: |c| {
+            reference_loads(c)
+                && snapshot(c)
+                    .and_then(|s| s.get("session_id"))
+                    .is_some_and(|v| v.as_str().is_none_or(|id| SessionId::parse(id).is_err()))
+        },
+        refusal: |e| e.path() == Some("session_id"),
+    },
 ];
+
+fn tag(case: &Value, t: &str) -> bool {
+    case["tags"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(t)))
+}
+
+/// The snapshot a `from_dict` case loads, when it is an object.
+fn snapshot(case: &Value) -> Option<&serde_json::Map<String, Value>> {
+    case["input"]["snapshot"].as_object()
+}
+
+/// Whether the reference loaded the case's snapshot.
+fn reference_loads(case: &Value) -> bool {
+    case["expect"]["load"].get("ok").is_some()
+}
+
+/// Whether the reference loaded a snapshot that, in our layout, lacks a key
+/// of [`SNAPSHOT_REQUIRED_KEYS`]: the key is absent, or the object that
+/// would hold it is (an object of the wrong type is not a missing key).
+fn lacks_a_required_key(case: &Value) -> bool {
+    if !reference_loads(case) {
+        return false;
+    }
+    let ours = to_our_snapshot(&case["input"]["snapshot"]);
+    let Some(root) = ours.as_object() else {
+        return false;
+    };
+    SNAPSHOT_REQUIRED_KEYS.iter().any(|path| {
+        let mut obj = root;
+        let mut keys = path.split('.').peekable();
+        while let Some(key) = keys.next() {
+            match obj.get(key) {
+                None => return true,
+                Some(Value::Object(inner)) if keys.peek().is_some() => obj = inner,
+                Some(_) => return false,
+            }
+        }
+        false
+    })
+}
 
 /// The one exception applied inside cases: the reference raises
 /// `InvalidTransitionError` for `set_visual_guidance` in thinking; the seed
@@ -94,17 +175,6 @@ struct Tally {
 }
 
 impl Tally {
-    fn skip_reason(case: &Value) -> Option<&'static str> {
-        let tags: Vec<&str> = case["tags"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        SKIPS
-            .iter()
-            .find(|(tag, _)| tags.contains(tag))
-            .map(|(_, reason)| *reason)
-    }
-
     fn report(&self, suite: &str, total: usize) {
         let mut err = std::io::stderr().lock();
         let skipped: usize = self.skipped.values().sum();
@@ -478,31 +548,31 @@ fn registry_case(case: &Value) -> Result<(), String> {
     }
 }
 
-/// Whether we refuse the snapshot a `from_dict` case loads.
-fn we_refuse_the_snapshot(case: &Value) -> bool {
-    SessionState::from_snapshot(&to_our_snapshot(&case["input"]["snapshot"])).is_err()
+/// Why we refuse the snapshot a `from_dict` case loads, if we do.
+fn our_refusal(case: &Value) -> Option<DecodeError> {
+    SessionState::from_snapshot(&to_our_snapshot(&case["input"]["snapshot"])).err()
 }
 
-/// Replays `file`'s cases with `run`. Every skip reason says we refuse the
-/// input; where `refused` can tell (loading a snapshot), a skipped case is
-/// run too and must be refused.
+/// Replays `file`'s cases with `run`, except those a rule of `rules` names;
+/// those are decoded and must be refused as their rule claims.
 fn replay(
     file: &str,
     suite: &str,
     run: impl Fn(&Value, &mut usize) -> Result<(), String>,
-    refused: Option<fn(&Value) -> bool>,
+    rules: &[Skip],
 ) {
     let all = cases(file);
     let mut tally = Tally::default();
     for case in &all {
         assert_eq!(case["suite"], suite, "{file} holds only {suite} cases");
-        if let Some(reason) = Tally::skip_reason(case) {
-            *tally.skipped.entry(reason).or_default() += 1;
-            if refused.is_some_and(|refused| !refused(case)) {
-                tally.failures.push(format!(
-                    "{}: skipped as \"{reason}\", but we take it",
-                    case["id"]
-                ));
+        if let Some(skip) = rules.iter().find(|skip| (skip.applies)(case)) {
+            *tally.skipped.entry(skip.reason).or_default() += 1;
+            match our_refusal(case) {
+                Some(e) if (skip.refusal)(&e) => {}
+                got => tally.failures.push(format!(
+                    "{}: skipped as \"{}\", but we answer {got:?}",
+                    case["id"], skip.reason
+                )),
             }
             continue;
         }
@@ -520,7 +590,7 @@ fn session_state_fsm_matches_the_reference() {
         "session_state_fsm.jsonl",
         "session_state_fsm",
         fsm_case,
-        None,
+        &[],
     );
 }
 
@@ -530,7 +600,7 @@ fn session_state_from_dict_matches_the_reference() {
         "session_state_from_dict.jsonl",
         "session_state_from_dict",
         from_dict_case,
-        Some(we_refuse_the_snapshot),
+        SKIPS,
     );
 }
 
@@ -540,14 +610,59 @@ fn tour_registry_matches_the_reference() {
         "tour_registry.jsonl",
         "tour_registry",
         |c, _| registry_case(c),
-        None,
+        &[],
     );
 }
 
 #[test]
-fn skip_reasons_are_distinct_tags() {
-    let mut tags: Vec<_> = SKIPS.iter().map(|(t, _)| *t).collect();
-    tags.sort_unstable();
-    tags.dedup();
-    assert_eq!(tags.len(), SKIPS.len());
+fn skip_reasons_are_distinct() {
+    let mut reasons: Vec<_> = SKIPS.iter().map(|s| s.reason).collect();
+    reasons.sort_unstable();
+    reasons.dedup();
+    assert_eq!(reasons.len(), SKIPS.len());
+}
+
+/// A snapshot the reference loads without any one key of
+/// `SNAPSHOT_REQUIRED_KEYS` is named by the missing-key rule and refused
+/// naming that key, whichever key it is: every intact recorded snapshot,
+/// with each required key of the reference's layout removed in turn.
+#[test]
+fn a_snapshot_missing_any_required_key_is_named_by_rule() {
+    let mut checked = 0;
+    for case in cases("session_state_from_dict.jsonl") {
+        if !tag(&case, "mut:none") {
+            continue;
+        }
+        for path in SNAPSHOT_REQUIRED_KEYS {
+            // The reference refuses a snapshot without `_v` too, and writes
+            // no `product_id` (ours is added to each of its snapshots).
+            if matches!(*path, "_v" | "product_id") {
+                continue;
+            }
+            let mut c = case.clone();
+            c["tags"] = json!([format!("drop:{path}"), "mut:drop_key"]);
+            let snap = c["input"]["snapshot"].as_object_mut().expect("object");
+            match path.split_once('.') {
+                None => snap.remove(*path),
+                Some((sub, key)) => snap[sub].as_object_mut().expect("object").remove(key),
+            };
+            let rule = SKIPS.iter().find(|s| (s.applies)(&c)).map(|s| s.reason);
+            assert_eq!(
+                rule,
+                Some(MISSING_REQUIRED_KEY),
+                "{} without {path}",
+                case["id"]
+            );
+            assert_eq!(
+                our_refusal(&c),
+                Some(DecodeError::Missing {
+                    path: (*path).to_owned()
+                }),
+                "{} without {path}",
+                case["id"]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no intact snapshot in the corpus");
 }
