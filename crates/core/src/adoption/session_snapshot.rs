@@ -212,9 +212,12 @@ impl SessionSnapshot {
 
     /// Decodes a snapshot. The version must be 1; the rest is read as
     /// leniently as the reference reads this archival record: a field of the
-    /// wrong type takes its default (numbers 0, times `now`, lists empty),
-    /// except that a non-object `mastery`, a list or object as the
-    /// denominator, and an empty id are rejected.
+    /// wrong type takes its default (numbers 0, times `now`, lists empty; a
+    /// time outside years 1 to 9999 is `now` too), except that a non-object
+    /// `mastery`, a list or object as the denominator, an empty id and a
+    /// flag (`_frozen`, `reached_onboarding_complete`) that is neither a
+    /// boolean nor `null` are rejected. `_frozen` is true when absent and
+    /// false when `null`, as the reference reads it.
     pub fn from_ordered_snapshot(v: &V, now: Timestamp) -> Result<Self, DecodeError> {
         if !matches!(v, V::Object(_)) {
             return Err(wrong("$", "an object", v));
@@ -426,6 +429,45 @@ fn ascii_json_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn decode(mutate: impl FnOnce(&mut serde_json::Value)) -> Result<SessionSnapshot, DecodeError> {
+        let mut v = serde_json::json!({"_v": 1, "session_id": "s", "user_id": "u",
+            "started_at": 100.0, "captured_at": 160.0});
+        mutate(&mut v);
+        SessionSnapshot::from_ordered_snapshot(
+            &V::from(&v),
+            Timestamp::from_epoch_seconds(500.0).unwrap(),
+        )
+    }
+
+    #[test]
+    fn frozen_flag_and_times_read_as_documented() {
+        let frozen = |v: Option<serde_json::Value>| {
+            decode(|s| {
+                if let Some(v) = v {
+                    s["_frozen"] = v;
+                }
+            })
+            .map(|s| s.frozen)
+        };
+        assert_eq!(frozen(None), Ok(true));
+        assert_eq!(frozen(Some(serde_json::Value::Null)), Ok(false));
+        assert_eq!(frozen(Some(false.into())), Ok(false));
+        for other in [
+            serde_json::json!(0),
+            serde_json::json!(1),
+            serde_json::json!("yes"),
+            serde_json::json!([]),
+        ] {
+            let e = frozen(Some(other.clone())).unwrap_err();
+            assert!(e.to_string().starts_with("$._frozen"), "{other}: {e}");
+        }
+        // A time no timestamp holds reads as now; one in the future is kept.
+        let s = decode(|s| s["started_at"] = 1e12.into()).unwrap();
+        assert_eq!(s.started_at.as_epoch_seconds(), 500.0);
+        let s = decode(|s| s["started_at"] = 900.0.into()).unwrap();
+        assert_eq!(s.started_at.as_epoch_seconds(), 900.0);
+    }
 
     #[test]
     fn rounds_like_python() {

@@ -16,12 +16,14 @@ use parlance_core::adoption::{
     JourneyState, MasteryLevel, OnboardingPlan, OrderedMap, OrderedValue as O, SessionIndexEntry,
     SessionSnapshot, StepInAssessment, UserAdoptionState, UserId, WorkflowProgress, WorkflowStatus,
     build_tour_match_input, detect_completed_steps, detect_completed_workflows, evaluate_hard_gate,
-    is_plan_complete, parse_tour_match_output, split_workflows, step_completion_ratio, tour,
+    is_plan_complete, parse_summary_output, parse_tour_match_output, split_workflows,
+    step_completion_ratio, tour,
 };
 use parlance_core::{Machine, Timestamp};
 use serde_json::{Value, json};
 
 /// One recorded case.
+#[derive(Clone)]
 struct Case {
     suite: String,
     id: String,
@@ -109,6 +111,11 @@ const SKIPS: &[Skip] = &[
     Skip {
         reason: "python artefact: int()/float() parsing of text and booleans (numbers must be JSON numbers)",
         applies: |c| tag(c, "py_numeric_parse") || has_text_count(&c.input) || has_bool_number(c),
+        claim: Claim::Refused,
+    },
+    Skip {
+        reason: "python artefact: a snapshot flag (_frozen, reached_onboarding_complete, welcomed, explore_gate_passed, should_step_in) that is not a boolean is read by its truth value; we refuse the snapshot (null reads as false, as there)",
+        applies: has_non_boolean_flag,
         claim: Claim::Refused,
     },
     Skip {
@@ -204,6 +211,37 @@ const SKIPS: &[Skip] = &[
         claim: Claim::Differs,
     },
     Skip {
+        reason: "a time outside years 1 to 9999 cannot be represented: a session snapshot holding one reads it as now (as a time of the wrong type); the reference keeps any finite number",
+        applies: |c| {
+            c.suite == "session_snapshot_from_dict"
+                && ["started_at", "captured_at"]
+                    .iter()
+                    .any(|k| unrepresentable_time(snapshot_input(c).and_then(|s| s.get(k))))
+        },
+        claim: Claim::Taken,
+    },
+    Skip {
+        reason: "a session start outside years 1 to 9999 cannot be represented: it cannot be passed to the typed API",
+        applies: |c| {
+            c.suite == "session_snapshot"
+                && unrepresentable_time(c.input.get("args").and_then(|a| a.get("started_at")))
+        },
+        claim: Claim::Refused,
+    },
+    Skip {
+        reason: "a session that starts after its capture (started_at after now): the reference records it with duration 0; our session summary refuses it (AdoptionError::InTheFuture), so no such snapshot is made",
+        applies: |c| c.suite == "session_snapshot" && starts_after_capture(c),
+        claim: Claim::Refused,
+    },
+    Skip {
+        reason: "a session with a blank id: the reference records it; our session summary refuses it (AdoptionError::Blank)",
+        applies: |c| {
+            c.suite == "session_snapshot"
+                && matches!(c.input.get("args").and_then(|a| a.get("session_id")), Some(O::String(s)) if s.trim().is_empty())
+        },
+        claim: Claim::Refused,
+    },
+    Skip {
         reason: "python artefact: arguments of the wrong type cannot be passed to the typed API",
         applies: |c| {
             c.suite == "session_snapshot"
@@ -244,6 +282,41 @@ fn has_bool_number(c: &Case) -> bool {
                 Some(O::Bool(_))
             )
     })
+}
+
+/// A snapshot flag holding something other than a boolean or null.
+fn has_non_boolean_flag(c: &Case) -> bool {
+    let flags: &[&[&str]] = match c.suite.as_str() {
+        "session_snapshot_from_dict" => &[&["_frozen"], &["reached_onboarding_complete"]],
+        "adoption_from_dict" => &[
+            &["onboarding", "welcomed"],
+            &["onboarding", "explore_gate_passed"],
+            &["onboarding", "last_step_in", "should_step_in"],
+        ],
+        _ => return false,
+    };
+    let Some(root) = snapshot_input(c) else {
+        return false;
+    };
+    flags.iter().any(|path| {
+        path.iter()
+            .try_fold(root, |v, k| v.get(k))
+            .is_some_and(|v| !matches!(v, O::Bool(_) | O::Null))
+    })
+}
+
+/// A finite number that no `Timestamp` holds (outside years 1 to 9999).
+fn unrepresentable_time(v: Option<&O>) -> bool {
+    let Some(O::Number(n)) = v else { return false };
+    n.as_f64()
+        .is_some_and(|x| x.is_finite() && Timestamp::from_epoch_seconds(x).is_err())
+}
+
+/// A `session_snapshot` case whose session starts after it is captured.
+fn starts_after_capture(c: &Case) -> bool {
+    let i = c.input_json();
+    let now = i["args"]["now"].as_f64().or(i["wall_now"].as_f64());
+    matches!((i["args"]["started_at"].as_f64(), now), (Some(s), Some(n)) if s > n)
 }
 
 fn snapshot_input(c: &Case) -> Option<&O> {
@@ -797,6 +870,22 @@ fn run_session_snapshot(c: &Case) -> Result<(), String> {
         .as_f64()
         .and_then(|s| Timestamp::from_epoch_seconds(s).ok())
         .ok_or_else(|| wrong("started_at"))?;
+    let now = at_or(a, wall);
+    // A snapshot is made for the session summary, whose command refuses
+    // what no session can be (a blank id, a start after the capture).
+    let summary = AdoptionCommand::SessionSummary {
+        session: SessionIndexEntry {
+            session_id: session_id.to_owned(),
+            session_number,
+            started_at,
+            captured_at: now,
+        },
+        answer: parse_summary_output(Some("A summary.")),
+    };
+    state
+        .clone()
+        .decide(&OnboardingPlan::default(), &summary, now)
+        .map_err(|e| format!("rejected: {e}"))?;
     let snap = SessionSnapshot::from_adoption_state(
         &state,
         session_id,
@@ -804,7 +893,7 @@ fn run_session_snapshot(c: &Case) -> Result<(), String> {
         started_at,
         &strs(&a["catalog_workflow_ids"]),
         denominator,
-        at_or(a, wall),
+        now,
     );
     check("snapshot", &snap.to_snapshot(), &c.expect["ok"])?;
     check(
@@ -982,4 +1071,110 @@ fn adoption_reference_cases() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Sets `path` (object keys) in `v` to `value`, adding the key if absent.
+fn set(v: &mut O, path: &[&str], value: O) {
+    let O::Object(pairs) = v else {
+        panic!("not an object at {path:?}")
+    };
+    let (key, rest) = path.split_first().expect("a path");
+    match pairs.iter_mut().find(|(k, _)| k == key) {
+        Some((_, inner)) if !rest.is_empty() => set(inner, rest, value),
+        Some((_, slot)) => *slot = value,
+        None if rest.is_empty() => pairs.push(((*key).to_owned(), value)),
+        None => panic!("no {key} at {path:?}"),
+    }
+}
+
+/// Cases of each session-snapshot class the reference reads differently,
+/// made from every recorded case no rule names: each must be named by its
+/// class's rule, and do what the rule claims.
+#[test]
+fn session_snapshot_classes_are_named_by_their_rules() {
+    let rule = |c: &Case| SKIPS.iter().find(|s| (s.applies)(c));
+    let n = |x: f64| O::Number(serde_json::Number::from_f64(x).expect("finite"));
+    let mut checked = 0;
+    for case in load("session_snapshot") {
+        if rule(&case).is_some() || is_error_expected(&case) {
+            continue;
+        }
+        // (class, mutated case, the rule that must name it)
+        let mut made: Vec<(&str, Case, &str)> = Vec::new();
+        if case.suite == "session_snapshot_from_dict" {
+            for flag in ["_frozen", "reached_onboarding_complete"] {
+                for v in [
+                    n(0.0),
+                    n(1.0),
+                    O::String("yes".into()),
+                    O::String(String::new()),
+                    O::Array(vec![]),
+                    O::Object(vec![]),
+                ] {
+                    let mut c = case.clone();
+                    set(&mut c.input, &["snapshot", flag], v);
+                    made.push((flag, c, "a snapshot flag"));
+                }
+            }
+            for key in ["started_at", "captured_at"] {
+                for x in [1e12, -1e12] {
+                    let mut c = case.clone();
+                    set(&mut c.input, &["snapshot", key], n(x));
+                    made.push((key, c, "a time outside years 1 to 9999"));
+                }
+            }
+        } else {
+            let now = at_or(
+                &case.input_json()["args"],
+                t(f(&case.input_json()["wall_now"])),
+            );
+            for ahead in [0.125, 100.0, 86_400.0] {
+                let mut c = case.clone();
+                set(
+                    &mut c.input,
+                    &["args", "started_at"],
+                    n(now.as_epoch_seconds() + ahead),
+                );
+                made.push((
+                    "started_at ahead",
+                    c,
+                    "a session that starts after its capture",
+                ));
+            }
+            for blank in ["", "  "] {
+                let mut c = case.clone();
+                set(
+                    &mut c.input,
+                    &["args", "session_id"],
+                    O::String(blank.into()),
+                );
+                made.push(("a blank session_id", c, "a session with a blank id"));
+            }
+            let mut c = case.clone();
+            set(&mut c.input, &["args", "started_at"], n(1e12));
+            made.push((
+                "started_at 1e12",
+                c,
+                "a session start outside years 1 to 9999",
+            ));
+        }
+        for (class, c, want) in made {
+            let skip =
+                rule(&c).unwrap_or_else(|| panic!("{} with {class}: no rule names it", c.id));
+            assert!(
+                skip.reason.contains(want),
+                "{} with {class}: named \"{}\"",
+                c.id,
+                skip.reason
+            );
+            let outcome = run(&c);
+            assert!(
+                claim_holds(skip, &c, &outcome),
+                "{} with {class}: {outcome:?}",
+                c.id
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no recorded case to build from");
 }
