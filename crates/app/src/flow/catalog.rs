@@ -1,7 +1,8 @@
 //! Flows loaded from a directory: one sub-directory per flow, holding
-//! `flow.yaml` (or `flow.yml`, `flow.json`) and a `templates/` folder.
+//! `flow.yaml` (or `flow.yml`, `flow.json`) and a `templates/` folder whose
+//! sub-folders may configure their invokers in a `meta.yaml`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
@@ -9,10 +10,15 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 use parlance_core::flow::{Flow, FlowDef, FlowError, StateKind};
 
-/// The flows a service runs, by name.
+use super::invoker::Invoker;
+use super::meta::{self, META_FILE, TemplateInvokers};
+
+/// The flows a service runs, by name, with the invokers their template
+/// folders configure.
 #[derive(Debug, Default, Clone)]
 pub struct FlowCatalog {
     flows: BTreeMap<String, Arc<Flow>>,
+    folder_invokers: BTreeMap<String, TemplateInvokers>,
 }
 
 impl FlowCatalog {
@@ -21,14 +27,36 @@ impl FlowCatalog {
         Self::default()
     }
 
-    /// Adds a flow (built in Rust or loaded).
+    /// Adds a flow (built in Rust or loaded), replacing one of that name;
+    /// its templates run on their states' invokers.
     pub fn insert(&mut self, flow: Flow) {
+        self.folder_invokers.remove(flow.name());
         self.flows.insert(flow.name().to_owned(), Arc::new(flow));
+    }
+
+    /// Adds a flow whose template folders configure `invokers`.
+    pub fn insert_with_invokers(&mut self, flow: Flow, invokers: TemplateInvokers) {
+        let name = flow.name().to_owned();
+        self.insert(flow);
+        if !invokers.is_empty() {
+            self.folder_invokers.insert(name, invokers);
+        }
     }
 
     /// A flow by name.
     pub fn get(&self, name: &str) -> Option<Arc<Flow>> {
         self.flows.get(name).cloned()
+    }
+
+    /// The invoker `template` of `flow` runs on when its folder configures
+    /// one; `None` means the state's own invoker.
+    pub fn template_invoker(&self, flow: &str, template: &str) -> Option<Arc<dyn Invoker>> {
+        self.folder_invokers.get(flow)?.for_template(template)
+    }
+
+    /// The invokers `flow`'s template folders configure, if any.
+    pub fn template_invokers(&self, flow: &str) -> Option<&TemplateInvokers> {
+        self.folder_invokers.get(flow)
     }
 
     /// Every flow, by name.
@@ -37,12 +65,29 @@ impl FlowCatalog {
     }
 
     /// Loads every flow under `dir`, checking that each invoker state names
-    /// an invoker `known` accepts. Every problem of every flow is reported.
+    /// an invoker `known` accepts and building the invokers of its
+    /// template folders (keys from the process environment). Every problem
+    /// of every flow is reported.
     ///
     /// # Errors
     ///
-    /// When the directory cannot be read or any flow is invalid.
+    /// When the directory cannot be read or any flow or `meta.yaml` is
+    /// invalid.
     pub fn load_dir(dir: &Path, known: &dyn Fn(&str) -> bool) -> anyhow::Result<Self> {
+        Self::load_dir_with(dir, known, &|name| std::env::var(name).ok())
+    }
+
+    /// Like [`load_dir`](Self::load_dir), with `env` looking up the
+    /// variables `meta.yaml` files name.
+    ///
+    /// # Errors
+    ///
+    /// As [`load_dir`](Self::load_dir).
+    pub fn load_dir_with(
+        dir: &Path,
+        known: &dyn Fn(&str) -> bool,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Self> {
         let mut catalog = Self::new();
         let mut problems = Vec::new();
         let mut entries: Vec<_> = fs::read_dir(dir)
@@ -63,7 +108,33 @@ impl FlowCatalog {
             };
             let text =
                 fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
-            let templates = read_templates(&path.join("templates"))?;
+            let templates_dir = path.join("templates");
+            let (templates, metas): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                read_templates(&templates_dir)?
+                    .into_iter()
+                    .partition(|(name, _)| !is_meta(name));
+            let metas: BTreeMap<String, String> = metas
+                .into_iter()
+                .map(|(name, text)| (meta::folder_of(&name).to_owned(), text))
+                .collect();
+            let folders: BTreeSet<String> = templates
+                .keys()
+                .map(|name| meta::folder_of(name).to_owned())
+                .collect();
+            let invokers = match meta::resolve(&metas, &folders, env) {
+                Ok(invokers) => Some(invokers),
+                Err(list) => {
+                    problems.extend(list.into_iter().map(|p| {
+                        format!(
+                            "{}: {}: {}",
+                            templates_dir.join(&p.file).display(),
+                            p.location,
+                            p.message
+                        )
+                    }));
+                    None
+                }
+            };
             match load_flow(&text, templates, known) {
                 Ok(flow) => {
                     if catalog.flows.contains_key(flow.name()) {
@@ -73,7 +144,7 @@ impl FlowCatalog {
                             flow.name()
                         ));
                     }
-                    catalog.insert(flow);
+                    catalog.insert_with_invokers(flow, invokers.unwrap_or_default());
                 }
                 Err(list) => {
                     problems.extend(list.into_iter().map(|p| format!("{}: {p}", file.display())))
@@ -85,6 +156,12 @@ impl FlowCatalog {
         }
         Ok(catalog)
     }
+}
+
+/// Whether a file under `templates/` is a folder's `meta.yaml` (read as
+/// configuration, never as a template).
+fn is_meta(name: &str) -> bool {
+    name.rsplit('/').next() == Some(META_FILE)
 }
 
 /// Validates one flow file, invokers included; every problem as a

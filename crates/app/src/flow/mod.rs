@@ -1,4 +1,5 @@
-//! Flows as a service: the catalog loaded from `--flows`, invokers, the
+//! Flows as a service: the catalog loaded from `--flows`, invokers (by
+//! name, and per template folder from `meta.yaml`), the
 //! runs of DAGs on the task queue and their task handlers, the service
 //! (every change a `FlowCommand` through the executor) and the
 //! reference-compatible HTTP routes.
@@ -6,7 +7,9 @@
 mod catalog;
 mod examples;
 mod executor;
+mod http_invoker;
 mod invoker;
+mod meta;
 mod routes;
 mod service;
 mod tasks;
@@ -14,7 +17,8 @@ mod tasks;
 pub use catalog::{FlowCatalog, read_templates};
 pub use examples::example_catalog;
 pub use executor::{DagRunner, QueueRunner};
-pub use invoker::{Invoker, Invokers, LlmInvoker, TemplateInvoker};
+pub use invoker::{InvokeError, Invoker, Invokers, LlmInvoker, TemplateInvoker, chat_messages};
+pub use meta::TemplateInvokers;
 pub use routes::routes;
 pub use service::{AiProgress, AiResponse, FlowDeps, FlowService, TaskState};
 pub use tasks::register as register_handlers;

@@ -229,15 +229,24 @@ impl FlowTask {
         let rendered = flow
             .render(&p.template, &data)
             .map_err(|e| TaskError::permanent(e.to_string()))?;
-        let invoker = self
-            .service
-            .invokers()
-            .get(&p.invoker)
-            .ok_or_else(|| TaskError::permanent(format!("unknown invoker `{}`", p.invoker)))?;
+        // The template's folder may configure its invoker (`meta.yaml`);
+        // otherwise the state's.
+        let invoker =
+            match self
+                .service
+                .catalog()
+                .template_invoker(&p.flow, &p.template)
+            {
+                Some(invoker) => invoker,
+                None => self.service.invokers().get(&p.invoker).ok_or_else(|| {
+                    TaskError::permanent(format!("unknown invoker `{}`", p.invoker))
+                })?,
+            };
         let limit = Duration::from_millis(p.timeout_ms);
-        let out = match tokio::time::timeout(limit, invoker.invoke(&rendered)).await {
+        let out = match tokio::time::timeout(limit, invoker.call(&rendered)).await {
             Ok(Ok(out)) => out,
-            Ok(Err(e)) => return Err(TaskError::retryable(e)),
+            Ok(Err(e)) if e.retryable => return Err(TaskError::retryable(e.message)),
+            Ok(Err(e)) => return Err(TaskError::permanent(e.message)),
             Err(_) => return Err(TaskError::retryable(format!("timed out after {limit:?}"))),
         };
         self.count(lease, p, p.credit, 0).await;

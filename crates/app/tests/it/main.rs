@@ -14,6 +14,7 @@ mod edge;
 mod faults;
 mod flow;
 mod flow_storage;
+mod invokers;
 mod load;
 mod metrics;
 mod openapi;
