@@ -946,6 +946,68 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn azure_calls_its_deployment_with_the_api_version_and_key_header() {
+        use axum::extract::{Path, RawQuery};
+        use axum::http::HeaderMap;
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let app = axum::Router::new().route(
+            "/openai/deployments/{deployment}/chat/completions",
+            axum::routing::post(
+                move |Path(deployment): Path<String>,
+                      RawQuery(query): RawQuery,
+                      headers: HeaderMap,
+                      body: String| {
+                    let record = record.clone();
+                    async move {
+                        let header = |n: &str| {
+                            headers
+                                .get(n)
+                                .map(|v| v.to_str().unwrap().to_owned())
+                                .unwrap_or_default()
+                        };
+                        record.lock().unwrap().push((
+                            deployment,
+                            query.unwrap_or_default(),
+                            header("api-key"),
+                            header("authorization"),
+                            body,
+                        ));
+                        axum::Json(serde_json::json!({
+                            "choices": [{"message": {"role": "assistant", "content": "{}"}}]
+                        }))
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let meta = format!(
+            "invoker: {{type: azure_openai_json, model: my-gpt, endpoint: 'http://{addr}/', \
+             api_version: '2024-10-21', api_key_env: TEST_KEY}}"
+        );
+        let t = resolve(&metas(&[("", &meta)]), &folders(&[""]), &env).unwrap();
+        let invoker = t.for_template("x.j2").unwrap();
+        assert_eq!(invoker.call("answer in JSON").await.unwrap(), "{}");
+        let seen = seen.lock().unwrap();
+        let (deployment, query, key, authorization, body) = &seen[0];
+        assert_eq!(deployment, "my-gpt");
+        assert_eq!(query, "api-version=2024-10-21");
+        assert_eq!(key, "sk-test-secret");
+        assert_eq!(authorization, "");
+        let body: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            body["response_format"],
+            serde_json::json!({"type": "json_object"})
+        );
+        assert_eq!(
+            body["messages"],
+            serde_json::json!([{"role": "user", "content": "answer in JSON"}])
+        );
+    }
+
     #[test]
     fn keys_come_from_the_named_variable_and_openai_itself_needs_one() {
         let found = problems(&[("", "invoker: {type: openai, model: m}\n")], &[""]);
