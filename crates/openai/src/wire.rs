@@ -18,6 +18,12 @@ const REDACTED: &str = "[redacted]";
 /// (hex digests, base64 and JWT-like strings).
 const LONG_TOKEN: usize = 24;
 
+/// A temperature as the decimal it was written as: widening the `f32`
+/// itself would send `0.2` as `0.20000000298023224`.
+fn temperature(t: f32) -> f64 {
+    t.to_string().parse().unwrap_or(f64::from(t))
+}
+
 /// The body of `POST /chat/completions`.
 pub(crate) fn chat_body(request: &CompletionRequest, model: &str, stream: bool) -> Value {
     let mut body = Map::new();
@@ -30,7 +36,7 @@ pub(crate) fn chat_body(request: &CompletionRequest, model: &str, stream: bool) 
         Value::Array(request.messages.iter().map(message).collect()),
     );
     if let Some(t) = request.temperature {
-        body.insert("temperature".into(), json!(t));
+        body.insert("temperature".into(), json!(temperature(t)));
     }
     if let Some(n) = request.max_tokens {
         body.insert("max_tokens".into(), json!(n));
@@ -441,6 +447,15 @@ fn truncate(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_temperature_is_sent_as_the_decimal_it_was_written_as() {
+        for (t, text) in [(0.2_f32, "0.2"), (0.7, "0.7"), (1.0, "1.0"), (0.0, "0.0")] {
+            let req = parlance_ports::CompletionRequest::new(vec![]).with_temperature(t);
+            let body = super::chat_body(&req, "m", false);
+            assert_eq!(body["temperature"].to_string(), text);
+        }
+    }
+
     use parlance_ports::{Message, ToolDefinition};
 
     use super::*;

@@ -279,8 +279,7 @@ async fn folder_invokers_run_end_to_end_on(pool: Option<parlance_postgres::PgPoo
     let (h, answer) = &requests[1];
     assert_eq!(header(h, "authorization"), "Bearer sk-fake-key");
     assert_eq!(answer["model"], "gpt-test");
-    let t = answer["temperature"].as_f64().unwrap();
-    assert!((t - 0.2).abs() < 1e-6, "{answer}");
+    assert_eq!(answer["temperature"], json!(0.2), "{answer}");
     assert_eq!(
         answer["messages"],
         json!([
