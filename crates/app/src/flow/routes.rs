@@ -77,9 +77,10 @@ struct FlowSessionPath {
 
 /// The answer to a flow call that failed: one answer per meaning, as for
 /// every machine ([`ApiError::from`]), keeping what only a flow knows: a
-/// validator's name and message, the template and limit of a render over
-/// its budget, the template or expression that failed on its data and why, the length of a full dialogue, and which session or flow
-/// does not exist.
+/// validator's name and message, a declared hook's `fail` action and its
+/// message, the template and limit of a render over its budget, the
+/// template or expression that failed on its data and why, the length of a
+/// full dialogue, and which session or flow does not exist.
 fn answer(e: ServiceError<FlowRecord>, session: Option<&FlowSessionId>) -> ApiError {
     match (e, session) {
         (ServiceError::NotFound, Some(session)) => {
@@ -95,6 +96,9 @@ fn answer(e: ServiceError<FlowRecord>, session: Option<&FlowSessionId>) -> ApiEr
                     api.with("template", what).with("limit", limit)
                 }
                 FlowError::DialogueFull { len } => api.with("len", len),
+                FlowError::HookFail { hook, message } => {
+                    api.with("hook", hook).with("message", message)
+                }
                 FlowError::Template { what, message } => {
                     api.with("template", what).with("message", message)
                 }

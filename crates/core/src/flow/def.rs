@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::dialogue::Persistence;
+use super::engine::{HookPoint, HookScope};
 
 /// What a state does once entered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -190,6 +191,78 @@ pub struct ModelField {
     pub default: Value,
 }
 
+/// What one action of a declared hook does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookActionKind {
+    /// Sets model fields from expressions over the render data. The
+    /// expressions of one action see the same data; later actions see what
+    /// earlier ones set.
+    Assign(Vec<(String, String)>),
+    /// Refuses the event with this message: nothing is saved.
+    Fail(String),
+}
+
+/// One action of a hook declared as data, run when `when` holds (always,
+/// without one) and `unless` does not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookAction {
+    /// What it does.
+    pub kind: HookActionKind,
+    /// An expression that must hold for the action to run.
+    pub when: Option<String>,
+    /// An expression that must not hold for the action to run.
+    pub unless: Option<String>,
+}
+
+/// A hook declared as data (in a flow file): a list of actions run at a
+/// hook point for a scope, in the same order as hooks added in Rust.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookDecl {
+    /// Where it runs.
+    pub point: HookPoint,
+    /// Which transitions or states it applies to.
+    pub scope: HookScope,
+    /// Where it is declared (`states[1].on_enter`), named by load problems
+    /// and by the error a `fail` action answers with.
+    pub location: String,
+    /// Its actions, in order.
+    pub actions: Vec<HookAction>,
+}
+
+/// What a declared validator checks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValidatorRule {
+    /// The text matches this regular expression (anchored only as written).
+    Regex(String),
+    /// The text has at least `min` and at most `max` characters.
+    Length {
+        /// Fewest characters.
+        min: Option<usize>,
+        /// Most characters.
+        max: Option<usize>,
+    },
+    /// The input, parsed as JSON, is valid under this JSON Schema.
+    JsonSchema(Value),
+    /// The text is one of these.
+    OneOf(Vec<String>),
+}
+
+/// A validator declared as data (in a flow file's `validators`), usable by
+/// name in a transition's `validators` like the built-in ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidatorDef {
+    /// Its name.
+    pub name: String,
+    /// What it checks.
+    pub rule: ValidatorRule,
+    /// The refusal's message (a default naming the rule otherwise).
+    pub message: Option<String>,
+    /// A member of the input parsed as JSON to check instead of the whole
+    /// input: keys separated by dots, a number indexing a list
+    /// (`contact.emails.0`).
+    pub field: Option<String>,
+}
+
 /// A flow as declared, before validation.
 #[derive(Debug, Clone, Default)]
 pub struct FlowDef {
@@ -207,6 +280,10 @@ pub struct FlowDef {
     pub model: Vec<ModelField>,
     /// Template sources by name.
     pub templates: BTreeMap<String, String>,
+    /// Hooks declared as data, in declaration order.
+    pub hooks: Vec<HookDecl>,
+    /// Validators declared as data.
+    pub validators: Vec<ValidatorDef>,
 }
 
 /// The YAML/JSON file form of a flow (templates come from its folder).
@@ -222,6 +299,12 @@ struct FlowFile {
     transitions: Vec<TransitionFile>,
     #[serde(default)]
     model: serde_json::Map<String, Value>,
+    #[serde(default)]
+    before_transition: Vec<Value>,
+    #[serde(default)]
+    after_transition: Vec<Value>,
+    #[serde(default)]
+    validators: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -232,6 +315,10 @@ struct StateFile {
     template: Option<Value>,
     invoker: Option<String>,
     label: Option<String>,
+    #[serde(default)]
+    on_enter: Vec<Value>,
+    #[serde(default)]
+    on_exit: Vec<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -249,6 +336,144 @@ struct TransitionFile {
     assign: BTreeMap<String, String>,
     #[serde(default)]
     internal: bool,
+    #[serde(default)]
+    before: Vec<Value>,
+    #[serde(default)]
+    after: Vec<Value>,
+}
+
+/// One action of a declared hook in its file form.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionFile {
+    assign: Option<serde_json::Map<String, Value>>,
+    fail: Option<String>,
+    when: Option<String>,
+    unless: Option<String>,
+}
+
+/// A declared validator in its file form: one rule, an optional message
+/// and field.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidatorFile {
+    regex: Option<String>,
+    length: Option<LengthFile>,
+    json_schema: Option<Value>,
+    one_of: Option<Vec<String>>,
+    message: Option<String>,
+    field: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LengthFile {
+    min: Option<usize>,
+    max: Option<usize>,
+}
+
+/// The expression an `assign` value stands for: a string is an expression,
+/// a number, boolean or null its literal.
+fn expr_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Null => Some("none".to_owned()),
+        Value::Array(_) | Value::Object(_) => None,
+    }
+}
+
+/// Reads a hook's list of actions declared at `location`; `None` when the
+/// list is empty. Shape errors are pushed as problems.
+fn hook_decl(
+    point: HookPoint,
+    scope: HookScope,
+    location: String,
+    items: Vec<Value>,
+    problems: &mut Vec<FlowProblem>,
+) -> Option<HookDecl> {
+    let mut actions = Vec::new();
+    for (j, item) in items.into_iter().enumerate() {
+        let loc = format!("{location}[{j}]");
+        let a: ActionFile = match serde_json::from_value(item) {
+            Ok(a) => a,
+            Err(e) => {
+                problems.push(problem(loc, format!("bad action: {e}")));
+                continue;
+            }
+        };
+        let kind = match (a.assign, a.fail) {
+            (Some(fields), None) => {
+                let mut pairs = Vec::new();
+                for (field, v) in fields {
+                    match expr_text(&v) {
+                        Some(expr) => pairs.push((field, expr)),
+                        None => problems.push(problem(
+                            format!("{loc}.assign.{field}"),
+                            "an expression must be a string, a number, a boolean or null",
+                        )),
+                    }
+                }
+                HookActionKind::Assign(pairs)
+            }
+            (None, Some(message)) => HookActionKind::Fail(message),
+            _ => {
+                problems.push(problem(
+                    loc,
+                    "an action is either `assign: {field: expression}` or `fail: message`",
+                ));
+                continue;
+            }
+        };
+        actions.push(HookAction {
+            kind,
+            when: a.when,
+            unless: a.unless,
+        });
+    }
+    (!actions.is_empty()).then_some(HookDecl {
+        point,
+        scope,
+        location,
+        actions,
+    })
+}
+
+/// Reads a declared validator; shape errors are problems at
+/// `validators.<name>`.
+fn validator_def(name: String, v: Value) -> Result<ValidatorDef, FlowProblem> {
+    let loc = format!("validators.{name}");
+    let f: ValidatorFile =
+        serde_json::from_value(v).map_err(|e| problem(&loc, format!("bad validator: {e}")))?;
+    let mut rules = Vec::new();
+    if let Some(r) = f.regex {
+        rules.push(ValidatorRule::Regex(r));
+    }
+    if let Some(l) = f.length {
+        rules.push(ValidatorRule::Length {
+            min: l.min,
+            max: l.max,
+        });
+    }
+    if let Some(schema) = f.json_schema {
+        rules.push(ValidatorRule::JsonSchema(schema));
+    }
+    if let Some(allowed) = f.one_of {
+        rules.push(ValidatorRule::OneOf(allowed));
+    }
+    if rules.len() != 1 {
+        return Err(problem(
+            loc,
+            "a validator has exactly one of `regex`, `length`, `json_schema`, `one_of`",
+        ));
+    }
+    Ok(ValidatorDef {
+        name,
+        rule: rules.remove(0),
+        message: f.message,
+        field: f.field,
+    })
 }
 
 /// One problem found in a flow, with where it is.
@@ -306,6 +531,18 @@ impl FlowDef {
                     None
                 }
             };
+            for (point, key, items) in [
+                (HookPoint::Exit, "on_exit", s.on_exit),
+                (HookPoint::Enter, "on_enter", s.on_enter),
+            ] {
+                def.hooks.extend(hook_decl(
+                    point,
+                    HookScope::State(s.id.clone()),
+                    format!("states[{i}].{key}"),
+                    items,
+                    &mut problems,
+                ));
+            }
             def.states.push(StateDef {
                 id: s.id,
                 kind: s.kind,
@@ -331,6 +568,18 @@ impl FlowDef {
                     Some(flags)
                 }
             };
+            for (point, key, items) in [
+                (HookPoint::Before, "before", t.before),
+                (HookPoint::After, "after", t.after),
+            ] {
+                def.hooks.extend(hook_decl(
+                    point,
+                    HookScope::Transition(i),
+                    format!("transitions[{i}].{key}"),
+                    items,
+                    &mut problems,
+                ));
+            }
             def.transitions.push(TransitionDef {
                 event: t.event,
                 from: t.from,
@@ -342,6 +591,28 @@ impl FlowDef {
                 assign: t.assign.into_iter().collect(),
                 internal: t.internal,
             });
+        }
+        for (point, key, items) in [
+            (
+                HookPoint::Before,
+                "before_transition",
+                file.before_transition,
+            ),
+            (HookPoint::After, "after_transition", file.after_transition),
+        ] {
+            def.hooks.extend(hook_decl(
+                point,
+                HookScope::Any,
+                key.to_owned(),
+                items,
+                &mut problems,
+            ));
+        }
+        for (name, v) in file.validators {
+            match validator_def(name, v) {
+                Ok(v) => def.validators.push(v),
+                Err(p) => problems.push(p),
+            }
         }
         if problems.is_empty() {
             Ok(def)

@@ -11,11 +11,13 @@ use serde_json::{Map, Value};
 
 use super::dag::{self, DagPlan};
 use super::def::{
-    Condition, FlowDef, FlowProblem, ModelField, StateDef, StateKind, TemplateRef, TransitionDef,
+    Condition, FlowDef, FlowProblem, HookActionKind, HookDecl, ModelField, StateDef, StateKind,
+    TemplateRef, TransitionDef,
 };
 use super::dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
 use super::limits;
 use super::machine::{FlowSessionId, cause};
+use super::validators;
 use crate::Timestamp;
 use crate::machine::{ErrorClass, MachineError, Name, NotAllowed, Transition};
 
@@ -43,10 +45,21 @@ pub enum HookPoint {
 }
 
 /// Which transitions a hook applies to.
+///
+/// Within a hook point, hooks run by scope: every transition's first, then
+/// one transition's, then an event's or a state's; in the `after` group the
+/// order is reversed but for the transition's, which still comes before
+/// the event's (as python-statemachine orders `after=`, `after_<event>`,
+/// `after_transition`). Within a scope, hooks declared in the flow
+/// definition ([`FlowDef::hooks`]) run before hooks added in Rust, each in
+/// the order declared or added.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HookScope {
     /// Every transition (`before_transition`, `on_enter_state`, ...).
     Any,
+    /// The transition declared at this index of [`FlowDef::transitions`]
+    /// (the reference's `before=` / `after=` on one transition).
+    Transition(usize),
     /// Transitions of this event (`before_<event>`, ...).
     Event(String),
     /// Exit or enter of this state (`on_exit_<state>`, `on_enter_<state>`).
@@ -92,7 +105,28 @@ pub type ValidatorFn = Arc<dyn Fn(&ValidatorContext<'_>) -> Result<(), String> +
 struct Hook {
     point: HookPoint,
     scope: HookScope,
-    f: HookFn,
+    body: HookBody,
+}
+
+/// What a hook runs.
+#[derive(Clone)]
+enum HookBody {
+    /// The actions of [`FlowDef::hooks`] at this index.
+    Declared(usize),
+    /// A Rust closure.
+    Rust(HookFn),
+}
+
+/// The transition (or session start) hooks run for.
+struct HookRun<'a> {
+    event: &'a str,
+    source: &'a str,
+    target: &'a str,
+    /// The index of the transition taken (none at session start).
+    transition: Option<usize>,
+    /// The dialogue as declared hooks' expressions see it.
+    dialogue: &'a [DialogueElement],
+    now: Timestamp,
 }
 
 /// A task failure recorded on the session; the list is cleared by the next
@@ -196,6 +230,15 @@ pub enum FlowError {
         /// Its message.
         message: String,
     },
+    /// A `fail` action of a hook declared in the flow definition refused
+    /// the event.
+    #[error("hook `{hook}` refused the event: {message}")]
+    HookFail {
+        /// Where the action is declared (`states[1].on_enter[0]`).
+        hook: String,
+        /// The action's message.
+        message: String,
+    },
     /// A template or expression went over a limit: [`TEMPLATE_FUEL`]
     /// instructions, [`MAX_RENDER_BYTES`] of output, or a size limit on
     /// what it builds ([`MAX_VALUE_BYTES`], [`MAX_SEQUENCE_ITEMS`],
@@ -282,6 +325,7 @@ impl MachineError for FlowError {
             FlowError::NotAllowed(_) => ErrorClass::NotAllowed,
             FlowError::Validator { .. }
             | FlowError::Hook { .. }
+            | FlowError::HookFail { .. }
             | FlowError::Expression { .. }
             | FlowError::Template { .. } => ErrorClass::Invalid,
             FlowError::RenderLimit { .. } | FlowError::DialogueFull { .. } => {
@@ -609,7 +653,7 @@ impl FlowBuilder {
         self.hooks.push(Hook {
             point,
             scope,
-            f: Arc::new(f),
+            body: HookBody::Rust(Arc::new(f)),
         });
         self
     }
@@ -654,7 +698,7 @@ impl Flow {
     fn compile(
         def: FlowDef,
         hooks: Vec<Hook>,
-        validators: BTreeMap<String, ValidatorFn>,
+        mut validators: BTreeMap<String, ValidatorFn>,
     ) -> Result<Flow, FlowError> {
         let mut problems = Vec::new();
         let mut p = |loc: String, msg: String| {
@@ -719,6 +763,65 @@ impl Flow {
             },
         }
         let fields: BTreeSet<&str> = def.model.iter().map(|f| f.name.as_str()).collect();
+        for v in &def.validators {
+            let loc = format!("validators.{}", v.name);
+            if validators.contains_key(&v.name) {
+                p(
+                    loc,
+                    format!(
+                        "validator `{}` is defined already (built in, registered in Rust or declared twice)",
+                        v.name
+                    ),
+                );
+                continue;
+            }
+            match validators::compile(v) {
+                Ok(f) => {
+                    validators.insert(v.name.clone(), f);
+                }
+                Err(e) => p(loc, e),
+            }
+        }
+        for decl in &def.hooks {
+            match &decl.scope {
+                HookScope::Transition(i) if *i >= def.transitions.len() => {
+                    p(decl.location.clone(), format!("no transition at index {i}"))
+                }
+                HookScope::State(id) if !ids.contains(id.as_str()) => {
+                    p(decl.location.clone(), format!("unknown state `{id}`"))
+                }
+                _ => {}
+            }
+            for (j, a) in decl.actions.iter().enumerate() {
+                let loc = format!("{}[{j}]", decl.location);
+                for (key, e) in [("when", &a.when), ("unless", &a.unless)] {
+                    if let Some(e) = e
+                        && let Err(err) = check_expr(&env, e)
+                    {
+                        p(
+                            format!("{loc}.{key}"),
+                            format!("bad expression `{e}`: {err}"),
+                        );
+                    }
+                }
+                if let HookActionKind::Assign(pairs) = &a.kind {
+                    for (field, expr) in pairs {
+                        if !fields.contains(field.as_str()) {
+                            p(
+                                format!("{loc}.assign.{field}"),
+                                format!("unknown model field `{field}`"),
+                            );
+                        }
+                        if let Err(err) = check_expr(&env, expr) {
+                            p(
+                                format!("{loc}.assign.{field}"),
+                                format!("bad expression `{expr}`: {err}"),
+                            );
+                        }
+                    }
+                }
+            }
+        }
         for (i, t) in def.transitions.iter().enumerate() {
             let loc = format!("transitions[{i}]");
             if RESERVED_EVENTS.contains(&t.event.as_str()) || t.event.is_empty() {
@@ -809,6 +912,19 @@ impl Flow {
         if !problems.is_empty() {
             return Err(FlowError::Invalid(problems));
         }
+        // Hooks declared in the definition come before those added in Rust:
+        // within a scope, they run first.
+        let hooks = def
+            .hooks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Hook {
+                point: d.point,
+                scope: d.scope.clone(),
+                body: HookBody::Declared(i),
+            })
+            .chain(hooks)
+            .collect();
         Ok(Flow {
             def: Arc::new(def),
             env: Arc::new(env),
@@ -1045,15 +1161,15 @@ impl Flow {
             last_user_state: initial.clone(),
         };
         let mut persistence = Persistence::TARGET_RENDERED;
-        self.run_hooks(
-            HookPoint::Enter,
-            "init",
-            &initial,
-            &initial,
-            &mut session,
-            &mut persistence,
-            false,
-        )?;
+        let run = HookRun {
+            event: "init",
+            source: &initial,
+            target: &initial,
+            transition: None,
+            dialogue: &[],
+            now,
+        };
+        self.run_hooks(HookPoint::Enter, &run, &mut session, &mut persistence)?;
         let template = self.user_template(&initial);
         let rendered = self.render(&template, &self.render_data(&session, &[], now))?;
         let appended = vec![DialogueElement {
@@ -1352,11 +1468,12 @@ impl Flow {
         let mut probe = session.clone();
         probe.actor_input = input.to_owned();
         let mut data = None;
-        for t in self
+        for (index, t) in self
             .def
             .transitions
             .iter()
-            .filter(|t| t.from == session.state && t.event == event)
+            .enumerate()
+            .filter(|(_, t)| t.from == session.state && t.event == event)
         {
             for v in &t.validators {
                 if let Some(f) = self.validators.get(v) {
@@ -1388,7 +1505,7 @@ impl Flow {
                 }
             }
             if ok {
-                return self.apply(t, session, dialogue, input, invocation_id, chain, now);
+                return self.apply(index, session, dialogue, input, invocation_id, chain, now);
             }
         }
         Err(FlowError::not_allowed(
@@ -1398,62 +1515,115 @@ impl Flow {
         ))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the hooks of `point` for `run`, in their documented order (see
+    /// [`HookScope`]).
     fn run_hooks(
         &self,
         point: HookPoint,
-        event: &str,
-        source: &str,
-        target: &str,
+        run: &HookRun<'_>,
         session: &mut FlowSession,
         persistence: &mut Persistence,
-        specific_first: bool,
     ) -> Result<(), FlowError> {
         let scope_state = match point {
-            HookPoint::Exit => Some(source),
-            HookPoint::Enter => Some(target),
+            HookPoint::Exit => Some(run.source),
+            HookPoint::Enter => Some(run.target),
             _ => None,
         };
-        let generic = |h: &&Hook| h.point == point && h.scope == HookScope::Any;
-        let specific = |h: &&Hook| {
-            h.point == point
-                && match &h.scope {
-                    HookScope::Any => false,
-                    HookScope::Event(e) => scope_state.is_none() && e == event,
-                    HookScope::State(s) => scope_state == Some(s.as_str()),
-                }
-        };
-        let ordered: Vec<&Hook> = if specific_first {
-            self.hooks
-                .iter()
-                .filter(specific)
-                .chain(self.hooks.iter().filter(generic))
-                .collect()
-        } else {
-            self.hooks
-                .iter()
-                .filter(generic)
-                .chain(self.hooks.iter().filter(specific))
-                .collect()
-        };
-        for h in ordered {
-            let mut ctx = HookContext {
-                point,
-                event,
-                source,
-                target,
-                session,
-                persistence,
+        // The rank of a hook's scope in this group, if it applies.
+        let rank = |h: &Hook| -> Option<u8> {
+            if h.point != point {
+                return None;
+            }
+            let (any, transition, specific) = if point == HookPoint::After {
+                (2, 0, 1)
+            } else {
+                (0, 1, 2)
             };
-            (h.f)(&mut ctx).map_err(|message| FlowError::Hook { point, message })?;
+            match &h.scope {
+                HookScope::Any => Some(any),
+                HookScope::Transition(i) => (run.transition == Some(*i)).then_some(transition),
+                HookScope::Event(e) => {
+                    (scope_state.is_none() && e == run.event).then_some(specific)
+                }
+                HookScope::State(s) => (scope_state == Some(s.as_str())).then_some(specific),
+            }
+        };
+        let mut ordered: Vec<(u8, &Hook)> = self
+            .hooks
+            .iter()
+            .filter_map(|h| rank(h).map(|r| (r, h)))
+            .collect();
+        // Stable: within a rank, declared hooks come first, then Rust ones,
+        // each in order.
+        ordered.sort_by_key(|(r, _)| *r);
+        for (_, h) in ordered {
+            match &h.body {
+                HookBody::Declared(i) => self.run_declared(&self.def.hooks[*i], run, session)?,
+                HookBody::Rust(f) => {
+                    let mut ctx = HookContext {
+                        point,
+                        event: run.event,
+                        source: run.source,
+                        target: run.target,
+                        session,
+                        persistence,
+                    };
+                    f(&mut ctx).map_err(|message| FlowError::Hook { point, message })?;
+                }
+            }
         }
         Ok(())
     }
 
+    /// Runs the actions of a hook declared as data, each over the render
+    /// data as the previous ones left it.
+    fn run_declared(
+        &self,
+        decl: &HookDecl,
+        run: &HookRun<'_>,
+        session: &mut FlowSession,
+    ) -> Result<(), FlowError> {
+        let mut data = None;
+        for (j, action) in decl.actions.iter().enumerate() {
+            let d = data.get_or_insert_with(|| self.render_data(session, run.dialogue, run.now));
+            if let Some(when) = &action.when
+                && !self.eval_mj(when, d)?.is_true()
+            {
+                continue;
+            }
+            if let Some(unless) = &action.unless
+                && self.eval_mj(unless, d)?.is_true()
+            {
+                continue;
+            }
+            match &action.kind {
+                HookActionKind::Assign(pairs) => {
+                    let mut values = Vec::with_capacity(pairs.len());
+                    for (field, expr) in pairs {
+                        values.push((field.clone(), self.eval(expr, d)?));
+                    }
+                    session.model.extend(values);
+                    // Later actions see the fields set: the data is rebuilt
+                    // when one needs it.
+                    data = None;
+                }
+                HookActionKind::Fail(message) => {
+                    return Err(FlowError::HookFail {
+                        hook: format!("{}[{j}]", decl.location),
+                        message: message.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the transition declared at `index`: the engine's bookkeeping,
+    /// then the hooks and actions in order, then the state update.
     #[allow(clippy::too_many_arguments)]
     fn apply(
         &self,
-        t: &TransitionDef,
+        index: usize,
         session: &FlowSession,
         dialogue: &[DialogueElement],
         input: &str,
@@ -1461,6 +1631,7 @@ impl Flow {
         chain: Option<&str>,
         now: Timestamp,
     ) -> Result<Fired, FlowError> {
+        let t = &self.def.transitions[index];
         let (source, target) = (t.from.as_str(), t.to.as_str());
         let (sk, tk) = (self.kind(source), self.kind(target));
         let mut s = session.clone();
@@ -1488,30 +1659,23 @@ impl Flow {
                 timestamp: now,
             });
         }
-        let ev = t.event.as_str();
-        self.run_hooks(
-            HookPoint::Before,
-            ev,
+        // The dialogue hooks, actions and the target see: what was, and the
+        // source half just recorded.
+        let mut all = dialogue.to_vec();
+        all.extend(appended.iter().cloned());
+        let run = HookRun {
+            event: &t.event,
             source,
             target,
-            &mut s,
-            &mut persistence,
-            false,
-        )?;
+            transition: Some(index),
+            dialogue: &all,
+            now,
+        };
+        self.run_hooks(HookPoint::Before, &run, &mut s, &mut persistence)?;
         if !t.internal {
-            self.run_hooks(
-                HookPoint::Exit,
-                ev,
-                source,
-                target,
-                &mut s,
-                &mut persistence,
-                false,
-            )?;
+            self.run_hooks(HookPoint::Exit, &run, &mut s, &mut persistence)?;
         }
         if !t.assign.is_empty() {
-            let mut all = dialogue.to_vec();
-            all.extend(appended.iter().cloned());
             let data = self.render_data(&s, &all, now);
             let mut values = Vec::new();
             for (field, expr) in &t.assign {
@@ -1521,45 +1685,19 @@ impl Flow {
                 s.model.insert(field, v);
             }
         }
-        self.run_hooks(
-            HookPoint::On,
-            ev,
-            source,
-            target,
-            &mut s,
-            &mut persistence,
-            false,
-        )?;
+        self.run_hooks(HookPoint::On, &run, &mut s, &mut persistence)?;
         s.state = target.to_owned();
         if tk == StateKind::User {
             s.last_user_state = target.to_owned();
         }
         if !t.internal {
-            self.run_hooks(
-                HookPoint::Enter,
-                ev,
-                source,
-                target,
-                &mut s,
-                &mut persistence,
-                false,
-            )?;
+            self.run_hooks(HookPoint::Enter, &run, &mut s, &mut persistence)?;
         }
-        self.run_hooks(
-            HookPoint::After,
-            ev,
-            source,
-            target,
-            &mut s,
-            &mut persistence,
-            true,
-        )?;
+        self.run_hooks(HookPoint::After, &run, &mut s, &mut persistence)?;
         s.errors.clear();
         let mut response = None;
         let mut dag = None;
         s.running = None;
-        let mut all = dialogue.to_vec();
-        all.extend(appended.iter().cloned());
         // `tk` is `Invoker` exactly when the target is a declared invoker state.
         match self
             .state(target)

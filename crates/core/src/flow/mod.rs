@@ -16,10 +16,12 @@ pub mod engine;
 mod limits;
 pub mod machine;
 pub mod queue;
+mod validators;
 
 pub use dag::{DagPlan, PlanTask, TaskKind};
 pub use def::{
-    Condition, FlowDef, FlowProblem, ModelField, StateDef, StateKind, TemplateRef, TransitionDef,
+    Condition, FlowDef, FlowProblem, HookAction, HookActionKind, HookDecl, ModelField, StateDef,
+    StateKind, TemplateRef, TransitionDef, ValidatorDef, ValidatorRule,
 };
 pub use dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
 pub use engine::{

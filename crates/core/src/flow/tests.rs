@@ -36,21 +36,45 @@ fn taken(log: &Log) -> Vec<String> {
     std::mem::take(&mut *log.lock().unwrap())
 }
 
-/// A flow whose every hook point and condition records itself.
+/// A file hook's action that appends `name` to the model's `trace`.
+fn traced(name: &str) -> String {
+    format!("[{{assign: {{trace: \"trace + ['{name}']\"}}}}]")
+}
+
+/// A flow whose every hook point and condition records itself: Rust hooks
+/// in the log and, like the hooks declared in its file, in the model's
+/// `trace`.
 fn recording_flow(log: &Log, internal: bool) -> Flow {
-    let mut b = FlowBuilder::new("rec")
-        .template("a.j2", "A")
-        .template("b.j2", "B {{ actor_input }}")
-        .user_state("a", "a.j2")
-        .user_state("b", "b.j2");
-    let l = log.clone();
-    b = b.validator("recording", move |c| {
-        push(&l, format!("validator:{}", c.session.state));
-        Ok(())
-    });
+    let text = format!(
+        "name: rec
+initial: a
+model: {{trace: []}}
+before_transition: {before_transition}
+after_transition: {after_transition}
+states:
+  - {{id: a, kind: user, template: a.j2, on_enter: {enter_a}, on_exit: {exit_a}}}
+  - {{id: b, kind: user, template: b.j2, on_enter: {enter_b}}}
+transitions:
+  - {{event: go, from: a, to: {to}, internal: {internal}, before: {before_go}, after: {after_go}}}
+  - {{event: back, from: b, to: a}}
+  - {{event: jump, from: a, to: b}}
+",
+        before_transition = traced("file:before_transition"),
+        after_transition = traced("file:after_transition"),
+        enter_a = traced("file:a.on_enter"),
+        exit_a = traced("file:a.on_exit"),
+        enter_b = traced("file:b.on_enter"),
+        to = if internal { "a" } else { "b" },
+        before_go = traced("file:go.before"),
+        after_go = traced("file:go.after"),
+    );
+    let templates = BTreeMap::from([
+        ("a.j2".to_owned(), "A".to_owned()),
+        ("b.j2".to_owned(), "B {{ actor_input }}".to_owned()),
+    ]);
+    let mut def = FlowDef::from_file_text(&text, templates).unwrap();
     let (l1, l2) = (log.clone(), log.clone());
-    let mut go = TransitionDef::new("go", "a", if internal { "a" } else { "b" });
-    go.internal = internal;
+    let go = &mut def.transitions[0];
     go.validators = vec!["recording".into()];
     go.cond = vec![Condition::Fn(Arc::new(move |_| {
         push(&l1, "cond");
@@ -60,7 +84,11 @@ fn recording_flow(log: &Log, internal: bool) -> Flow {
         push(&l2, "unless");
         false
     }))];
-    b = b.transition(go).on("back", "b", "a").on("jump", "a", "b");
+    let l = log.clone();
+    let mut b = FlowBuilder::from_def(def).validator("recording", move |c| {
+        push(&l, format!("validator:{}", c.session.state));
+        Ok(())
+    });
     for (point, scope, name) in [
         (HookPoint::Before, HookScope::Any, "before_transition"),
         (
@@ -88,10 +116,18 @@ fn recording_flow(log: &Log, internal: bool) -> Flow {
                     c.session.actor.map(Actor::as_str)
                 ),
             );
+            if let Some(Value::Array(trace)) = c.session.model.get_mut("trace") {
+                trace.push(Value::String(format!("rust:{name}")));
+            }
             Ok(())
         });
     }
     b.build().unwrap()
+}
+
+/// The model's `trace` of a session.
+fn trace(s: &FlowSession) -> Vec<String> {
+    serde_json::from_value(s.model["trace"].clone()).unwrap()
 }
 
 #[test]
@@ -99,6 +135,11 @@ fn hook_order_is_validators_conditions_before_exit_on_update_enter_after() {
     let log: Log = Arc::default();
     let flow = recording_flow(&log, false);
     let s = flow.start(&sid("s1"), now()).unwrap().session;
+    assert_eq!(
+        trace(&s),
+        ["rust:on_enter_state", "file:a.on_enter"],
+        "the initial state's enter hooks run at start"
+    );
     taken(&log);
     let fired = flow.fire(&s, &[], "go", "hi", "i1", now()).unwrap();
     assert_eq!(fired.session.state, "b");
@@ -118,6 +159,30 @@ fn hook_order_is_validators_conditions_before_exit_on_update_enter_after() {
             "on_enter_b@b:hi:Some(\"user\")",
             "after_go@b:hi:Some(\"user\")",
             "after_transition@b:hi:Some(\"user\")",
+        ]
+    );
+    // File hooks interleave with Rust ones by scope (every transition, this
+    // transition, its event or state; reversed but for the transition's in
+    // `after`), and run before Rust hooks of the same scope.
+    assert_eq!(
+        trace(&fired.session)[2..],
+        [
+            "file:before_transition",
+            "rust:before_transition",
+            "file:go.before",
+            "rust:before_go",
+            "rust:on_exit_state",
+            "file:a.on_exit",
+            "rust:on_exit_a",
+            "rust:on_transition",
+            "rust:on_go",
+            "rust:on_enter_state",
+            "file:b.on_enter",
+            "rust:on_enter_b",
+            "file:go.after",
+            "rust:after_go",
+            "file:after_transition",
+            "rust:after_transition",
         ]
     );
 }
@@ -190,6 +255,22 @@ fn internal_self_transition_skips_exit_and_enter() {
             "after_go",
             "after_transition"
         ]
+    );
+    assert_eq!(
+        trace(&fired.session)[2..],
+        [
+            "file:before_transition",
+            "rust:before_transition",
+            "file:go.before",
+            "rust:before_go",
+            "rust:on_transition",
+            "rust:on_go",
+            "file:go.after",
+            "rust:after_go",
+            "file:after_transition",
+            "rust:after_transition",
+        ],
+        "an internal transition skips the declared exit and enter hooks too"
     );
 }
 
