@@ -855,7 +855,9 @@ impl Flow {
                 }
             }
             for v in &t.validators {
-                if !validators.contains_key(v) {
+                // A declared validator that does not compile is reported
+                // where it is declared.
+                if !validators.contains_key(v) && !def.validators.iter().any(|d| d.name == *v) {
                     p(
                         format!("{loc}.validators"),
                         format!("unknown validator `{v}`"),

@@ -37,4 +37,6 @@ pub use machine::{
 pub use queue::{ContextRef, DagJob, RunnerOptions};
 
 #[cfg(test)]
+mod declared_tests;
+#[cfg(test)]
 mod tests;

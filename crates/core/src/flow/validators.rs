@@ -35,11 +35,27 @@ fn pointer(field: &str) -> Result<String, String> {
         .collect())
 }
 
+/// `` at `/path` `` for a place inside a JSON value, nothing for its root.
+fn at(path: &impl std::fmt::Display) -> String {
+    let path = path.to_string();
+    if path.is_empty() {
+        path
+    } else {
+        format!(" at `{path}`")
+    }
+}
+
 /// Compiles a declared validator, or says what is wrong with it.
 pub(super) fn compile(def: &ValidatorDef) -> Result<ValidatorFn, String> {
     let check = match &def.rule {
         ValidatorRule::Regex(pattern) => Check::Regex(
-            regex::Regex::new(pattern).map_err(|e| format!("bad regex: {e}"))?,
+            regex::Regex::new(pattern).map_err(|e| {
+                // The parser draws the pattern over several lines; a
+                // problem is one.
+                let text = e.to_string();
+                let words: Vec<&str> = text.split_whitespace().collect();
+                format!("bad regex: {}", words.join(" "))
+            })?,
             pattern.clone(),
         ),
         ValidatorRule::Length { min, max } => {
@@ -56,7 +72,8 @@ pub(super) fn compile(def: &ValidatorDef) -> Result<ValidatorFn, String> {
             }
         }
         ValidatorRule::JsonSchema(schema) => Check::Schema(Box::new(
-            jsonschema::validator_for(schema).map_err(|e| format!("bad json schema: {e}"))?,
+            jsonschema::validator_for(schema)
+                .map_err(|e| format!("bad json schema{}: {e}", at(e.instance_path())))?,
         )),
         ValidatorRule::OneOf(allowed) => {
             if allowed.is_empty() {
@@ -117,13 +134,10 @@ pub(super) fn compile(def: &ValidatorDef) -> Result<ValidatorFn, String> {
                 // input or its member.
                 let instance = value.unwrap_or(&Value::Null);
                 if let Some(e) = schema.iter_errors(instance).next() {
-                    let at = e.instance_path().to_string();
-                    let at = if at.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" at `{at}`")
-                    };
-                    return refuse(format!("{subject} does not match the schema{at}: {e}"));
+                    return refuse(format!(
+                        "{subject} does not match the schema{}: {e}",
+                        at(e.instance_path())
+                    ));
                 }
             }
             Check::OneOf(allowed) => {
