@@ -1052,6 +1052,96 @@ fn loading_reports_every_problem_with_the_file_and_location() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A flow folder whose file declares a validator and hooks.
+const SIGNUP: &str = r#"
+name: signup
+initial: ask
+model: {greeting: "", email: null}
+validators:
+  email: {regex: '^[^@\s]+@[^@\s]+$', message: "that is not an email address"}
+states:
+  - id: ask
+    kind: user
+    template: ask.j2
+    on_enter: [{assign: {greeting: "'Your email, please'"}}]
+  - {id: done, kind: user, template: done.j2}
+transitions:
+  - event: give
+    from: ask
+    to: done
+    validators: [email]
+    before:
+      - {fail: "no spam, please", when: "'spam' in actor_input"}
+      - {assign: {email: actor_input}}
+"#;
+
+#[tokio::test]
+async fn hooks_and_validators_declared_in_a_flow_file_refuse_with_422_and_change_nothing() {
+    let dir = scratch("declared");
+    let folder = dir.join("signup");
+    std::fs::create_dir_all(folder.join("templates")).unwrap();
+    std::fs::write(folder.join("flow.yaml"), SIGNUP).unwrap();
+    std::fs::write(folder.join("templates/ask.j2"), "{{ greeting }}").unwrap();
+    std::fs::write(folder.join("templates/done.j2"), "Thanks, {{ email }}").unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let mut c = Components::memory(keys());
+    c.clock = clock.clone();
+    c.flows = FlowCatalog::load_dir(&dir, &Invokers::is_builtin).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let server = TestServer::start(c.build(), clock).await;
+    let (status, _, start) = server
+        .send(Method::POST, "/v1/ai/signup/start_session", None, true)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{start}");
+    assert_eq!(start["response"], "Your email, please", "enter hooks ran");
+    let sid = start["session_id"].as_str().unwrap().to_owned();
+    let model = || async {
+        let (status, _, body) = server
+            .send(
+                Method::GET,
+                &format!("/v1/ai/signup/model/{sid}"),
+                None,
+                true,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        serde_json::from_str::<Value>(body["response"].as_str().unwrap()).unwrap()
+    };
+    let event = |input: &'static str| {
+        let body = json!({"session_id": sid, "event": "give", "event_input": input});
+        let server = &server;
+        async move {
+            let (status, _, body) = server
+                .send(Method::POST, "/v1/ai/signup/event", Some(&body), true)
+                .await;
+            (status, body)
+        }
+    };
+    let before = model().await;
+
+    let (status, body) = event("not an address").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["type"], "urn:parlance:problem:invalid-request");
+    assert_eq!(body["validator"], "email");
+    assert_eq!(body["message"], "that is not an email address");
+    assert_eq!(body["field"], "event_input");
+    assert_eq!(model().await, before, "nothing changed");
+
+    let (status, body) = event("spam@example.com").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["type"], "urn:parlance:problem:invalid-request");
+    assert_eq!(body["hook"], "transitions[0].before[0]");
+    assert_eq!(body["message"], "no spam, please");
+    assert_eq!(model().await, before, "nothing changed");
+
+    let (status, body) = event("ann@example.com").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["response"], "Thanks, ann@example.com");
+    let after = model().await;
+    assert_eq!(after["state"], "done");
+    assert_eq!(after["model"]["email"], "ann@example.com", "{after}");
+}
+
 #[cfg(unix)]
 #[test]
 fn templates_never_follow_links_out_of_the_folder() {
