@@ -472,3 +472,18 @@ states:
     let r = start(&ctx(flow));
     assert_eq!(r.session().model["count"], json!(42));
 }
+
+#[test]
+fn a_hook_for_a_transition_that_is_not_there_does_not_load() {
+    let def = FlowDef::from_file_text(HOOKS, templates()).unwrap();
+    let Err(FlowError::Invalid(p)) = FlowBuilder::from_def(def)
+        .hook(HookPoint::Before, HookScope::Transition(3), |_| Ok(()))
+        .build()
+    else {
+        panic!("must not load");
+    };
+    assert_eq!(
+        p.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["hooks: a Before hook names no transition at index 3"]
+    );
+}

@@ -782,6 +782,16 @@ impl Flow {
                 Err(e) => p(loc, e),
             }
         }
+        for h in &hooks {
+            if let HookScope::Transition(i) = h.scope
+                && i >= def.transitions.len()
+            {
+                p(
+                    "hooks".into(),
+                    format!("a {:?} hook names no transition at index {i}", h.point),
+                );
+            }
+        }
         for decl in &def.hooks {
             match &decl.scope {
                 HookScope::Transition(i) if *i >= def.transitions.len() => {
