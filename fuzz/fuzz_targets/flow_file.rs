@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
         parlance_core::flow::FlowSessionId::parse("s").expect("a valid session id"),
     );
     let ctx = FlowContext::new(Arc::new(flow), RunnerOptions::default());
-    let Ok(Some((started, _))) = FlowRecord::create(&key, &ctx, &FlowCommand::Start, now) else {
+    let Ok(Some((started, _))) = FlowRecord::create(&key, &ctx, &FlowCommand::start(), now) else {
         return;
     };
     for event in ctx.flow.events_from(&started.session().state) {

@@ -54,7 +54,7 @@ fn values_over_the_limit_are_refused_before_they_are_allocated() {
             ProductId::parse("acme").unwrap(),
             FlowSessionId::parse("s").unwrap(),
         );
-        let mut r = FlowRecord::create(&key, &c, &FlowCommand::Start, now())
+        let mut r = FlowRecord::create(&key, &c, &FlowCommand::start(), now())
             .unwrap()
             .unwrap()
             .0;

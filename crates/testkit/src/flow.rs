@@ -129,7 +129,7 @@ impl StoreFixture for Fixture {
     }
 
     fn create(&self, _key: &FlowKey) -> FlowCommand {
-        FlowCommand::Start
+        FlowCommand::start()
     }
 
     /// The user's input in `ask`; the DAG's result while one runs.
@@ -229,7 +229,7 @@ async fn step(f: &Fixture, key: &FlowKey, command: &FlowCommand) -> Step {
 }
 
 async fn start(f: &Fixture, key: &FlowKey) -> Step {
-    step(f, key, &FlowCommand::Start).await
+    step(f, key, &FlowCommand::start()).await
 }
 
 /// The fixture's change on the record as stored.

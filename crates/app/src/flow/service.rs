@@ -192,7 +192,7 @@ impl FlowService {
             product.clone(),
             FlowSessionId::from_uuid(self.ids.new_uuid()),
         );
-        let done = self.run(&key, flow, FlowCommand::Start).await?;
+        let done = self.run(&key, flow, FlowCommand::start()).await?;
         Ok(AiResponse {
             session_id: key.session_id.to_string(),
             next_actions: flow.next_actions(done.state.session()),

@@ -17,6 +17,7 @@ use super::def::{
 use super::dialogue::{Actor, DialogueElement, DialogueFormat, Persistence, format_dialogue};
 use super::limits;
 use super::machine::{FlowSessionId, cause};
+use super::user::User;
 use super::validators;
 use crate::Timestamp;
 use crate::machine::{ErrorClass, MachineError, Name, NotAllowed, Transition};
@@ -182,6 +183,17 @@ pub struct FlowSession {
     pub running: Option<Running>,
     /// Where `cancel` returns to.
     pub last_user_state: String,
+    /// The user the session was started for, if one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_info: Option<User>,
+    /// The seed data given at start: set only while the session starts
+    /// (the initial state's enter hooks and the greeting see it), then
+    /// cleared, so it is never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_data: Option<String>,
+    /// Started by `start_ephemeral_session`; kept like any other session.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ephemeral: bool,
 }
 
 /// The reason codes of [`FlowError::NotAllowed`]: why a command is not
@@ -1071,6 +1083,26 @@ impl Flow {
             "parsed_actor_input".into(),
             serde_json::from_str(&session.actor_input).unwrap_or(Value::Null),
         );
+        data.insert(
+            "user_info".into(),
+            session
+                .user_info
+                .as_ref()
+                .map_or(Value::Null, User::render_value),
+        );
+        // Null once started: the seed is cleared after the start.
+        data.insert(
+            "seed_data".into(),
+            session.seed_data.clone().map_or(Value::Null, Value::String),
+        );
+        data.insert(
+            "parsed_seed_data".into(),
+            session
+                .seed_data
+                .as_deref()
+                .and_then(|s| serde_json::from_str(s).ok())
+                .unwrap_or(Value::Null),
+        );
         data.insert("current_datetime".into(), Value::String(now.to_string()));
         data.insert(
             "chat_history".into(),
@@ -1141,16 +1173,35 @@ impl Flow {
     }
 
     /// A new session in the initial state with the greeting rendered and
-    /// recorded as `assistant`/`init`. Enter hooks of the initial state run.
+    /// recorded as `assistant`/`init`, without seed data or user: see
+    /// [`Flow::start_with`].
+    #[cfg(test)]
+    pub(crate) fn start(
+        &self,
+        session_id: &FlowSessionId,
+        now: Timestamp,
+    ) -> Result<Fired, FlowError> {
+        self.start_with(session_id, None, None, true, now)
+    }
+
+    /// A new session in the initial state for `user_info`. Enter hooks of
+    /// the initial state run with `seed_data` in the session (and in the
+    /// render data, parsed as `parsed_seed_data`), which is cleared after.
+    /// With `greet`, the greeting is rendered (still seeing the seed) and
+    /// recorded as `assistant`/`init`; without, nothing is rendered or
+    /// recorded (an ephemeral start, whose event comes next).
     ///
     /// What [`FlowCommand::Start`](super::FlowCommand::Start) decides.
     ///
     /// # Errors
     ///
     /// A hook or the greeting's template failed.
-    pub(crate) fn start(
+    pub(crate) fn start_with(
         &self,
         session_id: &FlowSessionId,
+        seed_data: Option<&str>,
+        user_info: Option<&User>,
+        greet: bool,
         now: Timestamp,
     ) -> Result<Fired, FlowError> {
         let initial = self.def.initial.clone().unwrap_or_default();
@@ -1171,6 +1222,9 @@ impl Flow {
             errors: Vec::new(),
             running: None,
             last_user_state: initial.clone(),
+            user_info: user_info.cloned(),
+            seed_data: seed_data.map(str::to_owned),
+            ephemeral: false,
         };
         let mut persistence = Persistence::TARGET_RENDERED;
         let run = HookRun {
@@ -1182,8 +1236,13 @@ impl Flow {
             now,
         };
         self.run_hooks(HookPoint::Enter, &run, &mut session, &mut persistence)?;
+        if !greet {
+            session.seed_data = None;
+            return Ok(Fired::stays(session));
+        }
         let template = self.user_template(&initial);
         let rendered = self.render(&template, &self.render_data(&session, &[], now))?;
+        session.seed_data = None;
         let appended = vec![DialogueElement {
             actor: Actor::Assistant,
             event: "init".into(),

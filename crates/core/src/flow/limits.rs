@@ -643,7 +643,7 @@ mod tests {
             ProductId::parse("acme").unwrap(),
             FlowSessionId::parse("s1").unwrap(),
         );
-        let mut r = FlowRecord::create(&key, c, &FlowCommand::Start, now())
+        let mut r = FlowRecord::create(&key, c, &FlowCommand::start(), now())
             .unwrap()
             .expect("start creates")
             .0;

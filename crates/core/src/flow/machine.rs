@@ -21,6 +21,7 @@ use super::dag::DagPlan;
 use super::dialogue::{Actor, DialogueElement};
 use super::engine::{Fired, Flow, FlowError, FlowSession, Running, TaskError, reason};
 use super::queue::{DagJob, RunnerOptions};
+use super::user::User;
 use crate::machine::{Command, Decision, EntityKey, EntityKind, Machine, Name, Transition};
 use crate::{ProductId, Timestamp};
 
@@ -126,8 +127,32 @@ pub enum FlowEffect {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum FlowCommand {
-    /// Creates the session in the initial state with its greeting.
-    Start,
+    /// Creates the session in the initial state with its greeting: the
+    /// initial state's enter hooks and the greeting see `seed_data` (then
+    /// it is cleared); the session keeps `user_info`.
+    Start {
+        /// Text for the start only (`seed_data`, and `parsed_seed_data`
+        /// when it is JSON, in the render data).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed_data: Option<String>,
+        /// The user the session is for.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user_info: Option<User>,
+    },
+    /// Creates the session and fires `event` on it, in one decision: no
+    /// greeting is rendered or recorded; the initial state's enter hooks
+    /// run, then the event is taken. A refused event creates nothing.
+    StartEphemeral {
+        /// The user the session is for.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user_info: Option<User>,
+        /// The flow event.
+        event: String,
+        /// The event's input.
+        input: String,
+        /// A fresh id for the DAG the transition may start.
+        fresh_id: String,
+    },
     /// A client's flow event with its input.
     Fire {
         /// The event.
@@ -164,10 +189,21 @@ pub enum FlowCommand {
     },
 }
 
+impl FlowCommand {
+    /// [`FlowCommand::Start`] with no seed data and no user.
+    pub fn start() -> Self {
+        FlowCommand::Start {
+            seed_data: None,
+            user_info: None,
+        }
+    }
+}
+
 impl Command for FlowCommand {
     fn name(&self) -> &'static str {
         match self {
-            FlowCommand::Start => "start",
+            FlowCommand::Start { .. } => "start",
+            FlowCommand::StartEphemeral { .. } => "start_ephemeral",
             FlowCommand::Fire { .. } => "fire",
             FlowCommand::Cancel => "cancel",
             FlowCommand::Retry { .. } => "retry",
@@ -404,11 +440,13 @@ impl Machine for FlowRecord {
         }
         let (session, dialogue) = (&self.session, self.dialogue.as_slice());
         match command {
-            FlowCommand::Start => Err(FlowError::not_allowed(
-                command.name(),
-                session.state.clone(),
-                Some(reason::SESSION_EXISTS),
-            )),
+            FlowCommand::Start { .. } | FlowCommand::StartEphemeral { .. } => {
+                Err(FlowError::not_allowed(
+                    command.name(),
+                    session.state.clone(),
+                    Some(reason::SESSION_EXISTS),
+                ))
+            }
             FlowCommand::Fire {
                 event,
                 input,
@@ -491,15 +529,53 @@ impl Machine for FlowRecord {
         command: &FlowCommand,
         now: Timestamp,
     ) -> Result<Option<(Self, Decision<Self>)>, FlowError> {
-        let FlowCommand::Start = command else {
-            return Ok(None);
+        let created = |state: &str, ephemeral: bool| {
+            let detail = if ephemeral {
+                json!({"flow": ctx.flow.name(), "ephemeral": true})
+            } else {
+                json!({"flow": ctx.flow.name()})
+            };
+            Transition::created(state.to_owned(), cause::START).with_detail(detail)
         };
-        let fired = ctx.flow.start(&key.session_id, now)?;
+        let (seed_data, user_info) = match command {
+            FlowCommand::Start {
+                seed_data,
+                user_info,
+            } => (seed_data, user_info),
+            FlowCommand::StartEphemeral {
+                user_info,
+                event,
+                input,
+                fresh_id,
+            } => {
+                let started =
+                    ctx.flow
+                        .start_with(&key.session_id, None, user_info.as_ref(), false, now)?;
+                let mut session = started.session;
+                session.ephemeral = true;
+                let initial = session.state.clone();
+                let fired = ctx.flow.fire(&session, &[], event, input, fresh_id, now)?;
+                let mut record =
+                    FlowRecord::from_parts(key.product_id.clone(), session, Vec::new());
+                let mut decision =
+                    record.apply(ctx, fired, Cow::Owned(event.clone()), now, |plan| {
+                        plan.map(|p| joins(p, false))
+                    });
+                // The creation comes first in the audit, then the event.
+                decision.transitions.insert(0, created(&initial, true));
+                return Ok(Some((record, decision)));
+            }
+            _ => return Ok(None),
+        };
+        let fired = ctx.flow.start_with(
+            &key.session_id,
+            seed_data.as_deref(),
+            user_info.as_ref(),
+            true,
+            now,
+        )?;
         let mut decision = Decision::changed();
-        decision.transition(
-            Transition::created(fired.session.state.clone(), cause::START)
-                .with_detail(json!({"flow": ctx.flow.name()})),
-        );
+        decision.transition(created(&fired.session.state, false));
         decision
             .effects
             .extend(fired.appended.iter().cloned().map(FlowEffect::Dialogue));
@@ -519,5 +595,7 @@ impl Machine for FlowRecord {
     }
 }
 
+#[cfg(test)]
+mod start_tests;
 #[cfg(test)]
 mod tests;

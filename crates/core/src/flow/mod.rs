@@ -16,6 +16,7 @@ pub mod engine;
 mod limits;
 pub mod machine;
 pub mod queue;
+pub mod user;
 mod validators;
 
 pub use dag::{DagPlan, PlanTask, TaskKind};
@@ -35,6 +36,7 @@ pub use machine::{
     ProgressUpdate, cause,
 };
 pub use queue::{ContextRef, DagJob, RunnerOptions};
+pub use user::{CustomProperties, Email, PersonName, User, UserError};
 
 #[cfg(test)]
 mod declared_tests;

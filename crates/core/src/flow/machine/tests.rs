@@ -71,7 +71,7 @@ fn chain_flow() -> Flow {
 }
 
 fn start(c: &FlowContext) -> FlowRecord {
-    FlowRecord::create(&key("s1"), c, &FlowCommand::Start, now())
+    FlowRecord::create(&key("s1"), c, &FlowCommand::start(), now())
         .unwrap()
         .expect("start creates")
         .0
@@ -189,7 +189,7 @@ fn progress_of(chain: &str, total: i64, done: i64, label: Option<&str>) -> Progr
 #[test]
 fn start_creates_the_session_with_its_greeting() {
     let c = ctx(flow());
-    let (r, d) = FlowRecord::create(&key("s1"), &c, &FlowCommand::Start, now())
+    let (r, d) = FlowRecord::create(&key("s1"), &c, &FlowCommand::start(), now())
         .unwrap()
         .unwrap();
     assert_eq!(r.key(), key("s1"));
@@ -234,7 +234,7 @@ fn only_start_creates_a_session() {
 fn start_on_an_existing_session_is_not_allowed() {
     let c = ctx(flow());
     let mut r = start(&c);
-    let e = refused(&mut r, &c, &FlowCommand::Start);
+    let e = refused(&mut r, &c, &FlowCommand::start());
     assert_eq!(e, not_allowed("start", "u", Some(reason::SESSION_EXISTS)));
     assert_eq!(e.class(), ErrorClass::NotAllowed);
 }
@@ -702,7 +702,7 @@ fn client_events_are_parsed_once() {
 #[test]
 fn commands_are_tagged_data() {
     let cmds = [
-        FlowCommand::Start,
+        FlowCommand::start(),
         fire("go", "x", "1"),
         FlowCommand::Cancel,
         FlowCommand::Retry {
@@ -784,7 +784,9 @@ fn planned_context(
             fresh_id,
         } => f.complete(s, d, invocation_id, result, fresh_id, now()),
         FlowCommand::Fail { error, fresh_id } => f.fail(s, d, error.clone(), fresh_id, now()),
-        FlowCommand::Start | FlowCommand::Cancel => return None,
+        FlowCommand::Start { .. } | FlowCommand::StartEphemeral { .. } | FlowCommand::Cancel => {
+            return None;
+        }
     };
     fired.ok()?.dag.map(|plan| plan.context)
 }
@@ -894,7 +896,7 @@ fn command(
         1 => fail(&invocation, input, &fresh),
         2 => FlowCommand::Cancel,
         3 => FlowCommand::Retry { fresh_id: fresh },
-        4 => FlowCommand::Start,
+        4 => FlowCommand::start(),
         _ => fire(
             ["a", "b", "advance", "on_error", "poll", "nope"][event % 6],
             input,
