@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use parlance_core::flow::{
-    DialogueElement, FlowEffect, FlowKey, FlowRecord, FlowSession, FlowSessionId, ProgressUpdate,
+    DialogueElement, Email, FlowEffect, FlowKey, FlowRecord, FlowSession, FlowSessionId,
+    ProgressUpdate,
 };
 use parlance_core::queue::DagLimits;
-use parlance_core::{EntityKey, ProductId};
+use parlance_core::{EntityKey, ProductId, Timestamp};
 use parlance_ports::{
     ChainProgress, Commit, Committed, FlowStore, MachineStore, PortError, PortResult, Stored,
     TaskQueue,
@@ -20,6 +21,9 @@ use crate::MemoryAuditLog;
 use crate::records::{Records, record_key};
 
 type ChainKey = (ProductId, FlowSessionId, String);
+
+/// A user's sessions of one flow: product, flow, email.
+type UserKey = (ProductId, String, String);
 
 /// Flow sessions held in memory.
 ///
@@ -32,6 +36,10 @@ type ChainKey = (ProductId, FlowSessionId, String);
 pub struct MemoryFlowStore {
     records: Records<FlowRecord>,
     progress: Mutex<HashMap<ChainKey, ChainProgress>>,
+    /// The sessions created for each user, with their creation time: the
+    /// user never changes after the creation, so the index is written
+    /// once per session, in its creating commit.
+    by_user: Mutex<HashMap<UserKey, Vec<(Timestamp, FlowSessionId)>>>,
     /// Held for the whole of a commit; reads of a session wait for it.
     settled: tokio::sync::RwLock<()>,
 }
@@ -70,12 +78,17 @@ impl MemoryFlowStore {
         Self {
             records: Records::new(audit, queue, limits),
             progress: Mutex::new(HashMap::new()),
+            by_user: Mutex::new(HashMap::new()),
             settled: tokio::sync::RwLock::new(()),
         }
     }
 
     fn progress_map(&self) -> MutexGuard<'_, HashMap<ChainKey, ChainProgress>> {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn user_index(&self) -> MutexGuard<'_, HashMap<UserKey, Vec<(Timestamp, FlowSessionId)>>> {
+        self.by_user.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -130,6 +143,19 @@ impl MachineStore<FlowRecord> for MemoryFlowStore {
                         if let FlowEffect::Progress(p) = effect {
                             add_progress(&mut progress, c.key, p);
                         }
+                    }
+                    let session = stored.state.session();
+                    if c.expected.is_none()
+                        && let Some(user) = &session.user_info
+                    {
+                        self.user_index()
+                            .entry((
+                                c.key.product_id.clone(),
+                                session.flow.clone(),
+                                user.email.as_str().to_owned(),
+                            ))
+                            .or_default()
+                            .push((c.now, c.key.session_id.clone()));
                     }
                 },
             )
@@ -192,5 +218,19 @@ impl FlowStore for MemoryFlowStore {
 
     async fn progress(&self, key: &FlowKey, chain_id: &str) -> PortResult<Option<ChainProgress>> {
         Ok(self.progress_map().get(&chain_key(key, chain_id)).cloned())
+    }
+
+    async fn user_sessions(
+        &self,
+        product: &ProductId,
+        flow: &str,
+        email: &Email,
+        limit: usize,
+    ) -> PortResult<Vec<FlowSessionId>> {
+        let _settled = self.settled.read().await;
+        let key = (product.clone(), flow.to_owned(), email.as_str().to_owned());
+        let mut sessions = self.user_index().get(&key).cloned().unwrap_or_default();
+        sessions.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(sessions.into_iter().take(limit).map(|(_, id)| id).collect())
     }
 }

@@ -8,11 +8,12 @@
 //! chain progress the decision's effects name, its audit entry and its DAG,
 //! together or not at all. [`FlowStore`] holds the rest: the cheap reads a
 //! poll or a worker needs (the session without its dialogue, the dialogue,
-//! a chain's progress) and the progress workers count outside the
-//! session's compare-and-swap.
+//! a chain's progress, a user's sessions) and the progress workers count
+//! outside the session's compare-and-swap.
 
 use async_trait::async_trait;
-use parlance_core::flow::{DialogueElement, FlowKey, FlowSession};
+use parlance_core::ProductId;
+use parlance_core::flow::{DialogueElement, Email, FlowKey, FlowSession, FlowSessionId};
 use serde::Serialize;
 
 use crate::{PortResult, Stored};
@@ -67,4 +68,16 @@ pub trait FlowStore: Send + Sync + 'static {
 
     /// A chain's progress, if it exists.
     async fn progress(&self, key: &FlowKey, chain_id: &str) -> PortResult<Option<ChainProgress>>;
+
+    /// The ids of `product`'s sessions of flow `flow` started for the user
+    /// whose email is `email` (exactly as written), newest first (by
+    /// creation time, then by id, descending), at most `limit`. The user is
+    /// set when a session is created and never changes.
+    async fn user_sessions(
+        &self,
+        product: &ProductId,
+        flow: &str,
+        email: &Email,
+        limit: usize,
+    ) -> PortResult<Vec<FlowSessionId>>;
 }

@@ -11,14 +11,19 @@
 //! statement in a transaction that first enqueues the DAG on the same
 //! connection (`PgTaskQueue::enqueue_dag_in`) and stores the run's id in
 //! the session: the run exists if and only if the commit does.
+//!
+//! The session's user (`user_info`, in `data`) has its email copied into
+//! `user_email` by the insert alone (it never changes), indexed with the
+//! product, the flow and the creation time for `user_sessions`.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use parlance_core::flow::{
-    Actor, DialogueElement, FlowEffect, FlowKey, FlowRecord, FlowSession, ProgressUpdate,
+    Actor, DialogueElement, Email, FlowEffect, FlowKey, FlowRecord, FlowSession, FlowSessionId,
+    ProgressUpdate,
 };
-use parlance_core::{Machine as _, Task};
+use parlance_core::{Machine as _, ProductId, Task};
 use parlance_ports::{
     ChainProgress, Commit, Committed, FlowStore, MachineStore, PortError, PortResult, Stored,
     Version, audit_entries,
@@ -101,8 +106,8 @@ macro_rules! commit_tail {
 /// the session exists.
 const INSERT_SESSION: &str = concat!(
     "WITH s AS (INSERT INTO flow_sessions (product_id, session_id, flow, state, version, data, \
-     dialogue_len, created_at, updated_at) \
-     VALUES ($1, $2, $22, $4, $5, $3, $6, $7, $7) \
+     dialogue_len, created_at, updated_at, user_email) \
+     VALUES ($1, $2, $22, $4, $5, $3, $6, $7, $7, $23) \
      ON CONFLICT (product_id, session_id) DO NOTHING RETURNING dialogue_len), ",
     commit_tail!()
 );
@@ -217,6 +222,7 @@ async fn write(
         .bind(progress.iter().map(|p| p.add_total).collect::<Vec<_>>())
         .bind(progress.iter().map(|p| p.add_done).collect::<Vec<_>>())
         .bind(&session.flow)
+        .bind(session.user_info.as_ref().map(|u| u.email.as_str()))
         .fetch_one(&mut *conn)
         .await
         .map_err(pg_err("save flow session"))?;
@@ -424,5 +430,32 @@ impl FlowStore for PgFlowStore {
         })
         .transpose()
         .map_err(pg_err("decode flow progress"))
+    }
+
+    async fn user_sessions(
+        &self,
+        product: &ProductId,
+        flow: &str,
+        email: &Email,
+        limit: usize,
+    ) -> PortResult<Vec<FlowSessionId>> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT session_id FROM flow_sessions \
+             WHERE product_id = $1 AND flow = $2 AND user_email = $3 \
+             ORDER BY created_at DESC, session_id COLLATE \"C\" DESC LIMIT $4",
+        )
+        .bind(product.as_str())
+        .bind(flow)
+        .bind(email.as_str())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("list a user's flow sessions"))?;
+        ids.into_iter()
+            .map(|id| {
+                FlowSessionId::parse(id)
+                    .map_err(|e| PortError::other("stored flow session id").with_source(e))
+            })
+            .collect()
     }
 }

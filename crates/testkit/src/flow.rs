@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parlance_core::flow::{
-    ContextRef, FlowBuilder, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord,
-    FlowSessionId, RunnerOptions, TemplateRef,
+    ContextRef, Email, FlowBuilder, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord,
+    FlowSessionId, RunnerOptions, TemplateRef, User,
 };
 use parlance_core::{Decision, Machine, ProductId, Task, Timestamp};
 use parlance_ports::{
@@ -41,6 +41,8 @@ macro_rules! flow_store_suite {
                 reads_are_scoped_by_product,
                 a_dialogue_prefix_is_the_dialogue_as_it_was,
                 a_dag_node_names_the_context_the_store_gives_back,
+                a_users_sessions_are_listed_newest_first_within_product_and_flow,
+                an_ephemeral_start_is_stored_with_its_user_and_its_run,
             ]
         }
     };
@@ -660,4 +662,211 @@ pub async fn a_dag_node_names_the_context_the_store_gives_back(f: Fixture) {
         .await
         .expect("prefix");
     assert_eq!(later, prefix);
+}
+
+fn user(email: &str) -> User {
+    serde_json::from_value(json!({
+        "email": email, "firstname": "Ada", "lastname": "Lovelace",
+        "custom_properties": {"team": "engines"}
+    }))
+    .expect("a valid user")
+}
+
+/// Creates session `id` of `p` for `email` (if any) with `ctx`'s flow,
+/// committed at `at` seconds past [`now`].
+async fn create_at(
+    f: &Fixture,
+    ctx: &FlowContext,
+    p: &str,
+    id: &str,
+    email: Option<&str>,
+    at: i64,
+) -> FlowKey {
+    let key = key_of(p, id);
+    let command = FlowCommand::Start {
+        seed_data: None,
+        user_info: email.map(user),
+    };
+    let when = Timestamp::from_secs(1_767_225_600 + at).expect("in range");
+    let (state, decision) = FlowRecord::create(&key, ctx, &command, when)
+        .expect("start")
+        .expect("creates");
+    f.records
+        .commit(Commit {
+            key: &key,
+            expected: None,
+            command: &command,
+            state: &state,
+            decision: &decision,
+            now: when,
+        })
+        .await
+        .expect("commit");
+    key
+}
+
+/// A user's sessions are the ones created for that email, of this product
+/// and this flow only, newest first (ties by id, descending), at most the
+/// limit; the user round-trips with the session and changes nothing later.
+pub async fn a_users_sessions_are_listed_newest_first_within_product_and_flow(f: Fixture) {
+    let other_flow = FlowContext::new(
+        Arc::new(
+            FlowBuilder::new("other")
+                .template("ask.j2", "Ask.")
+                .user_state("ask", "ask.j2")
+                .build()
+                .expect("a valid flow"),
+        ),
+        RunnerOptions::default(),
+    );
+    let ctx = f.context.clone();
+    let ada = "ada@example.com";
+    create_at(&f, &ctx, "p", "s-1", Some(ada), 10).await;
+    create_at(&f, &ctx, "p", "s-2", Some(ada), 30).await;
+    create_at(&f, &ctx, "p", "s-3", Some(ada), 20).await;
+    // Created in the same instant: the greater id first.
+    create_at(&f, &ctx, "p", "s-4", Some(ada), 30).await;
+    // Another user, no user, another flow, another product, another case.
+    create_at(&f, &ctx, "p", "s-5", Some("bob@example.com"), 40).await;
+    create_at(&f, &ctx, "p", "s-6", None, 50).await;
+    create_at(&f, &other_flow, "p", "s-7", Some(ada), 60).await;
+    create_at(&f, &ctx, "q", "s-8", Some(ada), 70).await;
+    create_at(&f, &ctx, "p", "s-9", Some("Ada@example.com"), 80).await;
+    // A later change of a session does not move it.
+    change(&f, &key_of("p", "s-1")).await;
+
+    let email = Email::parse(ada).expect("valid");
+    let list = |p: &'static str, flow: &'static str, limit: usize| {
+        let (store, email) = (f.store.clone(), email.clone());
+        async move {
+            store
+                .user_sessions(&product(p), flow, &email, limit)
+                .await
+                .expect("user sessions")
+                .into_iter()
+                .map(FlowSessionId::into_string)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        list("p", "contract", 10).await,
+        ["s-4", "s-2", "s-3", "s-1"]
+    );
+    assert_eq!(list("p", "contract", 2).await, ["s-4", "s-2"]);
+    assert_eq!(list("p", "contract", 0).await, Vec::<String>::new());
+    assert_eq!(list("p", "other", 10).await, ["s-7"]);
+    assert_eq!(list("q", "contract", 10).await, ["s-8"], "product q's own");
+    assert_eq!(list("r", "contract", 10).await, Vec::<String>::new());
+    let nobody = Email::parse("nobody@example.com").expect("valid");
+    assert!(
+        f.store
+            .user_sessions(&product("p"), "contract", &nobody, 10)
+            .await
+            .expect("user sessions")
+            .is_empty()
+    );
+
+    let stored = f
+        .store
+        .session(&key_of("p", "s-2"))
+        .await
+        .expect("session")
+        .expect("stored");
+    assert_eq!(
+        stored.state.user_info,
+        Some(user(ada)),
+        "the user round-trips"
+    );
+    let loaded = f
+        .records
+        .load(&key_of("p", "s-1"))
+        .await
+        .expect("load")
+        .expect("stored");
+    assert_eq!(
+        loaded.state.session().user_info,
+        Some(user(ada)),
+        "and stays through a change"
+    );
+    assert_eq!(loaded.state.session().seed_data, None, "no seed is stored");
+}
+
+/// An ephemeral start is one commit: the session with its user and the
+/// `ephemeral` mark, the event's dialogue (no greeting), its run named in
+/// the session, its progress, and both audit entries; a user's listing
+/// finds it.
+pub async fn an_ephemeral_start_is_stored_with_its_user_and_its_run(f: Fixture) {
+    let key = key_of("p", "e1");
+    let command = FlowCommand::StartEphemeral {
+        user_info: Some(user("ada@example.com")),
+        event: "user_input".into(),
+        input: "why?".into(),
+        fresh_id: f.fresh_id(),
+    };
+    let created = step(&f, &key, &command).await;
+    let session = f
+        .store
+        .session(&key)
+        .await
+        .expect("session")
+        .expect("stored");
+    assert_eq!(session.version, Version::FIRST);
+    assert!(session.state.ephemeral);
+    assert_eq!(session.state.user_info, Some(user("ada@example.com")));
+    assert_eq!(session.state.state, "think");
+    let running = session.state.running.expect("a run");
+    assert!(running.dag_id.is_some(), "the run is named in the session");
+    assert_eq!(
+        created
+            .state
+            .session()
+            .running
+            .as_ref()
+            .and_then(|r| r.dag_id),
+        running.dag_id
+    );
+    let dialogue = f.store.dialogue(&key).await.expect("dialogue");
+    assert_eq!(dialogue.len(), 1, "the user's input, no greeting");
+    assert_eq!(dialogue[0].event, "user_input");
+    let progress = f
+        .store
+        .progress(&key, &running.chain_id)
+        .await
+        .expect("progress")
+        .expect("written with the creation");
+    assert_eq!((progress.done, progress.total), (0, 2));
+    let causes: Vec<_> = f
+        .audit
+        .list(
+            &key.product_id,
+            parlance_core::EntityKind::Flow,
+            key.session_id.as_str(),
+            None,
+            100,
+        )
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| (r.entry.from, r.entry.to, r.entry.cause))
+        .collect();
+    assert_eq!(
+        causes,
+        [
+            (None, "ask".to_owned(), "start_session".to_owned()),
+            (
+                Some("ask".to_owned()),
+                "think".to_owned(),
+                "user_input".to_owned()
+            ),
+        ]
+    );
+    let email = Email::parse("ada@example.com").expect("valid");
+    assert_eq!(
+        f.store
+            .user_sessions(&product("p"), "contract", &email, 10)
+            .await
+            .expect("user sessions"),
+        std::slice::from_ref(&key.session_id)
+    );
+    assert_eq!(drain(f.queue.as_ref(), 1).await, 1, "the root is runnable");
 }
