@@ -20,7 +20,7 @@ pub use executor::{DagRunner, QueueRunner};
 pub use invoker::{InvokeError, Invoker, Invokers, LlmInvoker, TemplateInvoker, chat_messages};
 pub use meta::TemplateInvokers;
 pub use routes::routes;
-pub use service::{AiProgress, AiResponse, FlowDeps, FlowService, TaskState};
+pub use service::{AiProgress, AiResponse, FlowDeps, FlowService, MAX_USER_SESSIONS, TaskState};
 pub use tasks::register as register_handlers;
 
 /// What the flow routes and task handlers share: the one flow service.

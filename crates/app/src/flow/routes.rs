@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
-use parlance_core::ProductId;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use parlance_core::flow::{
-    ClientEvent, Flow, FlowError, FlowKey, FlowRecord, FlowSessionId, StateKind,
+    ClientEvent, Flow, FlowError, FlowKey, FlowRecord, FlowSessionId, StateKind, User,
 };
+use parlance_core::{ProductId, storable};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::openapi::{OpenApi, Ref};
@@ -20,16 +21,18 @@ use super::Flows;
 use super::service::{AiResponse, TaskState};
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
-use crate::http::openapi::{CommandProblems, Problem, ReadProblems, StateProblems};
+use crate::http::openapi::{CommandProblems, Problem, ReadProblems, SearchProblems, StateProblems};
 use crate::http::{ApiError, ApiJson};
 
 /// The flow routes.
 pub fn routes() -> OpenApiRouter<Flows> {
     let mut router = OpenApiRouter::new()
         .routes(routes!(start_get, start_post))
+        .routes(routes!(start_ephemeral))
         .routes(routes!(event))
         .routes(routes!(task_state))
         .routes(routes!(model))
+        .routes(routes!(user_sessions))
         .routes(routes!(list));
     start_body_not_nullable(router.get_openapi_mut());
     router
@@ -128,16 +131,18 @@ fn key(product: ProductId, id: &str) -> Result<FlowKey, ApiError> {
         .map_err(|_| ApiError::not_found(format!("no session `{id}` in this flow")))
 }
 
-/// The optional body of `start_session`: accepted for compatibility with
-/// the reference, and unused.
+/// The optional body of `start_session`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[schema(as = FlowStart)]
 struct StartBody {
-    /// Anything; sessions keep no user info.
-    #[allow(dead_code)] // accepted for compatibility; sessions keep no user info
-    user_info: Option<Value>,
-    /// Ignored; flows have no seed hook.
-    #[allow(dead_code)] // accepted for compatibility; flows have no seed hook
+    /// The user the session is for: kept with the session, shown to
+    /// templates as `user_info`, and what `user_sessions` finds it by.
+    #[serde(default)]
+    user_info: Option<User>,
+    /// Text for the start only: the initial state's enter hooks and the
+    /// greeting see it as `seed_data` (and as `parsed_seed_data` when it is
+    /// JSON); it is not kept.
+    #[serde(default)]
     seed_data: Option<String>,
 }
 
@@ -159,17 +164,26 @@ async fn start_get(
     Tenant(product): Tenant,
     Path(FlowPath { flow: name }): Path<FlowPath>,
 ) -> Result<ApiJson<AiResponse>, ApiError> {
-    let flow = flow(&state, &name)?;
+    start(&state, product, &name, StartBody::default()).await
+}
+
+async fn start(
+    state: &Flows,
+    product: ProductId,
+    name: &str,
+    body: StartBody,
+) -> Result<ApiJson<AiResponse>, ApiError> {
+    let flow = flow(state, name)?;
     state
-        .start_session(&product, &flow)
+        .start_session_with(&product, &flow, body.seed_data, body.user_info)
         .await
         .map(ApiJson)
         .map_err(|e| answer(e, None))
 }
 
-/// Starts a session of the flow, as `GET` does. The body is optional and of
-/// any content type; when present it must be a JSON object of this shape,
-/// else 422.
+/// Starts a session of the flow, as `GET` does, for the body's user and
+/// seed data. The body is optional and of any content type; when present it
+/// must be a JSON object of this shape, else 422.
 #[utoipa::path(
     post,
     path = "/ai/{flow}/start_session",
@@ -178,7 +192,7 @@ async fn start_get(
     params(FlowPath),
     request_body(
         content = Option<StartBody>,
-        description = "Optional; accepted for compatibility and unused.",
+        description = "Optional: the user the session is for, and seed data for its start.",
         content_type = "application/json",
     ),
     responses(
@@ -198,11 +212,100 @@ async fn start_post(
     Path(path): Path<FlowPath>,
     body: Bytes,
 ) -> Result<ApiJson<AiResponse>, ApiError> {
-    if !body.iter().all(u8::is_ascii_whitespace) {
-        serde_json::from_slice::<StartBody>(&body)
-            .map_err(|e| ApiError::unprocessable(format!("bad start_session body: {e}")))?;
-    }
-    start_get(State(state), Tenant(product), Path(path)).await
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        StartBody::default()
+    } else {
+        let bad =
+            |e: serde_json::Error| ApiError::unprocessable(format!("bad start_session body: {e}"));
+        // The storable-text policy of every JSON body: the user and the
+        // seed reach the store.
+        storable::check_json(&serde_json::from_slice::<Value>(&body).map_err(bad)?)?;
+        serde_json::from_slice::<StartBody>(&body).map_err(bad)?
+    };
+    start(&state, product, &path.flow, body).await
+}
+
+/// The body of `start_ephemeral_session`: the first event, with the user
+/// the session is for.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = FlowEphemeralStart)]
+struct EphemeralBody {
+    /// One of the flow's events out of its initial state.
+    #[schema(example = "user_input")]
+    event: String,
+    /// The event's input.
+    event_input: String,
+    /// The user the session is for, as in `start_session`.
+    #[serde(default)]
+    user_info: Option<User>,
+}
+
+/// Starts a session of the flow and sends it its first event, in one
+/// commit: no greeting is rendered or recorded; the initial state's enter
+/// hooks run, then the event is taken. A refused event (409, 422) leaves no
+/// session behind. The session is marked `ephemeral` in its model and is
+/// otherwise kept, read and changed like any other; the answer is the
+/// event's, with `["poll"]` when the event started a task graph.
+#[utoipa::path(
+    post,
+    path = "/ai/{flow}/start_ephemeral_session",
+    operation_id = "start_ephemeral_flow_session",
+    tag = "flows",
+    params(FlowPath),
+    request_body = EphemeralBody,
+    responses(
+        (status = 200, description = "The new session after its event.", body = AiResponse),
+        CommandProblems,
+    ),
+)]
+async fn start_ephemeral(
+    State(state): State<Flows>,
+    Tenant(product): Tenant,
+    Path(FlowPath { flow: name }): Path<FlowPath>,
+    ApiJson(body): ApiJson<EphemeralBody>,
+) -> Result<ApiJson<AiResponse>, ApiError> {
+    let flow = flow(&state, &name)?;
+    state
+        .start_ephemeral_session(
+            &product,
+            &flow,
+            body.user_info,
+            &body.event,
+            &body.event_input,
+        )
+        .await
+        .map(ApiJson)
+        .map_err(|e| answer(e, None))
+}
+
+/// The sessions of this flow started for a user: the ids of this product's
+/// sessions whose `user_info.email` is the body's (compared as written),
+/// newest first, at most 100. The other members of the body are read and
+/// checked, not compared.
+#[utoipa::path(
+    post,
+    path = "/ai/{flow}/user_sessions",
+    operation_id = "list_flow_user_sessions",
+    tag = "flows",
+    params(FlowPath),
+    request_body = User,
+    responses(
+        (status = 200, description = "The session ids, newest first.", body = Vec<FlowSessionId>),
+        SearchProblems,
+    ),
+)]
+async fn user_sessions(
+    State(state): State<Flows>,
+    Tenant(product): Tenant,
+    Path(FlowPath { flow: name }): Path<FlowPath>,
+    ApiJson(user): ApiJson<User>,
+) -> Result<ApiJson<Vec<FlowSessionId>>, ApiError> {
+    let flow = flow(&state, &name)?;
+    state
+        .user_sessions(&product, &flow, &user.email)
+        .await
+        .map(ApiJson)
+        .map_err(|e| answer(e, None))
 }
 
 /// An event for a session; every member is required, as in the reference.
@@ -285,19 +388,49 @@ async fn task_state(
         .map_err(|e| answer(e, Some(&key.session_id)))
 }
 
-/// The session's state, model and dialogue, as a JSON string in `response`.
+/// The query of `model`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ModelQuery {
+    /// A JMESPath expression: `response` is then what it selects from the
+    /// session's JSON object (`null` when it selects nothing). A bad
+    /// expression, or one that fails on the object, is 422 naming `path`.
+    #[param(example = "model")]
+    path: Option<String>,
+}
+
+/// The 422 of a JMESPath `path` that does not compile or fails.
+fn bad_path(e: &jmespath::JmespathError) -> ApiError {
+    ApiError::unprocessable(format!("bad JMESPath expression in `path`: {}", e.reason))
+        .with("field", "path")
+}
+
+/// What `path` selects from `model`.
+///
+/// A compiled expression holds `Rc`s, so it never lives across an await:
+/// the handler compiles `path` once to refuse it before any read, and again
+/// here, after the read, to search.
+fn select(model: &Value, path: &str) -> Result<Value, ApiError> {
+    let expr = jmespath::compile(path).map_err(|e| bad_path(&e))?;
+    let found = expr.search(model).map_err(|e| bad_path(&e))?;
+    serde_json::to_value(&*found).map_err(|e| ApiError::internal(&e))
+}
+
+/// The session's state, model and dialogue, as a JSON string in `response`,
+/// or the part of it a JMESPath `path` selects.
 #[utoipa::path(
     get,
     path = "/ai/{flow}/model/{session_id}",
     operation_id = "get_flow_model",
     tag = "flows",
-    params(FlowSessionPath),
+    params(FlowSessionPath, ModelQuery),
     responses(
         (
             status = 200,
             description = "The session; `response` is a JSON object as a string: the session's \
-                           state, model fields, errors and running task graph, with `dialogue` \
-                           and `version`.",
+                           state, model fields, errors, running task graph and user, with \
+                           `dialogue` and `version`; or, with `path`, the JSON of what the \
+                           expression selects from that object.",
             body = AiResponse,
         ),
         ReadProblems,
@@ -310,14 +443,24 @@ async fn model(
         flow: name,
         session_id,
     }): Path<FlowSessionPath>,
+    query: Result<Query<ModelQuery>, QueryRejection>,
 ) -> Result<ApiJson<AiResponse>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if let Some(path) = &query.path {
+        jmespath::compile(path).map_err(|e| bad_path(&e))?;
+    }
     let flow = flow(&state, &name)?;
     let key = key(product, &session_id)?;
-    state
-        .model(&key, &flow)
+    let (mut out, model) = state
+        .model_value(&key, &flow)
         .await
-        .map(ApiJson)
-        .map_err(|e| answer(e, Some(&key.session_id)))
+        .map_err(|e| answer(e, Some(&key.session_id)))?;
+    let shown = match &query.path {
+        Some(path) => select(&model, path)?,
+        None => model,
+    };
+    out.response = Some(shown.to_string());
+    Ok(ApiJson(out))
 }
 
 /// The loaded flows.

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use parlance_core::ProductId;
 use parlance_core::flow::{
-    Actor, ClientEvent, DialogueElement, Flow, FlowCommand, FlowContext, FlowEffect, FlowKey,
-    FlowRecord, FlowSession, FlowSessionId, RunnerOptions, TaskError, reason,
+    Actor, ClientEvent, DialogueElement, Email, Flow, FlowCommand, FlowContext, FlowEffect,
+    FlowKey, FlowRecord, FlowSession, FlowSessionId, RunnerOptions, TaskError, User, reason,
 };
 use parlance_ports::{Clock, FlowStore, IdGen, LlmClient, MachineStore, Stored};
 use serde::Serialize;
@@ -64,6 +64,10 @@ pub struct TaskState {
     /// The session.
     pub session_id: String,
 }
+
+/// The most session ids [`FlowService::user_sessions`] answers: the
+/// newest this many.
+pub const MAX_USER_SESSIONS: usize = 100;
 
 /// The flow service over its stores, a runner and a catalog.
 pub struct FlowService {
@@ -188,11 +192,29 @@ impl FlowService {
         product: &ProductId,
         flow: &Arc<Flow>,
     ) -> Result<AiResponse, ServiceError<FlowRecord>> {
-        let key = FlowKey::new(
-            product.clone(),
-            FlowSessionId::from_uuid(self.ids.new_uuid()),
-        );
-        let done = self.run(&key, flow, FlowCommand::start()).await?;
+        self.start_session_with(product, flow, None, None).await
+    }
+
+    /// Starts a session of `flow` for `product` and `user_info`: the
+    /// initial state's enter hooks and the greeting see `seed_data`, which
+    /// is not kept; the session keeps the user.
+    ///
+    /// # Errors
+    ///
+    /// As [`FlowService::start_session`].
+    pub async fn start_session_with(
+        &self,
+        product: &ProductId,
+        flow: &Arc<Flow>,
+        seed_data: Option<String>,
+        user_info: Option<User>,
+    ) -> Result<AiResponse, ServiceError<FlowRecord>> {
+        let key = self.new_key(product);
+        let command = FlowCommand::Start {
+            seed_data,
+            user_info,
+        };
+        let done = self.run(&key, flow, command).await?;
         Ok(AiResponse {
             session_id: key.session_id.to_string(),
             next_actions: flow.next_actions(done.state.session()),
@@ -201,6 +223,80 @@ impl FlowService {
             response: respond(&done),
             progress: None,
         })
+    }
+
+    /// Starts a session of `flow` for `product` and `user_info` and fires
+    /// `event` with `input` on it, in one commit: no greeting; the initial
+    /// state's enter hooks run, then the event. A refused event leaves no
+    /// session. The session is marked `ephemeral` and kept like any other.
+    ///
+    /// # Errors
+    ///
+    /// What the flow refuses (the event, a validator, a hook, a template),
+    /// or a storage failure.
+    pub async fn start_ephemeral_session(
+        &self,
+        product: &ProductId,
+        flow: &Arc<Flow>,
+        user_info: Option<User>,
+        event: &str,
+        input: &str,
+    ) -> Result<AiResponse, ServiceError<FlowRecord>> {
+        let key = self.new_key(product);
+        let command = FlowCommand::StartEphemeral {
+            user_info,
+            event: event.to_owned(),
+            input: input.to_owned(),
+            fresh_id: self.new_id(),
+        };
+        let done = self.run(&key, flow, command).await?;
+        Ok(self.answer(&key, flow, &done))
+    }
+
+    /// The ids of `product`'s sessions of `flow` started for the user with
+    /// `email`, newest first, at most [`MAX_USER_SESSIONS`].
+    ///
+    /// # Errors
+    ///
+    /// A storage failure.
+    pub async fn user_sessions(
+        &self,
+        product: &ProductId,
+        flow: &Flow,
+        email: &Email,
+    ) -> Result<Vec<FlowSessionId>, ServiceError<FlowRecord>> {
+        Ok(self
+            .store
+            .user_sessions(product, flow.name(), email, MAX_USER_SESSIONS)
+            .await?)
+    }
+
+    fn new_key(&self, product: &ProductId) -> FlowKey {
+        FlowKey::new(
+            product.clone(),
+            FlowSessionId::from_uuid(self.ids.new_uuid()),
+        )
+    }
+
+    /// The answer to a decided command: the session's next actions and
+    /// errors, the decision's text and the progress it wrote.
+    fn answer(&self, key: &FlowKey, flow: &Flow, done: &Executed<FlowRecord>) -> AiResponse {
+        let session = done.state.session();
+        AiResponse {
+            session_id: key.session_id.to_string(),
+            next_actions: flow.next_actions(session),
+            error: None,
+            errors: session.errors.clone(),
+            response: respond(done),
+            progress: done.decision.effects.iter().find_map(|e| match e {
+                FlowEffect::Progress(p) => Some(AiProgress {
+                    total_number_of_subtasks: p.add_total,
+                    number_of_subtasks_executed: p.add_done,
+                    label: p.label.clone().unwrap_or_default(),
+                }),
+                _ => None,
+            }),
+        }
     }
 
     /// Handles a client event: `poll` reads; `cancel`, `retry` and the
@@ -232,22 +328,7 @@ impl FlowService {
                 self.runner.cancel(&key.product_id, running).await;
             }
         }
-        let session = done.state.session();
-        Ok(AiResponse {
-            session_id: key.session_id.to_string(),
-            next_actions: flow.next_actions(session),
-            error: None,
-            errors: session.errors.clone(),
-            response: respond(&done),
-            progress: done.decision.effects.iter().find_map(|e| match e {
-                FlowEffect::Progress(p) => Some(AiProgress {
-                    total_number_of_subtasks: p.add_total,
-                    number_of_subtasks_executed: p.add_done,
-                    label: p.label.clone().unwrap_or_default(),
-                }),
-                _ => None,
-            }),
-        })
+        Ok(self.answer(key, flow, &done))
     }
 
     /// `poll`: progress while a DAG runs; else the latest response, the
@@ -332,6 +413,23 @@ impl FlowService {
         key: &FlowKey,
         flow: &Flow,
     ) -> Result<AiResponse, ServiceError<FlowRecord>> {
+        let (mut answer, model) = self.model_value(key, flow).await?;
+        answer.response = Some(model.to_string());
+        Ok(answer)
+    }
+
+    /// `model` as a value beside an answer without `response`: the
+    /// session, its dialogue and its version as one JSON object, for a
+    /// caller that shows part of it.
+    ///
+    /// # Errors
+    ///
+    /// As [`FlowService::model`].
+    pub async fn model_value(
+        &self,
+        key: &FlowKey,
+        flow: &Flow,
+    ) -> Result<(AiResponse, Value), ServiceError<FlowRecord>> {
         let Stored { state, version } = self
             .records
             .load(key)
@@ -344,14 +442,15 @@ impl FlowService {
             m.insert("dialogue".into(), json!(dialogue));
             m.insert("version".into(), json!(version));
         }
-        Ok(AiResponse {
+        let answer = AiResponse {
             session_id: key.session_id.to_string(),
             next_actions: flow.next_actions(&session),
             error: session.errors.last().map(|e| e.message.clone()),
             errors: session.errors.clone(),
-            response: Some(model.to_string()),
+            response: None,
             progress: None,
-        })
+        };
+        Ok((answer, model))
     }
 
     /// Applies a finished DAG: the invoker state's completion event fires

@@ -230,6 +230,16 @@ impl IntoResponses for StateProblems {
     }
 }
 
+/// The error answers of a read that takes a JSON body (a flow's
+/// `user_sessions`): a read's, and a body's.
+pub(crate) struct SearchProblems;
+
+impl IntoResponses for SearchProblems {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        problems(&[ANY, BODY].concat())
+    }
+}
+
 /// The error answers of a write without a state machine behind it (a
 /// catalog or plan put).
 pub(crate) struct PutProblems;

@@ -14,8 +14,8 @@ use parlance_app::flow::{
 };
 use parlance_app::worker::{EmbeddedWorker, Worker, WorkerConfig};
 use parlance_core::flow::{
-    ClientEvent, Condition, Flow, FlowBuilder, FlowKey, FlowRecord, RunnerOptions, TemplateRef,
-    TransitionDef,
+    ClientEvent, Condition, Flow, FlowBuilder, FlowKey, FlowRecord, HookContext, HookPoint,
+    HookScope, RunnerOptions, TemplateRef, TransitionDef,
 };
 use parlance_core::queue::Backoff;
 use parlance_memory::{MemoryAuditLog, MemoryFlowStore};
@@ -149,6 +149,46 @@ fn fragile_flow() -> Flow {
         .unwrap()
 }
 
+/// `greet` (user, initial) --say--> `said` (user). The initial state's
+/// enter hook copies the seed's `topic` into the model; the greeting shows
+/// the user's computed name and the parsed seed, `said` what is left of
+/// both once started.
+fn seeded_flow() -> Flow {
+    FlowBuilder::new("seeded")
+        .template(
+            "greet.j2",
+            "Hello {{ user_info.name if user_info else 'stranger' }}\
+             {% if parsed_seed_data %}, about {{ parsed_seed_data.topic }}{% endif %}.",
+        )
+        .template(
+            "said.j2",
+            "{{ user_info.firstname if user_info else 'stranger' }} said {{ actor_input }}; \
+             topic {{ topic }}; seed {{ seed_data }}.",
+        )
+        .field("topic", Value::Null)
+        .user_state("greet", "greet.j2")
+        .user_state("said", "said.j2")
+        .on("say", "greet", "said")
+        .hook(
+            HookPoint::Enter,
+            HookScope::State("greet".into()),
+            |h: &mut HookContext<'_>| {
+                let topic = h
+                    .session
+                    .seed_data
+                    .as_deref()
+                    .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                    .and_then(|v| v.get("topic").cloned());
+                if let Some(t) = topic {
+                    h.session.model.insert("topic".into(), t);
+                }
+                Ok(())
+            },
+        )
+        .build()
+        .unwrap()
+}
+
 struct Fixture {
     server: TestServer,
     gate: Arc<Semaphore>,
@@ -214,7 +254,10 @@ async fn fixture_with(
     extra.insert("template".into(), Arc::new(Gated(gate.clone())));
     let known = |n: &str| Invokers::is_builtin(n) || extra.contains_key(n);
     let mut catalog = FlowCatalog::load_dir(&examples_dir(), &known).unwrap();
-    for f in rust_flows().into_iter().chain([fragile_flow()]) {
+    for f in rust_flows()
+        .into_iter()
+        .chain([fragile_flow(), seeded_flow()])
+    {
         catalog.insert(f);
     }
     c.flows = catalog;
@@ -487,7 +530,15 @@ async fn keeps_reference_paths_and_response_shapes() {
         .collect();
     assert_eq!(
         names,
-        ["extraction", "failing", "fragile", "gated", "picky", "qa"]
+        [
+            "extraction",
+            "failing",
+            "fragile",
+            "gated",
+            "picky",
+            "qa",
+            "seeded"
+        ]
     );
     let (status, _, _) = f
         .server
@@ -525,12 +576,26 @@ async fn every_answer_is_the_one_the_document_describes() {
         .send(
             Method::POST,
             "/v1/ai/qa/start_session",
-            Some(&json!({"user_info": {"name": "Ada"}, "seed_data": "x"})),
+            Some(&json!({"user_info": user("ada@example.com"), "seed_data": "x"})),
             true,
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{started}");
     check("post", start, &started);
+    let (status, _, refused) = f
+        .server
+        .send(
+            Method::POST,
+            "/v1/ai/qa/start_session",
+            Some(&json!({"user_info": {"name": "Ada"}})),
+            true,
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "a user_info that is not a user: {refused}"
+    );
     let sid = started["session_id"].as_str().unwrap().to_owned();
     let (_, asked) = f.event("qa", &sid, "user_input", "What is Rust?").await;
     assert!(asked["progress"].is_object(), "{asked}");
@@ -1350,4 +1415,366 @@ async fn input_dependent_render_failures_are_422_and_change_nothing_on_postgres(
         return;
     };
     input_dependent_render_failures_are_422_and_change_nothing_on(fixture(Some(pool)).await).await;
+}
+
+fn user(email: &str) -> Value {
+    json!({
+        "email": email, "firstname": "Ada", "lastname": "Lovelace",
+        "custom_properties": {"team": "engines"}
+    })
+}
+
+impl Fixture {
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let (status, _, answer) = self.server.send(Method::POST, path, Some(body), true).await;
+        (status, answer)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let (status, _, answer) = self.server.send(Method::GET, path, None, true).await;
+        (status, answer)
+    }
+
+    /// The ids `user_sessions` answers for `email` in `flow`.
+    async fn user_sessions(&self, flow: &str, email: &str) -> Vec<String> {
+        let path = format!("/v1/ai/{flow}/user_sessions");
+        let (status, body) = self.post(&path, &user(email)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_documented(&Method::POST, &path, status, &body);
+        serde_json::from_value(body).unwrap()
+    }
+}
+
+async fn start_keeps_the_user_and_shows_the_seed_to_the_start_only_on(f: Fixture) {
+    let (status, started) = f
+        .post(
+            "/v1/ai/seeded/start_session",
+            &json!({"user_info": user("ada@example.com"), "seed_data": r#"{"topic": "engines"}"#}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{started}");
+    assert_documented(
+        &Method::POST,
+        "/v1/ai/seeded/start_session",
+        status,
+        &started,
+    );
+    assert_eq!(started["response"], "Hello Ada Lovelace, about engines.");
+    let sid = started["session_id"].as_str().unwrap().to_owned();
+    let model = f.model("seeded", &sid).await;
+    assert_eq!(
+        model["model"]["topic"], "engines",
+        "the enter hook saw the seed"
+    );
+    assert_eq!(
+        model["user_info"],
+        user("ada@example.com"),
+        "the user is kept"
+    );
+    assert!(model.get("seed_data").is_none(), "the seed is not: {model}");
+    assert_eq!(model["dialogue"][0]["actor_text"], started["response"]);
+    let (status, said) = f.event("seeded", &sid, "say", "hi").await;
+    assert_eq!(status, StatusCode::OK, "{said}");
+    assert_eq!(said["response"], "Ada said hi; topic engines; seed None.");
+
+    // Without a body, or with an empty one: no user, no seed.
+    let (status, _, bare) = f
+        .server
+        .send(Method::GET, "/v1/ai/seeded/start_session", None, true)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(bare["response"], "Hello stranger.");
+    let (status, empty) = f.post("/v1/ai/seeded/start_session", &json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let bare = f
+        .model("seeded", empty["session_id"].as_str().unwrap())
+        .await;
+    assert!(bare.get("user_info").is_none(), "{bare}");
+
+    // A user that is not one, or holds text no store keeps, starts nothing.
+    let refused = [
+        json!({"user_info": {"email": "ada@example.com"}}),
+        json!({"user_info": {"email": "not an email", "firstname": "A", "lastname": "B"}}),
+        json!({"user_info": {"email": "ada@example.com", "firstname": "A\nB", "lastname": "B"}}),
+        json!({"user_info": {"plan": "pro"}}),
+        json!({"user_info": user("ada@example.com"), "seed_data": 7}),
+    ];
+    for body in refused {
+        let (status, problem) = f.post("/v1/ai/seeded/start_session", &body).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {problem}"
+        );
+        assert_eq!(problem["type"], "urn:parlance:problem:invalid-request");
+    }
+    let mut nul = user("ada@example.com");
+    nul["custom_properties"]["team"] = json!("a\u{0}b");
+    let (status, problem) = f
+        .post("/v1/ai/seeded/start_session", &json!({"user_info": nul}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert_eq!(problem["field"], "user_info.custom_properties.team");
+    assert_eq!(
+        f.user_sessions("seeded", "ada@example.com").await,
+        [sid],
+        "no refused start left a session"
+    );
+}
+
+#[tokio::test]
+async fn start_keeps_the_user_and_shows_the_seed_to_the_start_only() {
+    start_keeps_the_user_and_shows_the_seed_to_the_start_only_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn start_keeps_the_user_and_shows_the_seed_to_the_start_only_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    start_keeps_the_user_and_shows_the_seed_to_the_start_only_on(fixture(Some(pool)).await).await;
+}
+
+async fn an_ephemeral_session_takes_its_event_in_one_call_on(f: Fixture) {
+    let path = "/v1/ai/qa/start_ephemeral_session";
+    let body = json!({
+        "event": "user_input", "event_input": "What is Rust?",
+        "user_info": user("eph@example.com")
+    });
+    let (status, asked) = f.post(path, &body).await;
+    assert_eq!(status, StatusCode::OK, "{asked}");
+    assert_documented(&Method::POST, path, status, &asked);
+    assert_eq!(asked["next_actions"], json!(["poll"]));
+    assert_eq!(asked["response"], Value::Null);
+    assert_eq!(
+        progress(&asked).1,
+        2,
+        "progress is written with the creation"
+    );
+    insta::assert_json_snapshot!("qa_ephemeral_asked", asked, {".session_id" => "[id]"});
+    let sid = asked["session_id"].as_str().unwrap().to_owned();
+    let model = f.model("qa", &sid).await;
+    assert_eq!(model["ephemeral"], true);
+    assert_eq!(model["model"]["question"], "What is Rust?");
+    assert_eq!(model["user_info"]["email"], "eph@example.com");
+    let events: Vec<&str> = model["dialogue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events[0], "user_input", "no greeting is recorded");
+    assert!(!events.contains(&"init"), "{events:?}");
+    let answered = f
+        .poll_until("qa", &sid, |b| b["next_actions"] != json!(["poll"]))
+        .await;
+    assert_eq!(answered["next_actions"], json!(["user_input", "done"]));
+    let trail = flow_trail(&f, &sid).await;
+    assert_eq!(
+        trail[..2],
+        [
+            (None, "ask".to_owned(), "start_session".to_owned()),
+            (
+                Some("ask".to_owned()),
+                "answer".to_owned(),
+                "user_input".to_owned()
+            ),
+        ]
+    );
+
+    // A user -> user event answers its target, rendered; the initial
+    // state's enter hook ran first (no seed: no topic).
+    let (status, said) = f
+        .post(
+            "/v1/ai/seeded/start_ephemeral_session",
+            &json!({"event": "say", "event_input": "hi", "user_info": user("eph@example.com")}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{said}");
+    assert_eq!(said["response"], "Ada said hi; topic None; seed None.");
+    assert_eq!(said["next_actions"], json!([]));
+
+    // A refused event, a refusing validator, or a bad body leaves no session.
+    let gone = "gone@example.com";
+    for (body, want) in [
+        (
+            json!({"event": "done", "event_input": "", "user_info": user(gone)}),
+            StatusCode::CONFLICT,
+        ),
+        (
+            json!({"event": "user_input", "event_input": "  ", "user_info": user(gone)}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"event": "poll", "event_input": "", "user_info": user(gone)}),
+            StatusCode::CONFLICT,
+        ),
+        (
+            json!({"event": "user_input", "user_info": user(gone)}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ] {
+        let (status, problem) = f.post(path, &body).await;
+        assert_eq!(status, want, "{body}: {problem}");
+    }
+    let (status, conflict) = f
+        .post(
+            path,
+            &json!({"event": "done", "event_input": "", "user_info": user(gone)}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    insta::assert_json_snapshot!("qa_ephemeral_refused", conflict);
+    assert!(f.user_sessions("qa", gone).await.is_empty());
+    let (status, _) = f.post("/v1/ai/nope/start_ephemeral_session", &body).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn an_ephemeral_session_takes_its_event_in_one_call() {
+    let f = fixture(None).await;
+    f.gate.add_permits(100);
+    an_ephemeral_session_takes_its_event_in_one_call_on(f).await;
+}
+
+#[tokio::test]
+async fn an_ephemeral_session_takes_its_event_in_one_call_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    let f = fixture(Some(pool)).await;
+    f.gate.add_permits(100);
+    an_ephemeral_session_takes_its_event_in_one_call_on(f).await;
+}
+
+async fn user_sessions_are_a_users_newest_first_on(f: Fixture) {
+    let mut ada = Vec::new();
+    for flow in ["qa", "seeded", "qa", "qa"] {
+        let (status, started) = f
+            .post(
+                &format!("/v1/ai/{flow}/start_session"),
+                &json!({"user_info": user("ada@example.com")}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{started}");
+        if flow == "qa" {
+            ada.push(started["session_id"].as_str().unwrap().to_owned());
+        }
+        f.server.clock.advance_secs(1.0);
+    }
+    let (status, _) = f
+        .post(
+            "/v1/ai/qa/start_session",
+            &json!({"user_info": user("bob@example.com")}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    f.start("qa").await;
+    ada.reverse();
+    let listed = f.user_sessions("qa", "ada@example.com").await;
+    assert_eq!(listed, ada, "newest first");
+    assert_eq!(f.user_sessions("seeded", "ada@example.com").await.len(), 1);
+    assert_eq!(f.user_sessions("qa", "bob@example.com").await.len(), 1);
+    assert!(f.user_sessions("qa", "Ada@example.com").await.is_empty());
+    assert!(f.user_sessions("gated", "ada@example.com").await.is_empty());
+    let listed = json!(listed);
+    insta::assert_json_snapshot!("user_sessions", listed, {"[]" => "[id]"});
+
+    let path = "/v1/ai/qa/user_sessions";
+    for body in [
+        json!({"email": "ada@example.com"}),
+        json!({"email": "nope", "firstname": "A", "lastname": "B"}),
+    ] {
+        let (status, problem) = f.post(path, &body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    }
+    let (status, _) = f
+        .post("/v1/ai/nope/user_sessions", &user("ada@example.com"))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn user_sessions_are_a_users_newest_first() {
+    user_sessions_are_a_users_newest_first_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn user_sessions_are_a_users_newest_first_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    user_sessions_are_a_users_newest_first_on(fixture(Some(pool)).await).await;
+}
+
+async fn model_path_selects_with_jmespath_on(f: Fixture) {
+    let (_, started) = f
+        .post(
+            "/v1/ai/seeded/start_session",
+            &json!({"user_info": user("ada@example.com"), "seed_data": r#"{"topic": "engines"}"#}),
+        )
+        .await;
+    let sid = started["session_id"].as_str().unwrap().to_owned();
+    let at = |path: &str| format!("/v1/ai/seeded/model/{sid}?path={path}");
+    for (path, want) in [
+        ("model.topic", json!("engines")),
+        ("user_info.email", json!("ada@example.com")),
+        ("dialogue[0].event", json!("init")),
+        ("{s: state, v: version}", json!({"s": "greet", "v": 1})),
+        ("length(dialogue)", json!(1)),
+        ("no_such_member", Value::Null),
+    ] {
+        let (status, body) = f
+            .get(&at(
+                &url::form_urlencoded::byte_serialize(path.as_bytes()).collect::<String>()
+            ))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        assert_documented(&Method::GET, &at(path), status, &body);
+        let got: Value = serde_json::from_str(body["response"].as_str().unwrap()).unwrap();
+        assert_eq!(got, want, "{path}");
+        assert_eq!(body["next_actions"], json!(["say"]));
+    }
+    let (status, whole) = f.get(&format!("/v1/ai/seeded/model/{sid}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let whole: Value = serde_json::from_str(whole["response"].as_str().unwrap()).unwrap();
+    let (_, all) = f.get(&at("%40")).await;
+    let all: Value = serde_json::from_str(all["response"].as_str().unwrap()).unwrap();
+    assert_eq!(all, whole, "`@` is the whole model");
+
+    // A bad expression is refused before anything is read, naming `path`.
+    for (path, session) in [
+        ("model%5B", sid.as_str()),
+        ("length(state_id%2C%20state)", sid.as_str()),
+        ("abs(state)", sid.as_str()),
+        ("model%5B", "no-such-session"),
+    ] {
+        let (status, problem) = f
+            .get(&format!("/v1/ai/seeded/model/{session}?path={path}"))
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{path}: {problem}"
+        );
+        assert_eq!(problem["field"], "path", "{problem}");
+        assert_eq!(problem["type"], "urn:parlance:problem:invalid-request");
+    }
+    let (status, _) = f
+        .get("/v1/ai/seeded/model/no-such-session?path=state")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn model_path_selects_with_jmespath() {
+    model_path_selects_with_jmespath_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn model_path_selects_with_jmespath_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    model_path_selects_with_jmespath_on(fixture(Some(pool)).await).await;
 }
