@@ -153,6 +153,16 @@ def compare(doc, schema, model, where, answer, errors):
 def check_body(doc, schema, declared, where, answer, errors):
     if declared is None:
         errors.append(f"{where}: the document describes a body, the client declares none")
+    elif typing.get_origin(declared) in (list, typing.List):
+        array = resolve(doc, schema)
+        (item,) = typing.get_args(declared)
+        items = resolve(doc, array.get("items", {}))
+        if array.get("type") != "array":
+            errors.append(f"{where}: the client declares a list, the document {array}")
+        elif is_model(item):
+            compare(doc, items, item, f"{where}[]", answer, errors)
+        elif item is str and items.get("type") != "string":
+            errors.append(f"{where}[]: the client declares text, the document {items}")
     elif declared is m.JsonObject:
         if not is_free_object(doc, schema):
             errors.append(f"{where}: the document describes {resolve(doc, schema)}, the client a free-form object")

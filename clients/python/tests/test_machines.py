@@ -2,6 +2,7 @@
 one, against the live service, and the typed errors."""
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -334,9 +335,25 @@ def test_flows_sync(client):
     flows = documented(client.flows.list()).flows
     qa = next(f for f in flows if f.name == "qa")
     assert qa.initial == qa.states[0].id and qa.states[0].kind in ("user", "invoker")
-    # The optional body of start_session is accepted, and unused.
-    seeded = documented(client.flows.start("qa", seed_data="seed", user_info={"plan": "pro"}))
+    # The optional body of start_session: the user is kept, the seed is not.
+    ada = {"email": f"ada-{uuid.uuid4().hex[:8]}@example.com", "firstname": "Ada", "lastname": "Lovelace"}
+    seeded = documented(client.flows.start("qa", seed_data="seed", user_info=ada))
     assert seeded.next_actions == ["user_input"] and seeded.session_id != started.session_id
+    user = json.loads(documented(client.flows.model("qa", seeded.session_id, path="user_info")).response)
+    assert user == {**ada, "custom_properties": {}}
+    assert json.loads(client.flows.model("qa", seeded.session_id, path="state").response) == "ask"
+    with pytest.raises(Invalid) as bad:
+        client.flows.model("qa", seeded.session_id, path="state[")
+    assert bad.value.extra.get("field") == "path"
+    with pytest.raises(Invalid):
+        client.flows.start("qa", user_info=m.FlowUser(email="not an email", firstname="A", lastname="B"))
+    # One call starts a session and takes its event; a refused one leaves none.
+    eph = documented(client.flows.start_ephemeral("qa", "user_input", "Why?", user_info=m.FlowUser(**ada)))
+    assert eph.next_actions == ["poll"] and eph.progress is not None
+    with pytest.raises(NotAllowed):
+        client.flows.start_ephemeral("qa", "done", user_info=ada)
+    assert client.flows.user_sessions("qa", ada) == [eph.session_id, seeded.session_id]
+    assert client.flows.user_sessions("extraction", ada) == []
 
 
 def test_flows_async(make_async_client):
@@ -352,6 +369,11 @@ def test_flows_async(make_async_client):
             assert done.next_actions == []
             with pytest.raises(NotFound):
                 await client.flows.start("no-such-flow")
+            user = {"email": f"bo-{uuid.uuid4().hex[:8]}@example.com", "firstname": "Bo", "lastname": "B"}
+            eph = await client.flows.start_ephemeral("qa", "user_input", "How?", user_info=user)
+            assert await client.flows.user_sessions("qa", user) == [eph.session_id]
+            model = await client.flows.model("qa", eph.session_id, path="ephemeral")
+            assert model.response == "true"
 
     run(go())
 

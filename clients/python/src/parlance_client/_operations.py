@@ -6,7 +6,7 @@ its operations is missing here or its bodies differ from these models.
 """
 
 import re
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 from . import models as m
 
@@ -15,8 +15,8 @@ class Op(NamedTuple):
     method: str
     path: str
     answer: Any
-    """A model class, ``m.JsonObject`` for a free-form object, ``str`` for a
-    text body, ``None`` for no body."""
+    """A model class, ``m.JsonObject`` for a free-form object, ``List[str]``
+    for an array of text, ``str`` for a text body, ``None`` for no body."""
     request: Any = None
     """The body's model, a union of models, ``m.JsonObject``, or ``None`` for no body."""
 
@@ -89,9 +89,13 @@ OPERATIONS: Dict[str, Op] = {
     # flows
     "start_session_get": Op("GET", "/v1/ai/{flow}/start_session", m.FlowAnswer),
     "start_session": Op("POST", "/v1/ai/{flow}/start_session", m.FlowAnswer, m.FlowStart),
+    "start_ephemeral_session": Op(
+        "POST", "/v1/ai/{flow}/start_ephemeral_session", m.FlowAnswer, m.FlowEphemeralStart
+    ),
     "flow_event": Op("POST", "/v1/ai/{flow}/event", m.FlowAnswer, m.FlowEvent),
     "task_state": Op("GET", "/v1/ai/{flow}/task_state/{session_id}", m.TaskState),
     "flow_model": Op("GET", "/v1/ai/{flow}/model/{session_id}", m.FlowAnswer),
+    "user_sessions": Op("POST", "/v1/ai/{flow}/user_sessions", List[str], m.FlowUser),
     "list_flows": Op("GET", P + "/flows", m.FlowList),
 }
 

@@ -5,7 +5,7 @@ Both share the namespaces below (``sessions``, ``adoption``,
 the answer, on :class:`AsyncClient` an awaitable of it.
 """
 
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -313,10 +313,32 @@ class Agent(_Base):
 class Flows(_Base):
     """Flows loaded with ``serve --flows``, on the reference-compatible routes."""
 
-    def start(self, flow: str, seed_data: Optional[str] = None, user_info: Any = None) -> m.FlowAnswer:
-        """A new session (``seed_data`` and ``user_info`` are accepted by the
-        service for compatibility, and unused)."""
+    def start(
+        self,
+        flow: str,
+        seed_data: Optional[str] = None,
+        user_info: Optional[Union[m.FlowUser, m.JsonObject]] = None,
+    ) -> m.FlowAnswer:
+        """A new session for ``user_info`` (kept with the session); the
+        initial state's enter hooks and the greeting see ``seed_data``."""
         return self._call("start_session", _make(m.FlowStart, seed_data=seed_data, user_info=user_info), flow=flow)
+
+    def start_ephemeral(
+        self,
+        flow: str,
+        event: str,
+        event_input: str = "",
+        user_info: Optional[Union[m.FlowUser, m.JsonObject]] = None,
+    ) -> m.FlowAnswer:
+        """A new session that takes ``event`` at once, in one commit (no
+        greeting); a refused event leaves no session."""
+        body = _make(m.FlowEphemeralStart, event=event, event_input=event_input, user_info=user_info)
+        return self._call("start_ephemeral_session", body, flow=flow)
+
+    def user_sessions(self, flow: str, user: Union[m.FlowUser, m.JsonObject]) -> List[str]:
+        """The ids of the flow's sessions started for ``user``'s email,
+        newest first (at most 100)."""
+        return self._call("user_sessions", m.FlowUser.model_validate(user), flow=flow)
 
     def event(self, flow: str, session_id: str, event: str, event_input: Any = "") -> m.FlowAnswer:
         body = _make(m.FlowEvent, session_id=session_id, event=event, event_input=event_input)
@@ -325,8 +347,10 @@ class Flows(_Base):
     def task_state(self, flow: str, session_id: str) -> m.TaskState:
         return self._call("task_state", flow=flow, session_id=session_id)
 
-    def model(self, flow: str, session_id: str) -> m.FlowAnswer:
-        return self._call("flow_model", flow=flow, session_id=session_id)
+    def model(self, flow: str, session_id: str, path: Optional[str] = None) -> m.FlowAnswer:
+        """The session as a JSON string in ``response``; with ``path`` (a
+        JMESPath expression), what it selects from that JSON."""
+        return self._call("flow_model", params={"path": path}, flow=flow, session_id=session_id)
 
     def list(self) -> m.FlowList:
         return self._call("list_flows")

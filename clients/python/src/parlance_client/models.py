@@ -947,11 +947,30 @@ class FlowAnswer(Model):
     progress: Optional[FlowProgress] = None
 
 
+class FlowUser(Model):
+    """The user a flow session is started for (the reference's ``User``):
+    kept with the session, and what ``user_sessions`` finds it by."""
+
+    email: str
+    firstname: str
+    lastname: str
+    custom_properties: Optional[Dict[str, str]] = None
+
+
 class FlowStart(Model):
-    """The optional body of ``start_session``: accepted, and unused."""
+    """The optional body of ``start_session``: the user, and seed data the
+    initial state's enter hooks and the greeting see (not kept)."""
 
     seed_data: Optional[str] = None
-    user_info: Any = None
+    user_info: Optional[FlowUser] = None
+
+
+class FlowEphemeralStart(Model):
+    """The body of ``start_ephemeral_session``: the first event."""
+
+    event: str
+    event_input: str = ""
+    user_info: Optional[FlowUser] = None
 
 
 class FlowEvent(Model):
