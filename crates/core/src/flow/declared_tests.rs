@@ -86,7 +86,7 @@ fn start(c: &FlowContext) -> FlowRecord {
         ProductId::parse("acme").unwrap(),
         FlowSessionId::parse("s1").unwrap(),
     );
-    FlowRecord::create(&key, c, &FlowCommand::Start, now())
+    FlowRecord::create(&key, c, &FlowCommand::start(), now())
         .unwrap()
         .expect("start creates")
         .0
