@@ -83,7 +83,9 @@ impl DagRunner for QueueRunner {
 }
 
 /// A node result as the text the reference hands on: a string as is, a
-/// map's list of element results as a JSON list (elements parsed when JSON).
+/// map's list of element results as a JSON list (elements parsed when JSON),
+/// anything else as JSON; JSON is written as the reference's `json.dumps`
+/// writes it.
 pub(crate) fn as_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -91,7 +93,7 @@ pub(crate) fn as_text(v: &Value) -> String {
             let parts: Vec<String> = items.iter().map(as_text).collect();
             parlance_core::flow::dag::map_results(&parts)
         }
-        other => other.to_string(),
+        other => parlance_core::flow::pyjson::dumps(other),
     }
 }
 
@@ -103,7 +105,15 @@ mod tests {
     #[test]
     fn results_hand_on_text_and_map_lists_as_json() {
         assert_eq!(as_text(&json!("plain")), "plain");
-        assert_eq!(as_text(&json!(["{\"a\":1}", "b"])), "[{\"a\":1},\"b\"]");
+        // As Python's `json.dumps` writes them.
+        assert_eq!(
+            as_text(&json!(["{\"z\":1,\"a\":0.5}", "b\u{e9}"])),
+            r#"[{"z": 1, "a": 0.5}, "b\u00e9"]"#
+        );
+        assert_eq!(
+            as_text(&json!({"b": 1.0, "a": null})),
+            r#"{"b": 1.0, "a": null}"#
+        );
         assert_eq!(plan_task_of("3[1]"), "3");
         assert_eq!(plan_task_of("3#combine"), "3");
         assert_eq!(plan_task_of("12"), "12");

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::def::TemplateRef;
+use super::pyjson;
 
 /// What one task does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,14 +199,15 @@ pub fn glue(previous: &str) -> Value {
     })
 }
 
-/// A map's branch results combined into a JSON object text.
+/// A map's branch results combined into a JSON object text, keys in
+/// declaration order, written as the reference's `json.dumps` writes it.
 pub fn combine(keys: &[String], results: &[String]) -> String {
     let obj: serde_json::Map<String, Value> = keys
         .iter()
         .zip(results)
         .map(|(k, r)| (k.clone(), parse_or_string(r)))
         .collect();
-    Value::Object(obj).to_string()
+    pyjson::dumps(&Value::Object(obj))
 }
 
 /// The drag-net of one map element.
@@ -213,9 +215,12 @@ pub fn map_element(index: usize, value: &Value) -> Value {
     json!({"map_index": index, "map_value": value})
 }
 
-/// A map-over-list's results, in element order, as a JSON list text.
+/// A map-over-list's results, in element order, as a JSON list text written
+/// as the reference's `json.dumps` writes it.
 pub fn map_results(results: &[String]) -> String {
-    Value::Array(results.iter().map(|r| parse_or_string(r)).collect()).to_string()
+    pyjson::dumps(&Value::Array(
+        results.iter().map(|r| parse_or_string(r)).collect(),
+    ))
 }
 
 /// The render data of one task: the plan's context with a drag-net object
@@ -315,8 +320,34 @@ mod tests {
         assert_eq!(glue("text")["parsed_previous_result"], Value::Null);
         assert_eq!(
             combine(&["x".into(), "y".into()], &["1".into(), "plain".into()]),
-            "{\"x\":1,\"y\":\"plain\"}"
+            r#"{"x": 1, "y": "plain"}"#
         );
-        assert_eq!(map_results(&["[1]".into(), "b".into()]), "[[1],\"b\"]");
+        assert_eq!(map_results(&["[1]".into(), "b".into()]), r#"[[1], "b"]"#);
+    }
+
+    /// Expected texts printed by Python's `json.dumps` on the same parsed
+    /// results (`json.loads` where it parses, else the text).
+    #[test]
+    fn combined_results_are_written_like_json_dumps_in_declaration_order() {
+        assert_eq!(
+            combine(
+                &["z".into(), "a".into(), "m".into()],
+                &[
+                    r#"{"b": 1.0, "a": "\u00e9", "n": 1e16}"#.into(),
+                    "plain".into(),
+                    "[2, 0.5]".into()
+                ]
+            ),
+            r#"{"z": {"b": 1.0, "a": "\u00e9", "n": 1e+16}, "a": "plain", "m": [2, 0.5]}"#
+        );
+        assert_eq!(
+            map_results(&[
+                "[1]".into(),
+                "b".into(),
+                r#"{"y":1,"x":2}"#.into(),
+                "3.0".into()
+            ]),
+            r#"[[1], "b", {"y": 1, "x": 2}, 3.0]"#
+        );
     }
 }

@@ -15,6 +15,7 @@ pub mod dialogue;
 pub mod engine;
 mod limits;
 pub mod machine;
+pub mod pyjson;
 pub mod queue;
 pub mod user;
 mod validators;
