@@ -581,11 +581,12 @@ mod tests {
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
         assert_eq!(
             text,
+            // In the order of the answer's own keys.
             [
-                "/: unexpected property \"extra\"",
                 "/journey_state: \"lost\" is not one of [\"onboarding\", \"onboarded\"]",
                 "/mastery_rating: 11 is greater than the maximum 10",
                 "/tags/1: expected string, found integer",
+                "/: unexpected property \"extra\"",
             ]
         );
         let missing = validate(&judge_schema(), &json!({})).unwrap_err();

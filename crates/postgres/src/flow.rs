@@ -59,13 +59,15 @@ impl PgFlowStore {
     }
 }
 
-fn encode(session: &FlowSession) -> PortResult<serde_json::Value> {
-    serde_json::to_value(session)
+/// The session as JSON text, stored in a `json` column (not `jsonb`, which
+/// would reorder the keys of its model).
+fn encode(session: &FlowSession) -> PortResult<String> {
+    serde_json::to_string(session)
         .map_err(|e| PortError::invalid("flow session does not encode").with_source(e))
 }
 
-fn decode(v: serde_json::Value) -> PortResult<FlowSession> {
-    serde_json::from_value(v)
+fn decode(text: &str) -> PortResult<FlowSession> {
+    serde_json::from_str(text)
         .map_err(|e| PortError::other("stored flow session does not decode").with_source(e))
 }
 
@@ -107,7 +109,7 @@ macro_rules! commit_tail {
 const INSERT_SESSION: &str = concat!(
     "WITH s AS (INSERT INTO flow_sessions (product_id, session_id, flow, state, version, data, \
      dialogue_len, created_at, updated_at, user_email) \
-     VALUES ($1, $2, $22, $4, $5, $3, $6, $7, $7, $23) \
+     VALUES ($1, $2, $22, $4, $5, $3::json, $6, $7, $7, $23) \
      ON CONFLICT (product_id, session_id) DO NOTHING RETURNING dialogue_len), ",
     commit_tail!()
 );
@@ -115,7 +117,7 @@ const INSERT_SESSION: &str = concat!(
 /// The session row's compare-and-swap on version `$8` and what the change
 /// writes beside it; counts 0 when the version moved or the row is gone.
 const UPDATE_SESSION: &str = concat!(
-    "WITH s AS (UPDATE flow_sessions SET data = $3, state = $4, version = $5, \
+    "WITH s AS (UPDATE flow_sessions SET data = $3::json, state = $4, version = $5, \
      dialogue_len = dialogue_len + $6, updated_at = $7 \
      WHERE product_id = $1 AND session_id = $2 AND version = $8 RETURNING dialogue_len), ",
     commit_tail!()
@@ -263,7 +265,7 @@ fn dialogue_of(row: &sqlx::postgres::PgRow) -> Result<Vec<DialogueElement>, sqlx
 
 /// A session row with its dialogue, oldest first, as arrays (one statement,
 /// one snapshot).
-const LOAD: &str = "SELECT s.version, s.data, d.actors, d.events, d.texts, d.ats \
+const LOAD: &str = "SELECT s.version, s.data::text AS data, d.actors, d.events, d.texts, d.ats \
      FROM flow_sessions s LEFT JOIN LATERAL (\
      SELECT array_agg(actor ORDER BY seq) AS actors, array_agg(event ORDER BY seq) AS events, \
      array_agg(actor_text ORDER BY seq) AS texts, array_agg(at ORDER BY seq) AS ats \
@@ -283,7 +285,10 @@ impl MachineStore<FlowRecord> for PgFlowStore {
         let version: i64 = row
             .try_get("version")
             .map_err(pg_err("decode flow session"))?;
-        let session = decode(row.try_get("data").map_err(pg_err("decode flow session"))?)?;
+        let session = decode(
+            row.try_get::<&str, _>("data")
+                .map_err(pg_err("decode flow session"))?,
+        )?;
         let dialogue = dialogue_of(&row).map_err(pg_err("decode flow dialogue"))?;
         Ok(Some(Stored {
             state: FlowRecord::from_parts(key.product_id.clone(), session, dialogue),
@@ -337,7 +342,7 @@ impl MachineStore<FlowRecord> for PgFlowStore {
 impl FlowStore for PgFlowStore {
     async fn session(&self, key: &FlowKey) -> PortResult<Option<Stored<FlowSession>>> {
         let row = sqlx::query(
-            "SELECT version, data FROM flow_sessions WHERE product_id = $1 AND session_id = $2",
+            "SELECT version, data::text AS data FROM flow_sessions WHERE product_id = $1 AND session_id = $2",
         )
         .bind(key.product_id.as_str())
         .bind(key.session_id.as_str())
@@ -349,7 +354,10 @@ impl FlowStore for PgFlowStore {
             .try_get("version")
             .map_err(pg_err("decode flow session"))?;
         Ok(Some(Stored {
-            state: decode(row.try_get("data").map_err(pg_err("decode flow session"))?)?,
+            state: decode(
+                row.try_get::<&str, _>("data")
+                    .map_err(pg_err("decode flow session"))?,
+            )?,
             version: Version::from_i64(version),
         }))
     }

@@ -32,6 +32,7 @@ macro_rules! flow_store_suite {
             suite = $crate::flow;
             cases = [
                 a_session_loads_back_with_its_dialogue_in_order,
+                a_session_keeps_the_order_of_its_model_keys,
                 a_commit_that_starts_a_dag_names_the_run_in_the_session,
                 a_lost_commit_writes_no_dialogue_no_progress_and_no_run,
                 of_racing_commits_only_the_winners_dialogue_is_kept,
@@ -300,6 +301,29 @@ pub async fn a_session_loads_back_with_its_dialogue_in_order(f: Fixture) {
         .expect("stored");
     assert_eq!(session.version, Version(3));
     assert_eq!(&session.state, loaded.state.session());
+}
+
+/// The model's fields, and the keys of objects inside them, load back in
+/// the order they were declared in (as the reference's Python dicts keep
+/// them), not sorted or reordered by the store.
+pub async fn a_session_keeps_the_order_of_its_model_keys(f: Fixture) {
+    let key = key_of("p", "s1");
+    start(&f, &key).await;
+    let keys = |m: &serde_json::Map<String, serde_json::Value>| -> Vec<String> {
+        m.keys().cloned().collect()
+    };
+    let loaded = f.records.load(&key).await.expect("load").expect("stored");
+    let session = f
+        .store
+        .session(&key)
+        .await
+        .expect("session")
+        .expect("stored");
+    for model in [&loaded.state.session().model, &session.state.model] {
+        assert_eq!(keys(model), ["question", "nested"]);
+        let nested = model["nested"].as_object().expect("an object");
+        assert_eq!(keys(nested), ["answers", "seen"]);
+    }
 }
 
 /// A commit whose decision starts a DAG enqueues it with the session: the

@@ -93,6 +93,33 @@ struct FlowTask {
     service: Arc<FlowService>,
 }
 
+/// A map element's value as JSON text, beside the value itself.
+const MAP_VALUE_TEXT: &str = "map_value_text";
+
+/// A drag-net as a node received it, with its objects' keys in the order
+/// they were written: the queue may store node results as PostgreSQL
+/// `jsonb`, which reorders keys, so the values parsed from text are parsed
+/// again from the text the net carries (a chain step's `previous_result`,
+/// a map element's value written beside it).
+fn in_written_order(net: &Value) -> Value {
+    let Value::Object(m) = net else {
+        return net.clone();
+    };
+    let mut m = m.clone();
+    if let Some(Value::String(previous)) = m.get("previous_result")
+        && m.contains_key("parsed_previous_result")
+    {
+        let parsed = serde_json::from_str::<Value>(previous).unwrap_or(Value::Null);
+        m.insert("parsed_previous_result".into(), parsed);
+    }
+    if let Some(Value::String(text)) = m.shift_remove(MAP_VALUE_TEXT)
+        && let Ok(value) = serde_json::from_str::<Value>(&text)
+    {
+        m.insert("map_value".into(), value);
+    }
+    Value::Object(m)
+}
+
 /// The session a node runs for.
 fn key(lease: &Lease, p: &Payload) -> FlowKey {
     FlowKey::new(lease.product_id.clone(), p.session_id.clone())
@@ -219,12 +246,12 @@ impl FlowTask {
             first_input(lease)?.clone()
         } else {
             let net = if p.has_input || p.element {
-                Some(first_input(lease)?)
+                Some(in_written_order(first_input(lease)?))
             } else {
                 None
             };
             let base = self.planned_context(lease, p, &session, &flow).await?;
-            dag::task_context(&base, net)
+            dag::task_context(&base, net.as_ref())
         };
         let rendered = flow
             .render(&p.template, &data)
@@ -282,7 +309,13 @@ impl FlowTask {
         let elements: Vec<Value> = items
             .iter()
             .enumerate()
-            .map(|(i, item)| dag::task_context(&carried, Some(&dag::map_element(i, item))))
+            .map(|(i, item)| {
+                let mut element = dag::task_context(&carried, Some(&dag::map_element(i, item)));
+                if let Value::Object(e) = &mut element {
+                    e.insert(MAP_VALUE_TEXT.into(), Value::String(item.to_string()));
+                }
+                element
+            })
             .collect();
         self.count(lease, p, p.credit, elements.len() as i64).await;
         Ok(Value::Array(elements))
@@ -344,5 +377,36 @@ impl TaskHandler for FlowTask {
             }
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object().unwrap().keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn parsed_values_of_a_net_come_back_in_their_written_order() {
+        // As `jsonb` gives them back: keys reordered.
+        let glued = json!({
+            "previous_result": r#"{"b": 1, "a": {"d": 1, "c": 2}}"#,
+            "parsed_previous_result": {"a": {"c": 2, "d": 1}, "b": 1},
+        });
+        let net = in_written_order(&glued);
+        assert_eq!(keys(&net["parsed_previous_result"]), ["b", "a"]);
+        assert_eq!(keys(&net["parsed_previous_result"]["a"]), ["d", "c"]);
+        let element = json!({
+            "map_index": 0,
+            "map_value": {"a": 2, "b": 1},
+            MAP_VALUE_TEXT: r#"{"b":1,"a":2}"#,
+        });
+        let net = in_written_order(&element);
+        assert_eq!(keys(&net), ["map_index", "map_value"]);
+        assert_eq!(keys(&net["map_value"]), ["b", "a"]);
     }
 }

@@ -27,7 +27,10 @@ pub struct ApiError {
     /// Short, stable problem kind, e.g. `invalid-transition`.
     kind: &'static str,
     detail: String,
-    extra: Map<String, Value>,
+    /// Members beside the standard ones, in the order added (a later one
+    /// replaces an earlier one of the same name). A list, not a map, keeps
+    /// the error small enough to return by value.
+    extra: Vec<(String, Value)>,
     retry_after: Option<u32>,
 }
 
@@ -38,7 +41,7 @@ impl ApiError {
             status,
             kind,
             detail: detail.into(),
-            extra: Map::new(),
+            extra: Vec::new(),
             retry_after: None,
         }
     }
@@ -95,7 +98,7 @@ impl ApiError {
 
     /// Adds a member to the problem body (e.g. the current state on a 409).
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.extra.insert(key.to_owned(), value.into());
+        self.extra.push((key.to_owned(), value.into()));
         self
     }
 

@@ -895,6 +895,7 @@ fn the_diagram_is_generated_from_the_table() {
 
 /// A step of the property tests: a command, or time passing.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // test data, built once per step
 enum Step {
     Do(C),
     Advance(u32),
