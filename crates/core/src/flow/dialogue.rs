@@ -111,7 +111,8 @@ impl std::ops::BitOr for Persistence {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DialogueFormat {
-    /// YAML list of `{role, content}` with literal blocks that keep line breaks.
+    /// YAML list of `{role, content}` laid out as the reference's (ending in
+    /// a newline), with literal blocks that keep line breaks.
     Yaml,
     /// `[ROLE]: text` lines, a blank line between turns.
     Chat,
@@ -134,6 +135,73 @@ impl DialogueFormat {
     }
 }
 
+/// One element of the `yaml` format, laid out as the reference writes it
+/// (`- role: <actor>`, `  content:`, the text's lines indented by four
+/// spaces, a final newline; elements are joined by a blank line), except
+/// that the block is literal (`|`), not folded (`>`), so a YAML parser reads
+/// back the text with its line breaks. A text a literal block cannot carry
+/// (one ending in a blank line, or holding a carriage return or a character
+/// YAML does not print) is written as a double-quoted scalar instead; no
+/// text (or an empty one) is the reference's empty folded block.
+fn yaml_element(actor: Actor, text: Option<&str>) -> String {
+    let mut s = format!("- role: {}\n  content: ", actor.as_str());
+    let text = text.unwrap_or("");
+    if text.is_empty() {
+        s.push_str(">\n\n");
+        return s;
+    }
+    // A final line break is the block's own (chomping `clip`); without one
+    // the block strips it (`-`).
+    let (body, chomp) = match text.strip_suffix('\n') {
+        Some(body) => (body, ""),
+        None => (text, "-"),
+    };
+    if body.is_empty() || body.ends_with('\n') || !text.chars().all(yaml_block_char) {
+        let _ = writeln!(s, "{}", yaml_quoted(text));
+        return s;
+    }
+    // The explicit indentation indicator keeps leading spaces of the first
+    // line as text.
+    let _ = writeln!(s, "|2{chomp}");
+    for line in body.split('\n') {
+        let _ = writeln!(s, "    {line}");
+    }
+    s
+}
+
+/// Whether a literal block keeps `c` as it is: printable characters, tab
+/// and line feed (not the other characters YAML reads as line breaks).
+fn yaml_block_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | ' '..='~')
+        || (c >= '\u{a0}'
+            && !matches!(
+                c,
+                '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}'
+            ))
+}
+
+/// `text` as a YAML double-quoted scalar: characters a literal block would
+/// not keep are escaped.
+fn yaml_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if yaml_block_char(c) => out.push(c),
+            c => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// The dialogue in `format`. An empty dialogue is `""` in every format.
 pub fn format_dialogue(dialogue: &[DialogueElement], format: DialogueFormat) -> String {
     if dialogue.is_empty() {
@@ -142,33 +210,9 @@ pub fn format_dialogue(dialogue: &[DialogueElement], format: DialogueFormat) -> 
     match format {
         DialogueFormat::Yaml => dialogue
             .iter()
-            .map(|e| {
-                let mut s = format!("- role: {}\n", e.actor.as_str());
-                match e.actor_text.as_deref() {
-                    None => s.push_str("  content: \"\""),
-                    Some(text) => {
-                        // A literal block with an explicit indentation
-                        // indicator: line breaks, leading spaces and the
-                        // absence of a final newline all survive parsing.
-                        let chomp = if text.ends_with('\n') { "+" } else { "-" };
-                        let _ = write!(s, "  content: |2{chomp}");
-                        let body = text.strip_suffix('\n').unwrap_or(text);
-                        for line in body.split('\n') {
-                            if line.is_empty() {
-                                s.push('\n');
-                            } else {
-                                let _ = write!(s, "\n    {line}");
-                            }
-                        }
-                        if text.ends_with('\n') {
-                            s.push('\n');
-                        }
-                    }
-                }
-                s
-            })
+            .map(|e| yaml_element(e.actor, e.actor_text.as_deref()))
             .collect::<Vec<_>>()
-            .join("\n\n"),
+            .join("\n"),
         DialogueFormat::Chat => dialogue
             .iter()
             .map(|e| {
@@ -180,7 +224,9 @@ pub fn format_dialogue(dialogue: &[DialogueElement], format: DialogueFormat) -> 
             })
             .collect::<Vec<_>>()
             .join("\n"),
-        DialogueFormat::Json => serde_json::to_string(dialogue).unwrap_or_default(),
+        DialogueFormat::Json => serde_json::to_value(dialogue)
+            .map(|v| super::pyjson::dumps(&v))
+            .unwrap_or_default(),
         DialogueFormat::QuestionAnswer => dialogue
             .iter()
             .filter_map(|e| {
@@ -199,6 +245,8 @@ pub fn format_dialogue(dialogue: &[DialogueElement], format: DialogueFormat) -> 
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy as _;
+
     use super::*;
 
     fn el(actor: Actor, event: &str, text: Option<&str>) -> DialogueElement {
@@ -235,13 +283,18 @@ mod tests {
         }
     }
 
+    /// The `content` of each element of a `yaml` dialogue, as a YAML parser
+    /// reads it.
+    fn parsed_contents(text: &str) -> Vec<serde_json::Value> {
+        let parsed: Vec<serde_json::Value> = serde_norway::from_str(text).unwrap();
+        parsed.iter().map(|v| v["content"].clone()).collect()
+    }
+
     #[test]
     fn yaml_format_keeps_line_breaks_when_parsed() {
         let text = format_dialogue(&sample(), DialogueFormat::Yaml);
-        let parsed: Vec<serde_json::Value> = serde_norway::from_str(&text).unwrap();
-        let contents: Vec<_> = parsed.iter().map(|v| v["content"].clone()).collect();
         assert_eq!(
-            contents,
+            parsed_contents(&text),
             vec![
                 serde_json::json!("Welcome.\nAsk me anything."),
                 serde_json::json!("  indented\n\nwith a blank line"),
@@ -249,7 +302,77 @@ mod tests {
                 serde_json::json!("ends with a newline\n"),
             ]
         );
+        let parsed: Vec<serde_json::Value> = serde_norway::from_str(&text).unwrap();
         assert_eq!(parsed[1]["role"], "user");
+    }
+
+    #[test]
+    fn yaml_format_ends_with_a_newline_like_the_reference() {
+        // What the reference's format writes for the same elements, but for
+        // the block style (`>` there, `|2-` here).
+        let d = [
+            el(Actor::Assistant, "init", Some("Hello.\nHow can I help?")),
+            el(Actor::User, "user_input", Some("a question")),
+        ];
+        assert_eq!(
+            format_dialogue(&d, DialogueFormat::Yaml),
+            "- role: assistant\n  content: |2-\n    Hello.\n    How can I help?\n\n\
+             - role: user\n  content: |2-\n    a question\n"
+        );
+        // No text is the reference's empty folded block.
+        assert_eq!(
+            format_dialogue(&[el(Actor::User, "choose", None)], DialogueFormat::Yaml),
+            "- role: user\n  content: >\n\n"
+        );
+    }
+
+    #[test]
+    fn yaml_format_carries_texts_a_literal_block_cannot() {
+        let texts = [
+            "ends in a blank line\n\n",
+            "\n",
+            "\n\n\nthree leading breaks",
+            "windows\r\nline",
+            "next line\u{85}and separators\u{2028}\u{2029}",
+            "a bom \u{feff} and \u{7f} and \u{0}",
+            "tab\tand \"quotes\" and \\ and 😀 and é",
+            "   ",
+            "last line of spaces\n   ",
+            "- not a list\n# not a comment\n---\n...",
+        ];
+        let d: Vec<_> = texts
+            .iter()
+            .map(|t| el(Actor::User, "user_input", Some(t)))
+            .collect();
+        let text = format_dialogue(&d, DialogueFormat::Yaml);
+        assert!(text.ends_with('\n'));
+        let want: Vec<_> = texts.iter().map(|t| serde_json::json!(t)).collect();
+        assert_eq!(parsed_contents(&text), want, "{text}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn yaml_format_reads_back_every_text(
+            texts in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::sample::select(vec![
+                        "a", " ", "\n", "\t", "\r", ":", "#", "-", "|", ">", "\"", "'", "\\",
+                        "é", "😀", "\u{85}", "\u{2028}", "\u{0}", "\u{7f}", "\u{feff}", "---",
+                    ]),
+                    0..12,
+                )
+                .prop_map(|parts| parts.concat()),
+                1..4,
+            )
+        ) {
+            let d: Vec<_> = texts
+                .iter()
+                .map(|t| el(Actor::Assistant, "advance", Some(t)))
+                .collect();
+            let text = format_dialogue(&d, DialogueFormat::Yaml);
+            let want: Vec<_> = texts.iter().map(|t| serde_json::json!(t)).collect();
+            proptest::prop_assert_eq!(parsed_contents(&text), want, "{}", text);
+        }
     }
 
     #[test]
