@@ -428,9 +428,10 @@ fn select(model: &Value, path: &str) -> Result<Value, ApiError> {
         (
             status = 200,
             description = "The session; `response` is a JSON object as a string: the session's \
-                           state, model fields, errors, running task graph and user, with \
-                           `dialogue` and `version`; or, with `path`, the JSON of what the \
-                           expression selects from that object.",
+                           state (`state` is the state's value, `state_name` its id), model \
+                           fields, errors, running task graph and user, with `dialogue` and \
+                           `version`; or, with `path`, the JSON of what the expression \
+                           selects from that object.",
             body = AiResponse,
         ),
         ReadProblems,

@@ -439,6 +439,12 @@ impl FlowService {
         let (_, session, dialogue) = state.into_parts();
         let mut model = serde_json::to_value(&session).unwrap_or(Value::Null);
         if let Value::Object(m) = &mut model {
+            // The reference's `state` is the state's value; the id stays
+            // beside it as `state_name`.
+            if let Some(state) = m.get_mut("state") {
+                *state = flow.state_value(&session.state);
+            }
+            m.insert("state_name".into(), json!(session.state));
             m.insert("dialogue".into(), json!(dialogue));
             m.insert("version".into(), json!(version));
         }

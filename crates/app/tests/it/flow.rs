@@ -124,6 +124,9 @@ fn fragile_flow() -> Flow {
     unknown.assign = vec![("n".into(), "no_such_function(actor_input)".into())];
     let mut assign_big = TransitionDef::new("assign_big", "ask", "plain");
     assign_big.assign = vec![("n".into(), "'x' * 100000000".into())];
+    // A test named by the input: looked up, and found unknown, when it runs.
+    let mut cond_select = TransitionDef::new("cond_select", "ask", "plain");
+    cond_select.cond = vec![Condition::Expr("[1] | select(actor_input) | list".into())];
     FlowBuilder::new("fragile")
         .template("ask.j2", "Ask.")
         .template("plain.j2", "ok")
@@ -131,18 +134,27 @@ fn fragile_flow() -> Flow {
         .template("huge.j2", "{{ 'x' * 10**9 }}")
         .template("big.j2", "{{ ('x' * 100000000) | length }}")
         .template("div.j2", "{{ 10 // (actor_input | length) }}")
+        .template("map.j2", "{{ [1] | map(actor_input) | list }}")
+        .template("include.j2", "{% include actor_input %}")
         .field("n", json!(0))
+        .field("alpha", json!({"b": 1, "a": 2}))
         .user_state("ask", "ask.j2")
         .user_state("plain", "plain.j2")
         .user_state("int", "int.j2")
         .user_state("huge", "huge.j2")
         .user_state("big", "big.j2")
         .user_state("div", "div.j2")
+        .user_state("map", "map.j2")
+        .user_state("include", "include.j2")
+        .state_value("ask", json!(1))
         .on("to_int", "ask", "int")
         .on("to_huge", "ask", "huge")
         .on("to_big", "ask", "big")
         .on("to_div", "ask", "div")
+        .on("to_map", "ask", "map")
+        .on("to_include", "ask", "include")
         .transition(cond)
+        .transition(cond_select)
         .transition(unknown)
         .transition(assign_big)
         .build()
@@ -1371,6 +1383,14 @@ async fn input_dependent_render_failures_are_422_and_change_nothing_on(f: Fixtur
         ("cond_int", "text", "invalid-request", "expression"),
         ("to_div", "", "invalid-request", "template"),
         ("assign_unknown", "x", "invalid-request", "expression"),
+        ("to_map", "no_such_filter", "invalid-request", "template"),
+        ("to_include", "no_such.j2", "invalid-request", "template"),
+        (
+            "cond_select",
+            "no_such_test",
+            "invalid-request",
+            "expression",
+        ),
         ("to_huge", "", "limit-exceeded", "limit"),
         ("to_big", "", "limit-exceeded", "limit"),
         ("assign_big", "", "limit-exceeded", "limit"),
@@ -1777,4 +1797,42 @@ async fn model_path_selects_with_jmespath_on_postgres() {
         return;
     };
     model_path_selects_with_jmespath_on(fixture(Some(pool)).await).await;
+}
+
+/// `/model` shows the state's value as `state` (as the reference does) and
+/// its id as `state_name`, and the model's fields in declaration order.
+async fn the_model_shows_the_state_value_and_the_fields_in_order_on(f: Fixture) {
+    let sid = f.start("fragile").await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    let model = f.model("fragile", &sid).await;
+    assert_eq!(
+        (&model["state"], &model["state_name"]),
+        (&json!(1), &json!("ask"))
+    );
+    assert_eq!(keys(&model["model"]), ["n", "alpha"]);
+    assert_eq!(keys(&model["model"]["alpha"]), ["b", "a"]);
+    let (status, body) = f.event("fragile", &sid, "to_int", "41").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let model = f.model("fragile", &sid).await;
+    assert_eq!(
+        (&model["state"], &model["state_name"]),
+        (&json!("int"), &json!("int"))
+    );
+    assert_eq!(keys(&model["model"]["alpha"]), ["b", "a"]);
+}
+
+#[tokio::test]
+async fn the_model_shows_the_state_value_and_the_fields_in_order() {
+    the_model_shows_the_state_value_and_the_fields_in_order_on(fixture(None).await).await;
+}
+
+#[tokio::test]
+async fn the_model_shows_the_state_value_and_the_fields_in_order_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    the_model_shows_the_state_value_and_the_fields_in_order_on(fixture(Some(pool)).await).await;
 }

@@ -122,6 +122,10 @@ pub struct StateDef {
     pub invoker: String,
     /// A label shown in progress while it runs (defaults to the id).
     pub label: Option<String>,
+    /// The state's value, as the reference's `State(value=...)`: a JSON
+    /// string or integer, unique in the flow; what the model's `state` and
+    /// the templates' `state` and `state_id` show. `None` is the id.
+    pub value: Option<Value>,
 }
 
 /// A condition: a minijinja expression, or a Rust closure (builder only).
@@ -315,6 +319,7 @@ struct StateFile {
     template: Option<Value>,
     invoker: Option<String>,
     label: Option<String>,
+    value: Option<Value>,
     #[serde(default)]
     on_enter: Vec<Value>,
     #[serde(default)]
@@ -549,6 +554,7 @@ impl FlowDef {
                 template,
                 invoker: s.invoker.unwrap_or_else(|| "template".to_owned()),
                 label: s.label,
+                value: s.value,
             });
         }
         for (i, t) in file.transitions.into_iter().enumerate() {

@@ -281,8 +281,10 @@ pub enum FlowError {
     },
     /// A template failed on the data it was given (a filter applied to a
     /// value of the wrong type, `|int` on text, a division by zero, a call
-    /// of something that is not there): the templates compile when the flow
-    /// is loaded, so this is the data's doing.
+    /// of something that is not there, an include of a template named by
+    /// the data that the flow does not have): the templates compile and
+    /// their filters and tests exist when the flow is loaded, so this is the
+    /// data's doing.
     #[error("rendering `{what}` failed on its data: {message}")]
     Template {
         /// The template name.
@@ -290,8 +292,10 @@ pub enum FlowError {
         /// The renderer's message.
         message: String,
     },
-    /// A template failed for a fault of the flow definition: it names a
-    /// filter, test or template the flow does not have.
+    /// A template the flow was loaded with cannot be rendered at all (it
+    /// is not in the flow's environment, or its output is not text): the
+    /// engine's fault, never the data's. A template that names a filter or
+    /// test the flow does not have does not load.
     #[error("rendering `{what}` failed: {message}")]
     Render {
         /// The template name.
@@ -421,26 +425,6 @@ impl std::io::Write for Capped {
     }
 }
 
-/// Whether a render error is the flow definition's fault: a name the
-/// definition spells (a filter, a test, a template, a block) that does not
-/// exist, or source that does not compile. Every other error depends on the
-/// values the template was given.
-fn definition_fault(kind: minijinja::ErrorKind) -> bool {
-    use minijinja::ErrorKind as K;
-    matches!(
-        kind,
-        K::SyntaxError
-            | K::TemplateNotFound
-            | K::UnknownFilter
-            | K::UnknownTest
-            | K::UnknownBlock
-            | K::BadInclude
-            | K::InvalidDelimiter
-            | K::BadEscape
-            | K::WriteFailure
-    )
-}
-
 /// The limit error for a render or evaluation of `what` that went over its
 /// fuel or a size limit, if it did.
 fn limit_error(what: &str, e: &minijinja::Error) -> Option<FlowError> {
@@ -453,16 +437,19 @@ fn limit_error(what: &str, e: &minijinja::Error) -> Option<FlowError> {
     })
 }
 
-/// The typed error for a failed render of the template `what`.
+/// The typed error for a failed render of the template `what`. A loaded
+/// flow's templates compile and every filter and test they name exists, so
+/// whatever fails while one renders depends on the data it was given (a
+/// template included by a name taken from it, a filter applied to a value
+/// of the wrong type, a call of something that is not there):
+/// [`FlowError::Template`], whatever minijinja's error kind.
 fn render_error(what: &str, e: &minijinja::Error) -> FlowError {
     if let Some(limit) = limit_error(what, e) {
         return limit;
     }
-    let (what, message) = (what.to_owned(), e.to_string());
-    if definition_fault(e.kind()) {
-        FlowError::Render { what, message }
-    } else {
-        FlowError::Template { what, message }
+    FlowError::Template {
+        what: what.to_owned(),
+        message: e.to_string(),
     }
 }
 
@@ -477,10 +464,18 @@ fn expr_error(expr: &str, e: &minijinja::Error) -> FlowError {
     }
 }
 
-/// Compiles the expression `expr` with its operators guarded, to check it.
+/// Compiles the expression `expr` with its operators guarded, to check it,
+/// and checks that every filter and test it names exists.
 fn check_expr(env: &Environment<'static>, expr: &str) -> Result<(), minijinja::Error> {
     let guarded = limits::guard_expr(expr)?;
-    env.compile_expression(&guarded).map(drop)
+    env.compile_expression(&guarded).map(drop)?;
+    match limits::unknown_in_expr(env, expr)?.first() {
+        Some(unknown) => Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            unknown.clone(),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn out_of_fuel(what: &str) -> FlowError {
@@ -613,6 +608,7 @@ impl FlowBuilder {
             template: Some(TemplateRef::Name(template.to_owned())),
             invoker: "template".to_owned(),
             label: None,
+            value: None,
         });
         self
     }
@@ -625,7 +621,17 @@ impl FlowBuilder {
             template: Some(template),
             invoker: invoker.to_owned(),
             label: None,
+            value: None,
         });
+        self
+    }
+
+    /// Gives the state `id` (added before) a value: a JSON string or
+    /// integer, unique in the flow (see [`StateDef::value`]).
+    pub fn state_value(mut self, id: &str, value: Value) -> Self {
+        if let Some(s) = self.def.states.iter_mut().find(|s| s.id == id) {
+            s.value = Some(value);
+        }
         self
     }
 
@@ -730,20 +736,40 @@ impl Flow {
                     format!("templates/{name}"),
                     format!("template does not compile: {e}"),
                 );
+                continue;
+            }
+            for unknown in limits::unknown_in_template(&env, name, source).unwrap_or_default() {
+                p(format!("templates/{name}"), unknown);
             }
         }
         if def.name.is_empty() {
             p("name".into(), "the flow has no name".into());
         }
         let mut ids = BTreeSet::new();
+        let mut values: Vec<Value> = Vec::new();
         for (i, s) in def.states.iter().enumerate() {
             let loc = format!("states[{i}]");
-            if !ids.insert(s.id.as_str()) {
+            let new_id = ids.insert(s.id.as_str());
+            if !new_id {
                 p(
                     format!("{loc}.id"),
                     format!("duplicate state id `{}`", s.id),
                 );
             }
+            // A duplicate id is reported once, not again as its value.
+            let value = state_value(s);
+            if !(value.is_string() || value.is_i64() || value.is_u64()) {
+                p(
+                    format!("{loc}.value"),
+                    format!("a state value must be a string or an integer, not {value}"),
+                );
+            } else if new_id && values.contains(&value) {
+                p(
+                    format!("{loc}.value"),
+                    format!("duplicate state value {value} (state `{}`)", s.id),
+                );
+            }
+            values.push(value);
             match &s.template {
                 None => p(
                     format!("{loc}.template"),
@@ -1055,6 +1081,13 @@ impl Flow {
         events
     }
 
+    /// The value of the state `id` (its id when it declares none); an id
+    /// the flow does not have is its own value.
+    pub fn state_value(&self, id: &str) -> Value {
+        self.state(id)
+            .map_or_else(|| Value::String(id.to_owned()), state_value)
+    }
+
     /// The data every template and expression sees.
     pub fn render_data(
         &self,
@@ -1063,8 +1096,12 @@ impl Flow {
         now: Timestamp,
     ) -> Value {
         let mut data = session.model.clone();
-        data.insert("state".into(), Value::String(session.state.clone()));
-        data.insert("state_id".into(), Value::String(session.state.clone()));
+        // As in the reference, `state` and `state_id` are the state's
+        // value; `state_name` is its id.
+        let value = self.state_value(&session.state);
+        data.insert("state".into(), value.clone());
+        data.insert("state_id".into(), value);
+        data.insert("state_name".into(), Value::String(session.state.clone()));
         data.insert(
             "session_id".into(),
             Value::String(session.session_id.to_string()),
@@ -1114,10 +1151,11 @@ impl Flow {
     /// Renders the template `name` with `data`, within [`TEMPLATE_FUEL`]
     /// and [`MAX_RENDER_BYTES`].
     pub fn render(&self, name: &str, data: &Value) -> Result<String, FlowError> {
-        let template = self
-            .env
-            .get_template(name)
-            .map_err(|e| render_error(name, &e))?;
+        // Every template a state names was checked when the flow loaded.
+        let template = self.env.get_template(name).map_err(|e| FlowError::Render {
+            what: name.to_owned(),
+            message: e.to_string(),
+        })?;
         let mut out = Capped {
             out: Vec::new(),
             over: false,
@@ -1861,6 +1899,13 @@ impl Flow {
         }
         out
     }
+}
+
+/// A state's value: the declared one, else its id.
+fn state_value(s: &StateDef) -> Value {
+    s.value
+        .clone()
+        .unwrap_or_else(|| Value::String(s.id.clone()))
 }
 
 fn check_template(

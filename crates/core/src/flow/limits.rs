@@ -396,7 +396,7 @@ fn node_span(e: &ast::Expr<'_>) -> (usize, usize) {
     })
 }
 
-fn walk_args(args: &[ast::CallArg<'_>], out: &mut Vec<Op>) {
+fn walk_args(args: &[ast::CallArg<'_>], out: &mut dyn FnMut(&ast::Expr<'_>)) {
     for a in args {
         match a {
             ast::CallArg::Pos(e)
@@ -407,47 +407,55 @@ fn walk_args(args: &[ast::CallArg<'_>], out: &mut Vec<Op>) {
     }
 }
 
-fn walk_exprs<'a>(exprs: impl IntoIterator<Item = &'a ast::Expr<'a>>, out: &mut Vec<Op>) {
+fn walk_exprs<'a>(
+    exprs: impl IntoIterator<Item = &'a ast::Expr<'a>>,
+    out: &mut dyn FnMut(&ast::Expr<'_>),
+) {
     for e in exprs {
         walk_expr(e, out);
     }
 }
 
-fn walk_expr(e: &ast::Expr<'_>, out: &mut Vec<Op>) {
-    if let ast::Expr::BinOp(x) = e {
-        let guard = match x.op {
-            ast::BinOpKind::Mul => Some(MUL),
-            ast::BinOpKind::Add => Some(ADD),
-            ast::BinOpKind::Concat => Some(CONCAT),
-            _ => None,
-        };
-        if let Some(guard) = guard {
-            let (start, end) = expr_span(e);
-            out.push(Op {
-                start,
-                end,
-                guard,
-                left: expr_span(&x.left),
-                right: expr_span(&x.right),
-            });
-        }
-    }
+/// The guard call an operator node becomes, if it is one of `*`, `+`, `~`.
+fn op_of(e: &ast::Expr<'_>) -> Option<Op> {
+    let ast::Expr::BinOp(x) = e else {
+        return None;
+    };
+    let guard = match x.op {
+        ast::BinOpKind::Mul => MUL,
+        ast::BinOpKind::Add => ADD,
+        ast::BinOpKind::Concat => CONCAT,
+        _ => return None,
+    };
+    let (start, end) = expr_span(e);
+    Some(Op {
+        start,
+        end,
+        guard,
+        left: expr_span(&x.left),
+        right: expr_span(&x.right),
+    })
+}
+
+/// Calls `out` on `e` and on every expression inside it.
+fn walk_expr(e: &ast::Expr<'_>, out: &mut dyn FnMut(&ast::Expr<'_>)) {
+    out(e);
     children(e, &mut |c| walk_expr(c, out));
 }
 
-fn walk_body(body: &[ast::Stmt<'_>], out: &mut Vec<Op>) {
+fn walk_body(body: &[ast::Stmt<'_>], out: &mut dyn FnMut(&ast::Expr<'_>)) {
     for s in body {
         walk_stmt(s, out);
     }
 }
 
-fn walk_macro(m: &ast::Macro<'_>, out: &mut Vec<Op>) {
+fn walk_macro(m: &ast::Macro<'_>, out: &mut dyn FnMut(&ast::Expr<'_>)) {
     walk_exprs(&m.args, out);
     walk_exprs(&m.defaults, out);
     walk_body(&m.body, out);
 }
 
-fn walk_stmt(s: &ast::Stmt<'_>, out: &mut Vec<Op>) {
+fn walk_stmt(s: &ast::Stmt<'_>, out: &mut dyn FnMut(&ast::Expr<'_>)) {
     use ast::Stmt as S;
     match s {
         S::Template(x) => walk_body(&x.children, out),
@@ -573,7 +581,7 @@ fn rewrite(src: &str, mut ops: Vec<Op>) -> Result<String, Error> {
 pub(super) fn guard_template(name: &str, source: &str) -> Result<String, Error> {
     let tree = parse(source, name, SyntaxConfig::default())?;
     let mut ops = Vec::new();
-    walk_stmt(&tree, &mut ops);
+    walk_stmt(&tree, &mut |e| ops.extend(op_of(e)));
     rewrite(source, ops)
 }
 
@@ -585,8 +593,67 @@ pub(super) fn guard_template(name: &str, source: &str) -> Result<String, Error> 
 pub(super) fn guard_expr(expr: &str) -> Result<String, Error> {
     let tree = parse_expr(expr)?;
     let mut ops = Vec::new();
-    walk_expr(&tree, &mut ops);
+    walk_expr(&tree, &mut |e| ops.extend(op_of(e)));
     rewrite(expr, ops)
+}
+
+/// The filters and tests a template or expression names that `env` does
+/// not have, as messages (`unknown filter `x``). minijinja looks filters
+/// and tests up by name only when it runs into them, so without this an
+/// unknown one would fail the first session that reaches it; their names
+/// are in the source, so a flow naming one does not load.
+fn unknown_names(
+    env: &Environment<'_>,
+    visit: impl FnOnce(&mut dyn FnMut(&ast::Expr<'_>)),
+) -> Vec<String> {
+    let mut named: Vec<(&'static str, String)> = Vec::new();
+    visit(&mut |e| match e {
+        ast::Expr::Filter(x) => named.push(("filter", x.name.to_owned())),
+        ast::Expr::Test(x) => named.push(("test", x.name.to_owned())),
+        _ => {}
+    });
+    let mut state = env.empty_state();
+    let mut out: Vec<String> = Vec::new();
+    for (what, name) in named {
+        // As minijinja looks them up: without whitespace.
+        let name: String = name.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        // Called without arguments, a filter or test that exists fails
+        // (or answers) for any other reason; nothing but the lookup runs.
+        let found = match what {
+            "filter" => state.apply_filter(&name, &[]).map(drop),
+            _ => state.perform_test(&name, &[]).map(drop),
+        };
+        let unknown = matches!(&found, Err(e) if matches!(e.kind(), ErrorKind::UnknownFilter | ErrorKind::UnknownTest));
+        let message = format!("unknown {what} `{name}`");
+        if unknown && !out.contains(&message) {
+            out.push(message);
+        }
+    }
+    out
+}
+
+/// The filters and tests the template `source` names that `env` lacks.
+///
+/// # Errors
+///
+/// The template does not parse.
+pub(super) fn unknown_in_template(
+    env: &Environment<'_>,
+    name: &str,
+    source: &str,
+) -> Result<Vec<String>, Error> {
+    let tree = parse(source, name, SyntaxConfig::default())?;
+    Ok(unknown_names(env, |f| walk_stmt(&tree, f)))
+}
+
+/// The filters and tests the expression `expr` names that `env` lacks.
+///
+/// # Errors
+///
+/// The expression does not parse.
+pub(super) fn unknown_in_expr(env: &Environment<'_>, expr: &str) -> Result<Vec<String>, Error> {
+    let tree = parse_expr(expr)?;
+    Ok(unknown_names(env, |f| walk_expr(&tree, f)))
 }
 
 #[cfg(test)]
@@ -718,16 +785,15 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_filter_is_still_the_definitions_fault() {
-        let e = refused(
-            &flow_with("{{ actor_input | no_such_filter }}", None, None),
-            "x",
-        );
-        assert!(
-            matches!(&e, FlowError::Render { what, .. } if what == "b.j2")
-                && e.class() == ErrorClass::Internal,
-            "{e:?}"
-        );
+    fn an_unknown_filter_or_test_named_by_the_data_is_invalid_input() {
+        for template in [
+            "{{ [1] | map(actor_input) | list }}",
+            "{{ [1] | select(actor_input) | list }}",
+            "{% include actor_input %}",
+        ] {
+            let e = refused(&flow_with(template, None, None), "no_such_name");
+            assert!(is_template_error(&e), "{template}: {e:?}");
+        }
     }
 
     #[test]

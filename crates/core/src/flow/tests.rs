@@ -990,7 +990,27 @@ fn render_data_holds_model_fields_input_state_time_and_chat_history() {
     assert_eq!(data["current_datetime"], now().to_string());
     assert_eq!(
         data["chat_history"],
-        "- role: user\n  content: |2-\n    two\n    lines"
+        "- role: user\n  content: |2-\n    two\n    lines\n"
+    );
+}
+
+#[test]
+fn chat_history_ends_with_a_newline_as_in_the_reference() {
+    let flow = two_states("{{ chat_history }}END");
+    let started = flow.start(&sid("s"), now()).unwrap();
+    let f = flow
+        .fire(&started.session, &started.appended, "go", "hi", "x", now())
+        .unwrap();
+    assert_eq!(
+        f.response.as_deref(),
+        Some(
+            "- role: assistant\n  content: |2-\n    a\n\n- role: user\n  content: |2-\n    hi\nEND"
+        )
+    );
+    // No dialogue, no text.
+    assert_eq!(
+        flow.render_data(&started.session, &[], now())["chat_history"],
+        ""
     );
 }
 
@@ -1051,22 +1071,46 @@ fn a_stale_invocation_is_refused() {
 }
 
 #[test]
-fn a_template_that_fails_to_render_is_a_render_error() {
-    let flow = FlowBuilder::new("t")
-        .template("a.j2", "a")
-        .template("b.j2", "{{ actor_input | no_such_filter }}")
-        .user_state("a", "a.j2")
-        .user_state("b", "b.j2")
-        .on("go", "a", "b")
-        .build()
-        .unwrap();
-    // Filters are looked up when rendering, so this fails on the transition,
-    // which then changes nothing.
-    let s = flow.start(&sid("s"), now()).unwrap().session;
-    assert!(matches!(
-        flow.fire(&s, &[], "go", "", "x", now()),
-        Err(FlowError::Render { what, .. }) if what == "b.j2"
-    ));
+fn a_flow_naming_an_unknown_filter_or_test_does_not_load() {
+    let text = r#"
+name: t
+initial: a
+model: {items: []}
+states:
+  - {id: a, kind: user, template: a.j2}
+  - {id: b, kind: user, template: b.j2}
+  - {id: i, kind: invoker, template: {map: a.j2, over: "items | nosuch_over"}}
+transitions:
+  - {event: go, from: a, to: b, cond: "actor_input | nosuch_cond", unless: "actor_input is nosuch_unless"}
+  - {event: back, from: b, to: a, assign: {items: "[actor_input] | nosuch_assign"}}
+  - {event: run, from: b, to: i}
+  - {event: advance, from: i, to: a}
+"#;
+    let templates = BTreeMap::from([
+        ("a.j2".to_owned(), "a {{ actor_input | upper }}".to_owned()),
+        (
+            "b.j2".to_owned(),
+            "{{ actor_input | no_such_filter }}{% if 1 is nosuch_test %}{% endif %}\
+             {% filter nosuch_block %}x{% endfilter %}"
+                .to_owned(),
+        ),
+    ]);
+    let Err(FlowError::Invalid(problems)) = Flow::from_file_text(text, templates) else {
+        panic!("the flow loads");
+    };
+    let found: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        found,
+        [
+            "templates/b.j2: unknown filter `no_such_filter`",
+            "templates/b.j2: unknown test `nosuch_test`",
+            "templates/b.j2: unknown filter `nosuch_block`",
+            "states[2].template.over: bad expression `items | nosuch_over`: invalid operation: unknown filter `nosuch_over`",
+            "transitions[0].cond: bad expression `actor_input | nosuch_cond`: invalid operation: unknown filter `nosuch_cond`",
+            "transitions[0].unless: bad expression `actor_input is nosuch_unless`: invalid operation: unknown test `nosuch_unless`",
+            "transitions[1].assign.items: bad expression `[actor_input] | nosuch_assign`: invalid operation: unknown filter `nosuch_assign`",
+        ]
+    );
 }
 
 #[test]
@@ -1172,4 +1216,225 @@ fn a_condition_failing_on_its_data_is_an_invalid_expression_not_an_internal_erro
         "{e:?}"
     );
     assert_eq!(e.class(), crate::ErrorClass::Invalid);
+}
+
+/// A user state `a` with `go` to `b`, where `go` carries `cond`, `unless`
+/// and `assign` as given, and `b` renders `b`.
+fn failing_at_run_time(
+    cond: Option<&str>,
+    unless: Option<&str>,
+    assign: Option<&str>,
+    b: &str,
+) -> Result<Flow, FlowError> {
+    let mut go = TransitionDef::new("go", "a", "b");
+    go.cond = cond
+        .map(|c| Condition::Expr(c.into()))
+        .into_iter()
+        .collect();
+    go.unless = unless
+        .map(|c| Condition::Expr(c.into()))
+        .into_iter()
+        .collect();
+    go.assign = assign
+        .map(|e| ("x".to_owned(), e.to_owned()))
+        .into_iter()
+        .collect();
+    FlowBuilder::new("t")
+        .template("a.j2", "a")
+        .template("b.j2", b)
+        .user_state("a", "a.j2")
+        .user_state("b", "b.j2")
+        .field("x", json!(null))
+        .transition(go)
+        .build()
+}
+
+#[test]
+fn an_expression_or_template_failing_at_run_time_is_invalid_not_internal() {
+    // Filters and tests named by the data (`map`, `select`) are looked up
+    // when they run; so are templates included by a name from the data.
+    // (cond, unless, assign, template of `b`, what the error names)
+    type Case<'a> = (
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a str,
+        &'a str,
+    );
+    let cases: [Case<'_>; 9] = [
+        (None, None, Some("nosuch(1)"), "b", "nosuch(1)"),
+        (
+            Some("nosuch(actor_input)"),
+            None,
+            None,
+            "b",
+            "nosuch(actor_input)",
+        ),
+        (None, Some("actor_input(1)"), None, "b", "actor_input(1)"),
+        (
+            Some("[1] | map(actor_input) | list"),
+            None,
+            None,
+            "b",
+            "[1] | map(actor_input) | list",
+        ),
+        (
+            None,
+            None,
+            Some("[1] | select(actor_input) | list"),
+            "b",
+            "[1] | select(actor_input) | list",
+        ),
+        (None, None, None, "{{ nosuch(1) }}", "b.j2"),
+        (None, None, None, "{% include actor_input %}", "b.j2"),
+        (
+            None,
+            None,
+            None,
+            "{{ [1] | map(actor_input) | list }}",
+            "b.j2",
+        ),
+        (
+            None,
+            None,
+            None,
+            "{{ [1] | select(actor_input) | list }}",
+            "b.j2",
+        ),
+    ];
+    for (cond, unless, assign, b, what) in cases {
+        let flow = failing_at_run_time(cond, unless, assign, b).unwrap();
+        let s = flow.start(&sid("s"), now()).unwrap().session;
+        let e = flow
+            .fire(&s, &[], "go", "nosuch.j2", "x", now())
+            .unwrap_err();
+        match &e {
+            FlowError::Expression { expr, .. } => assert_eq!(expr, what),
+            FlowError::Template { what: t, .. } => assert_eq!(t, what),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(e.class(), crate::ErrorClass::Invalid, "{what}: {e:?}");
+    }
+}
+
+#[test]
+fn dict_templates_model_fields_and_parsed_objects_keep_their_order() {
+    let text = r#"
+name: order
+initial: a
+model:
+  zeta: 1
+  alpha: {y: 1, x: 2}
+  obj: null
+states:
+  - {id: a, kind: user, template: a.j2}
+  - {id: i, kind: invoker, template: {zeta: a.j2, alpha: a.j2, mid: a.j2}}
+transitions:
+  - {event: go, from: a, to: i}
+  - {event: advance, from: i, to: a, assign: {obj: parsed_actor_input}}
+"#;
+    let templates = BTreeMap::from([(
+        "a.j2".to_owned(),
+        "{% for k, v in alpha | items %}{{ k }}{% endfor %}".to_owned(),
+    )]);
+    let flow = Flow::from_file_text(text, templates).unwrap();
+    let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    let started = flow.start(&sid("s"), now()).unwrap();
+    assert_eq!(started.response.as_deref(), Some("yx"), "templates see it");
+    let model = Value::Object(started.session.model.clone());
+    assert_eq!(keys(&model), ["zeta", "alpha", "obj"]);
+    let fired = flow
+        .fire(&started.session, &[], "go", "", "1", now())
+        .unwrap();
+    let plan = fired.dag.unwrap();
+    let combine = plan.tasks.iter().find_map(|t| match &t.kind {
+        TaskKind::Combine { keys, .. } => Some(keys.clone()),
+        _ => None,
+    });
+    assert_eq!(combine.unwrap(), ["zeta", "alpha", "mid"]);
+    let back = flow
+        .complete(
+            &fired.session,
+            &[],
+            "i-1",
+            r#"{"b": 1, "a": {"d": 1, "c": 2}}"#,
+            "2",
+            now(),
+        )
+        .unwrap();
+    let obj = &back.session.model["obj"];
+    assert_eq!(keys(obj), ["b", "a"]);
+    assert_eq!(keys(&obj["a"]), ["d", "c"]);
+}
+
+#[test]
+fn states_show_their_value_in_render_data() {
+    let text = r#"
+name: valued
+initial: ask
+states:
+  - {id: ask, kind: user, template: show.j2, value: 1}
+  - {id: answer, kind: user, template: show.j2, value: answered}
+  - {id: done, kind: user, template: show.j2}
+transitions:
+  - {event: go, from: ask, to: answer}
+  - {event: end, from: answer, to: done}
+"#;
+    let templates = BTreeMap::from([(
+        "show.j2".to_owned(),
+        "{{ state }}|{{ state_id }}|{{ state_name }}".to_owned(),
+    )]);
+    let flow = Flow::from_file_text(text, templates).unwrap();
+    let started = flow.start(&sid("s"), now()).unwrap();
+    assert_eq!(started.response.as_deref(), Some("1|1|ask"));
+    let data = flow.render_data(&started.session, &[], now());
+    assert_eq!((&data["state"], &data["state_id"]), (&json!(1), &json!(1)));
+    assert_eq!(started.session.state, "ask", "addressed by id");
+    let answered = flow
+        .fire(&started.session, &[], "go", "", "x", now())
+        .unwrap();
+    assert_eq!(
+        answered.response.as_deref(),
+        Some("answered|answered|answer")
+    );
+    let done = flow
+        .fire(&answered.session, &[], "end", "", "x", now())
+        .unwrap();
+    assert_eq!(
+        done.response.as_deref(),
+        Some("done|done|done"),
+        "the id by default"
+    );
+    assert_eq!(flow.state_value("done"), json!("done"));
+}
+
+#[test]
+fn state_values_are_strings_or_integers_unique_in_the_flow() {
+    let text = r#"
+name: clash
+initial: a
+states:
+  - {id: a, kind: user, template: t.j2, value: 1}
+  - {id: b, kind: user, template: t.j2, value: 1}
+  - {id: c, kind: user, template: t.j2, value: a}
+  - {id: d, kind: user, template: t.j2, value: 1.5}
+  - {id: e, kind: user, template: t.j2, value: "1"}
+transitions:
+  - {event: go, from: a, to: b}
+  - {event: go, from: b, to: c}
+  - {event: go, from: c, to: d}
+  - {event: go, from: d, to: e}
+"#;
+    let templates = BTreeMap::from([("t.j2".to_owned(), "t".to_owned())]);
+    let Err(FlowError::Invalid(problems)) = Flow::from_file_text(text, templates) else {
+        panic!("the flow loads");
+    };
+    let found: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        found,
+        [
+            "states[1].value: duplicate state value 1 (state `b`)",
+            "states[3].value: a state value must be a string or an integer, not 1.5",
+        ]
+    );
 }

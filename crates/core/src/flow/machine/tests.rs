@@ -552,19 +552,20 @@ fn an_expression_failing_at_run_time_is_an_invalid_refusal() {
 }
 
 #[test]
-fn a_template_failing_at_run_time_is_internal() {
+fn a_template_failing_at_run_time_is_invalid() {
     let c = ctx(FlowBuilder::new("t")
         .template("a.j2", "a")
-        .template("b.j2", "{{ actor_input | no_such_filter }}")
+        .template("b.j2", "{{ [1] | map(actor_input) | list }}")
         .user_state("a", "a.j2")
         .user_state("b", "b.j2")
         .on("go", "a", "b")
         .build()
         .unwrap());
     let mut r = start(&c);
-    let e = refused(&mut r, &c, &fire("go", "", "x"));
-    assert!(matches!(&e, FlowError::Render { what, .. } if what == "b.j2"));
-    assert_eq!(e.class(), ErrorClass::Internal);
+    // A filter named by the input: unknown, found when it runs.
+    let e = refused(&mut r, &c, &fire("go", "no_such_filter", "x"));
+    assert!(matches!(&e, FlowError::Template { what, .. } if what == "b.j2"));
+    assert_eq!(e.class(), ErrorClass::Invalid);
 }
 
 #[test]
