@@ -431,8 +431,8 @@ transitions:
             "states[0].on_enter[1].assign.count",
             "states[0].on_enter[2]",
             "transitions[0].before[0]",
-            "validators.nothing",
             "validators.two",
+            "validators.nothing",
             "validators.typo",
         ],
         "{p:#?}"
