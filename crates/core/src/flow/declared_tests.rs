@@ -474,6 +474,35 @@ states:
 }
 
 #[test]
+fn a_transitions_assign_takes_the_same_values_as_a_hooks() {
+    let text = r#"
+name: t
+initial: ask
+model: {done: false, count: 0, note: ""}
+states:
+  - {id: ask, kind: user, template: ask.j2}
+transitions:
+  - event: go
+    from: ask
+    to: ask
+    assign: {done: true, count: 7, note: "'seen ' ~ actor_input"}
+"#;
+    let c = ctx(load(text));
+    let mut r = start(&c);
+    r.decide(&c, &fire("go", "x"), now()).unwrap();
+    let m = &r.session().model;
+    assert_eq!(
+        (&m["done"], &m["count"], &m["note"]),
+        (&json!(true), &json!(7), &json!("seen x"))
+    );
+    let bad = text.replace("done: true", "done: [true]");
+    assert_eq!(
+        problems(&bad),
+        ["transitions[0].assign.done: an expression must be a string, a number, a boolean or null"]
+    );
+}
+
+#[test]
 fn a_hook_for_a_transition_that_is_not_there_does_not_load() {
     let def = FlowDef::from_file_text(HOOKS, templates()).unwrap();
     let Err(FlowError::Invalid(p)) = FlowBuilder::from_def(def)

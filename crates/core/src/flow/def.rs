@@ -338,7 +338,7 @@ struct TransitionFile {
     validators: Vec<String>,
     persistence: Option<Vec<String>>,
     #[serde(default)]
-    assign: BTreeMap<String, String>,
+    assign: serde_json::Map<String, Value>,
     #[serde(default)]
     internal: bool,
     #[serde(default)]
@@ -389,6 +389,26 @@ fn expr_text(v: &Value) -> Option<String> {
     }
 }
 
+/// The `field: expression` pairs of an `assign` declared at `location`, in
+/// declaration order; a value that is no expression is a problem.
+fn assign_pairs(
+    fields: serde_json::Map<String, Value>,
+    location: &str,
+    problems: &mut Vec<FlowProblem>,
+) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    for (field, v) in fields {
+        match expr_text(&v) {
+            Some(expr) => pairs.push((field, expr)),
+            None => problems.push(problem(
+                format!("{location}.{field}"),
+                "an expression must be a string, a number, a boolean or null",
+            )),
+        }
+    }
+    pairs
+}
+
 /// Reads a hook's list of actions declared at `location`; `None` when the
 /// list is empty. Shape errors are pushed as problems.
 fn hook_decl(
@@ -410,17 +430,7 @@ fn hook_decl(
         };
         let kind = match (a.assign, a.fail) {
             (Some(fields), None) => {
-                let mut pairs = Vec::new();
-                for (field, v) in fields {
-                    match expr_text(&v) {
-                        Some(expr) => pairs.push((field, expr)),
-                        None => problems.push(problem(
-                            format!("{loc}.assign.{field}"),
-                            "an expression must be a string, a number, a boolean or null",
-                        )),
-                    }
-                }
-                HookActionKind::Assign(pairs)
+                HookActionKind::Assign(assign_pairs(fields, &format!("{loc}.assign"), problems))
             }
             (None, Some(message)) => HookActionKind::Fail(message),
             _ => {
@@ -594,7 +604,7 @@ impl FlowDef {
                 unless: t.unless.into_iter().map(Condition::Expr).collect(),
                 validators: t.validators,
                 persistence,
-                assign: t.assign.into_iter().collect(),
+                assign: assign_pairs(t.assign, &format!("transitions[{i}].assign"), &mut problems),
                 internal: t.internal,
             });
         }
