@@ -1,6 +1,7 @@
 //! The reference-compatible flow routes under `/v1/ai/{flow}`, and the list
 //! of loaded flows.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -413,7 +414,84 @@ fn bad_path(e: &jmespath::JmespathError) -> ApiError {
 fn select(model: &Value, path: &str) -> Result<Value, ApiError> {
     let expr = jmespath::compile(path).map_err(|e| bad_path(&e))?;
     let found = expr.search(model).map_err(|e| bad_path(&e))?;
-    serde_json::to_value(&*found).map_err(|e| ApiError::internal(&e))
+    let mut found = serde_json::to_value(&*found).map_err(|e| ApiError::internal(&e))?;
+    let mut rank = HashMap::new();
+    key_ranks(model, &mut rank);
+    hash_key_ranks(expr.as_ast(), &mut rank);
+    reorder(&mut found, &rank);
+    Ok(found)
+}
+
+/// Ranks every object key of `v` by where it first appears.
+fn key_ranks(v: &Value, rank: &mut HashMap<String, usize>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let next = rank.len();
+                rank.entry(k.clone()).or_insert(next);
+                key_ranks(v, rank);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| key_ranks(v, rank)),
+        _ => {}
+    }
+}
+
+/// Ranks the keys a multiselect hash (`{a: x, b: y}`) names, in the
+/// expression's order, after those of the session.
+fn hash_key_ranks(ast: &jmespath::ast::Ast, rank: &mut HashMap<String, usize>) {
+    use jmespath::ast::Ast;
+    let mut children: Vec<&Ast> = Vec::new();
+    match ast {
+        Ast::MultiHash { elements, .. } => {
+            for kv in elements {
+                let next = rank.len();
+                rank.entry(kv.key.clone()).or_insert(next);
+                children.push(&kv.value);
+            }
+        }
+        Ast::Comparison { lhs, rhs, .. }
+        | Ast::And { lhs, rhs, .. }
+        | Ast::Or { lhs, rhs, .. }
+        | Ast::Projection { lhs, rhs, .. }
+        | Ast::Subexpr { lhs, rhs, .. } => children.extend([&**lhs, &**rhs]),
+        Ast::Condition {
+            predicate, then, ..
+        } => children.extend([&**predicate, &**then]),
+        Ast::Expref { ast, .. } => children.push(ast),
+        Ast::Flatten { node, .. } | Ast::Not { node, .. } | Ast::ObjectValues { node, .. } => {
+            children.push(node);
+        }
+        Ast::Function { args, .. } => children.extend(args),
+        Ast::MultiList { elements, .. } => children.extend(elements),
+        Ast::Identity { .. }
+        | Ast::Field { .. }
+        | Ast::Index { .. }
+        | Ast::Literal { .. }
+        | Ast::Slice { .. } => {}
+    }
+    for c in children {
+        hash_key_ranks(c, rank);
+    }
+}
+
+/// Puts every object's keys back in their rank's order: the JMESPath crate
+/// builds sorted maps, and the reference answers in the session's own
+/// order (Python dicts keep it).
+fn reorder(v: &mut Value, rank: &HashMap<String, usize>) {
+    match v {
+        Value::Object(m) => {
+            let r = |k: &String| rank.get(k).copied().unwrap_or(usize::MAX);
+            let mut entries: Vec<(String, Value)> = std::mem::take(m).into_iter().collect();
+            entries.sort_by(|(a, _), (b, _)| r(a).cmp(&r(b)).then_with(|| a.cmp(b)));
+            for (k, mut v) in entries {
+                reorder(&mut v, rank);
+                m.insert(k, v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| reorder(v, rank)),
+        _ => {}
+    }
 }
 
 /// The session's state, model and dialogue, as a JSON string in `response`,

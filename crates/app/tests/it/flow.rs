@@ -1757,10 +1757,29 @@ async fn model_path_selects_with_jmespath_on(f: Fixture) {
     }
     let (status, whole) = f.get(&format!("/v1/ai/seeded/model/{sid}")).await;
     assert_eq!(status, StatusCode::OK);
-    let whole: Value = serde_json::from_str(whole["response"].as_str().unwrap()).unwrap();
     let (_, all) = f.get(&at("%40")).await;
-    let all: Value = serde_json::from_str(all["response"].as_str().unwrap()).unwrap();
-    assert_eq!(all, whole, "`@` is the whole model");
+    assert_eq!(
+        all["response"], whole["response"],
+        "`@` is the whole model, with its keys in the same order"
+    );
+    // Objects keep the session's key order; a multiselect hash, its own.
+    let keys = |path: &str| {
+        let f = &f;
+        let path = at(path);
+        async move {
+            let (_, body) = f.get(&path).await;
+            let v: Value = serde_json::from_str(body["response"].as_str().unwrap()).unwrap();
+            v.as_object().unwrap().keys().cloned().collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        keys("user_info").await,
+        ["email", "firstname", "lastname", "custom_properties"]
+    );
+    assert_eq!(
+        keys("%7Bzeta%3A%20state%2C%20alpha%3A%20version%7D").await,
+        ["zeta", "alpha"]
+    );
 
     // A bad expression is refused before anything is read, naming `path`.
     for (path, session) in [
