@@ -417,8 +417,9 @@ fn select(model: &Value, path: &str) -> Result<Value, ApiError> {
     let mut found = serde_json::to_value(&*found).map_err(|e| ApiError::internal(&e))?;
     let mut rank = HashMap::new();
     key_ranks(model, &mut rank);
-    hash_key_ranks(expr.as_ast(), &mut rank);
-    reorder(&mut found, &rank);
+    let mut hashes = Vec::new();
+    multi_hashes(expr.as_ast(), &mut hashes);
+    reorder(&mut found, &rank, &hashes);
     Ok(found)
 }
 
@@ -437,18 +438,15 @@ fn key_ranks(v: &Value, rank: &mut HashMap<String, usize>) {
     }
 }
 
-/// Ranks the keys a multiselect hash (`{a: x, b: y}`) names, in the
-/// expression's order, after those of the session.
-fn hash_key_ranks(ast: &jmespath::ast::Ast, rank: &mut HashMap<String, usize>) {
+/// The keys of every multiselect hash (`{a: x, b: y}`) in the expression,
+/// each in its written order.
+fn multi_hashes(ast: &jmespath::ast::Ast, hashes: &mut Vec<Vec<String>>) {
     use jmespath::ast::Ast;
     let mut children: Vec<&Ast> = Vec::new();
     match ast {
         Ast::MultiHash { elements, .. } => {
-            for kv in elements {
-                let next = rank.len();
-                rank.entry(kv.key.clone()).or_insert(next);
-                children.push(&kv.value);
-            }
+            hashes.push(elements.iter().map(|kv| kv.key.clone()).collect());
+            children.extend(elements.iter().map(|kv| &kv.value));
         }
         Ast::Comparison { lhs, rhs, .. }
         | Ast::And { lhs, rhs, .. }
@@ -471,25 +469,33 @@ fn hash_key_ranks(ast: &jmespath::ast::Ast, rank: &mut HashMap<String, usize>) {
         | Ast::Slice { .. } => {}
     }
     for c in children {
-        hash_key_ranks(c, rank);
+        multi_hashes(c, hashes);
     }
 }
 
-/// Puts every object's keys back in their rank's order: the JMESPath crate
-/// builds sorted maps, and the reference answers in the session's own
-/// order (Python dicts keep it).
-fn reorder(v: &mut Value, rank: &HashMap<String, usize>) {
+/// Puts every object's keys back in order, since the JMESPath crate builds
+/// sorted maps and the reference answers in Python's dict order: an object
+/// with exactly a multiselect hash's keys in the hash's order, any other in
+/// the order its keys first appear in the session (keys it lacks last,
+/// sorted).
+fn reorder(v: &mut Value, rank: &HashMap<String, usize>, hashes: &[Vec<String>]) {
     match v {
         Value::Object(m) => {
-            let r = |k: &String| rank.get(k).copied().unwrap_or(usize::MAX);
+            let hash = hashes
+                .iter()
+                .find(|h| h.len() == m.len() && h.iter().all(|k| m.contains_key(k)));
+            let r = |k: &String| match hash {
+                Some(h) => h.iter().position(|x| x == k).unwrap_or(usize::MAX),
+                None => rank.get(k).copied().unwrap_or(usize::MAX),
+            };
             let mut entries: Vec<(String, Value)> = std::mem::take(m).into_iter().collect();
             entries.sort_by(|(a, _), (b, _)| r(a).cmp(&r(b)).then_with(|| a.cmp(b)));
             for (k, mut v) in entries {
-                reorder(&mut v, rank);
+                reorder(&mut v, rank, hashes);
                 m.insert(k, v);
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|v| reorder(v, rank)),
+        Value::Array(items) => items.iter_mut().for_each(|v| reorder(v, rank, hashes)),
         _ => {}
     }
 }

@@ -354,3 +354,265 @@ fn meta_problems_are_load_problems_with_file_and_field() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An OpenAI-compatible server standing in for Ollama: a JSON-mode request
+/// (the classifier) gets `{"category": "billing"}`, any other the drafted
+/// answer.
+async fn fake_ollama() -> (SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |headers: HeaderMap, body: String| {
+            let record = record.clone();
+            async move {
+                let req: Value = serde_json::from_str(&body).unwrap();
+                record.lock().unwrap().push((headers, body));
+                let answer = if req["response_format"]["type"] == "json_object" {
+                    r#"{"category": "billing"}"#
+                } else {
+                    "We refunded the second charge."
+                };
+                Json(json!({
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "model": req["model"],
+                    "choices": [{
+                        "index": 0,
+                        "message": {"role": "assistant", "content": answer},
+                        "finish_reason": "stop",
+                    }],
+                }))
+            }
+        }),
+    );
+    (listen(app).await, seen)
+}
+
+/// A ticket service: files whatever is posted as ticket `T-42`.
+async fn fake_tickets() -> (SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let app = Router::new().route(
+        "/tickets",
+        post(move |headers: HeaderMap, body: String| {
+            let record = record.clone();
+            async move {
+                record.lock().unwrap().push((headers, body));
+                Json(json!({"id": "T-42"}))
+            }
+        }),
+    );
+    (listen(app).await, seen)
+}
+
+/// `examples/flows/triage` copied to a scratch folder, its `meta.yaml`
+/// files pointed at the fake servers.
+fn triage_dir(name: &str, ollama: SocketAddr, tickets: SocketAddr) -> PathBuf {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/flows/triage");
+    let dir = std::env::temp_dir().join(format!("parlance-triage-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        for entry in std::fs::read_dir(example.join(&rel)).unwrap() {
+            let entry = entry.unwrap();
+            let rel = rel.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                pending.push(rel);
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path())
+                .unwrap()
+                .replace("http://127.0.0.1:11434/v1", &format!("http://{ollama}/v1"))
+                .replace(
+                    "http://127.0.0.1:8790/tickets",
+                    &format!("http://{tickets}/tickets"),
+                );
+            write(&dir.join("triage"), rel.to_str().unwrap(), &text);
+        }
+    }
+    dir
+}
+
+/// The example flow that uses every declarative feature: seed data and the
+/// user at start, validators of each kind, a hook that fails, a flow-wide
+/// hook, state values, and templates on two chat invokers and an HTTP
+/// invoker configured per folder.
+async fn the_triage_example_runs_end_to_end_on(
+    pool: Option<parlance_postgres::PgPool>,
+    name: &str,
+) {
+    let (ollama, chats) = fake_ollama().await;
+    let (tickets, filed) = fake_tickets().await;
+    let dir = triage_dir(name, ollama, tickets);
+    let catalog = FlowCatalog::load_dir_with(&dir, &Invokers::is_builtin, &env).unwrap();
+    let (server, _worker) = start(pool, catalog).await;
+    let post = |path: &'static str, body: Value| {
+        let server = &server;
+        async move {
+            let (status, _, body) = server
+                .send(
+                    Method::POST,
+                    &format!("/v1/ai/triage/{path}"),
+                    Some(&body),
+                    true,
+                )
+                .await;
+            (status, body)
+        }
+    };
+
+    let ada = json!({"email": "ada@example.com", "firstname": "Ada", "lastname": "Lovelace"});
+    let (status, body) = post(
+        "start_session",
+        json!({"user_info": ada, "seed_data": r#"{"plan": "team"}"#}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["response"],
+        "Hello Ada! You are on the team plan. Which email address should we answer to?"
+    );
+    let sid = body["session_id"].as_str().unwrap().to_owned();
+    let model = |path: &'static str| {
+        let (server, sid) = (&server, &sid);
+        async move {
+            let (status, _, body) = server
+                .send(
+                    Method::GET,
+                    &format!("/v1/ai/triage/model/{sid}?path={path}"),
+                    None,
+                    true,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            serde_json::from_str::<Value>(body["response"].as_str().unwrap()).unwrap()
+        }
+    };
+    let event = |event: &'static str, input: &'static str| {
+        post(
+            "event",
+            json!({"session_id": sid, "event": event, "event_input": input}),
+        )
+    };
+    let refused = |status: StatusCode, body: &Value, key: &str, value: &str| {
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body[key], value, "{body}");
+    };
+
+    // Validators refuse with their messages and change nothing.
+    let before = model("%40").await;
+    let (status, body) = event("user_input", "not an address").await;
+    refused(status, &body, "validator", "email");
+    assert_eq!(body["message"], "that does not look like an email address");
+    assert_eq!(model("%40").await, before);
+    let (status, body) = event("user_input", "ada@example.com").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = event("user_input", "too short").await;
+    refused(status, &body, "validator", "description");
+
+    // The task graph: the classifier, then the ticket, the answer and the
+    // classification in parallel, each on its folder's invoker.
+    let (status, body) = event("user_input", "I was charged twice this month.").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["next_actions"], json!(["poll"]));
+    assert_eq!(body["progress"]["label"], "sorting your request");
+    let mut done = Value::Null;
+    for _ in 0..1000 {
+        let (status, body) = event("poll", "").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["next_actions"] != json!(["poll"]) {
+            done = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(done["error"], Value::Null, "{done}");
+    assert_eq!(
+        done["response"],
+        "We refunded the second charge.\n\nYour ticket is T-42 (billing). Rate this answer from 1 \
+         to 5, send your order details as JSON, or escalate.",
+        "{done}"
+    );
+    assert_eq!(done["next_actions"], json!(["order", "rate", "escalate"]));
+
+    let chats = chats.lock().unwrap().clone();
+    assert_eq!(chats.len(), 2, "{chats:?}");
+    let classify: Value = serde_json::from_str(&chats[0].1).unwrap();
+    assert_eq!(classify["model"], "llama3.2");
+    assert_eq!(classify["temperature"], json!(0.0));
+    assert_eq!(classify["response_format"]["type"], "json_object");
+    assert_eq!(classify["messages"][0]["role"], "system");
+    assert_eq!(
+        classify["messages"][1],
+        json!({"role": "user", "content": "I was charged twice this month."})
+    );
+    let reply: Value = serde_json::from_str(&chats[1].1).unwrap();
+    assert_eq!(reply["temperature"], json!(0.2));
+    let system = reply["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        system.contains("a team customer") && system.contains("sorted as billing"),
+        "{system}"
+    );
+    let filed = filed.lock().unwrap().clone();
+    assert_eq!(filed.len(), 1, "{filed:?}");
+    assert_eq!(header(&filed[0].0, "content-type"), "application/json");
+    let ticket: Value = serde_json::from_str(&filed[0].1).unwrap();
+    assert_eq!(
+        ticket,
+        json!({"email": "ada@example.com", "plan": "team", "category": "billing",
+               "text": "I was charged twice this month."})
+    );
+
+    // A JSON Schema validator, then an internal transition that assigns.
+    let (status, body) = event("order", r#"{"order_id": 1234}"#).await;
+    refused(status, &body, "validator", "order");
+    let (status, body) = event("order", r#"{"order_id": "NL-1234"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // The hook refuses escalation on this plan, and nothing changes.
+    let before = model("%40").await;
+    let (status, body) = event("escalate", "").await;
+    refused(status, &body, "hook", "transitions[6].before[0]");
+    assert_eq!(
+        body["message"],
+        "escalation is for the pro plan; rate the answer instead"
+    );
+    assert_eq!(model("%40").await, before);
+
+    let (status, body) = event("rate", "9").await;
+    refused(status, &body, "validator", "rating");
+    let (status, body) = event("rate", "5").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["response"], "Thank you, Ada. Ticket T-42 is closed.");
+
+    let summary =
+        model("%7Bstate%3A%20state%2C%20name%3A%20state_name%2C%20model%3A%20model%7D").await;
+    let keys: Vec<&String> = summary.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["state", "name", "model"], "the hash's own order");
+    assert_eq!(
+        summary,
+        json!({"state": 50, "name": "closed", "model": {
+            "name": "Ada", "email": "ada@example.com", "plan": "team", "category": "billing",
+            "reply": "We refunded the second charge.", "ticket": "T-42", "order_id": "NL-1234",
+            "rating": 5, "escalated": false, "turns": 5,
+        }})
+    );
+    let (status, sessions) = post("user_sessions", ada.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{sessions}");
+    assert_eq!(sessions, json!([sid]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_triage_example_runs_end_to_end() {
+    the_triage_example_runs_end_to_end_on(None, "memory").await;
+}
+
+#[tokio::test]
+async fn the_triage_example_runs_end_to_end_on_postgres() {
+    let Some(pool) = test_pool().await else {
+        return;
+    };
+    the_triage_example_runs_end_to_end_on(Some(pool), "postgres").await;
+}
