@@ -549,7 +549,8 @@ async fn keeps_reference_paths_and_response_shapes() {
             "gated",
             "picky",
             "qa",
-            "seeded"
+            "seeded",
+            "triage"
         ]
     );
     let (status, _, _) = f
@@ -1090,7 +1091,7 @@ async fn a_run_that_ends_without_reaching_the_session_is_failed_by_the_next_poll
 fn example_flows_load_and_validate() {
     let catalog = FlowCatalog::load_dir(&examples_dir(), &Invokers::is_builtin).unwrap();
     let names: Vec<&str> = catalog.iter().map(|f| f.name()).collect();
-    assert_eq!(names, ["extraction", "qa"]);
+    assert_eq!(names, ["extraction", "qa", "triage"]);
 }
 
 fn scratch(name: &str) -> PathBuf {

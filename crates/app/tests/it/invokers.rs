@@ -34,9 +34,9 @@ async fn listen(app: Router) -> SocketAddr {
     addr
 }
 
-/// An OpenAI-compatible chat endpoint: answers `Paris` to a request with a
-/// system message, `yes` to any other.
-async fn fake_openai() -> (SocketAddr, Seen) {
+/// An OpenAI-compatible chat endpoint answering each request with what
+/// `answer` picks for it.
+async fn fake_chat(answer: fn(&Value) -> &'static str) -> (SocketAddr, Seen) {
     let seen: Seen = Arc::default();
     let record = seen.clone();
     let app = Router::new().route(
@@ -46,18 +46,13 @@ async fn fake_openai() -> (SocketAddr, Seen) {
             async move {
                 let req: Value = serde_json::from_str(&body).unwrap();
                 record.lock().unwrap().push((headers, body));
-                let answer = if req["messages"][0]["role"] == "system" {
-                    "Paris"
-                } else {
-                    "yes"
-                };
                 Json(json!({
                     "id": "chatcmpl-1",
                     "object": "chat.completion",
                     "model": req["model"],
                     "choices": [{
                         "index": 0,
-                        "message": {"role": "assistant", "content": answer},
+                        "message": {"role": "assistant", "content": answer(&req)},
                         "finish_reason": "stop",
                     }],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
@@ -66,6 +61,18 @@ async fn fake_openai() -> (SocketAddr, Seen) {
         }),
     );
     (listen(app).await, seen)
+}
+
+/// Answers `Paris` to a request with a system message, `yes` to any other.
+async fn fake_openai() -> (SocketAddr, Seen) {
+    fake_chat(|req| {
+        if req["messages"][0]["role"] == "system" {
+            "Paris"
+        } else {
+            "yes"
+        }
+    })
+    .await
 }
 
 /// A plain endpoint that fails its first request with a 500 and answers
@@ -355,38 +362,17 @@ fn meta_problems_are_load_problems_with_file_and_field() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// An OpenAI-compatible server standing in for Ollama: a JSON-mode request
-/// (the classifier) gets `{"category": "billing"}`, any other the drafted
-/// answer.
+/// Stands in for Ollama: a JSON-mode request (the classifier) gets
+/// `{"category": "billing"}`, any other the drafted answer.
 async fn fake_ollama() -> (SocketAddr, Seen) {
-    let seen: Seen = Arc::default();
-    let record = seen.clone();
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        post(move |headers: HeaderMap, body: String| {
-            let record = record.clone();
-            async move {
-                let req: Value = serde_json::from_str(&body).unwrap();
-                record.lock().unwrap().push((headers, body));
-                let answer = if req["response_format"]["type"] == "json_object" {
-                    r#"{"category": "billing"}"#
-                } else {
-                    "We refunded the second charge."
-                };
-                Json(json!({
-                    "id": "chatcmpl-1",
-                    "object": "chat.completion",
-                    "model": req["model"],
-                    "choices": [{
-                        "index": 0,
-                        "message": {"role": "assistant", "content": answer},
-                        "finish_reason": "stop",
-                    }],
-                }))
-            }
-        }),
-    );
-    (listen(app).await, seen)
+    fake_chat(|req| {
+        if req["response_format"]["type"] == "json_object" {
+            r#"{"category": "billing"}"#
+        } else {
+            "We refunded the second charge."
+        }
+    })
+    .await
 }
 
 /// A ticket service: files whatever is posted as ticket `T-42`.
