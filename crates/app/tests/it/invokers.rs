@@ -213,6 +213,27 @@ async fn start(
     (TestServer::start(state, clock).await, worker)
 }
 
+/// Polls a session until its task graph is done; its last answer.
+async fn poll_done(server: &TestServer, flow: &str, sid: &str) -> Value {
+    let poll = json!({"session_id": sid, "event": "poll", "event_input": ""});
+    for _ in 0..1000 {
+        let (status, _, body) = server
+            .send(
+                Method::POST,
+                &format!("/v1/ai/{flow}/event"),
+                Some(&poll),
+                true,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["next_actions"] != json!(["poll"]) {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the task graph of {sid} did not finish");
+}
+
 fn header<'a>(h: &'a HeaderMap, name: &str) -> &'a str {
     h.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
 }
@@ -246,23 +267,7 @@ async fn folder_invokers_run_end_to_end_on(pool: Option<parlance_postgres::PgPoo
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["next_actions"], json!(["poll"]));
-    let mut done = Value::Null;
-    for _ in 0..1000 {
-        let (status, _, body) = server
-            .send(
-                Method::POST,
-                "/v1/ai/routed/event",
-                Some(&event("poll", "")),
-                true,
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        if body["next_actions"] != json!(["poll"]) {
-            done = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let done = poll_done(&server, "routed", &sid).await;
     assert_eq!(done["error"], Value::Null, "{done}");
     assert_eq!(done["response"], "Saved: stored", "{done}");
 
@@ -503,16 +508,7 @@ async fn the_triage_example_runs_end_to_end_on(
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["next_actions"], json!(["poll"]));
     assert_eq!(body["progress"]["label"], "sorting your request");
-    let mut done = Value::Null;
-    for _ in 0..1000 {
-        let (status, body) = event("poll", "").await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        if body["next_actions"] != json!(["poll"]) {
-            done = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let done = poll_done(&server, "triage", &sid).await;
     assert_eq!(done["error"], Value::Null, "{done}");
     assert_eq!(
         done["response"],
@@ -580,13 +576,48 @@ async fn the_triage_example_runs_end_to_end_on(
         summary,
         json!({"state": 50, "name": "closed", "model": {
             "name": "Ada", "email": "ada@example.com", "plan": "team", "category": "billing",
-            "reply": "We refunded the second charge.", "ticket": "T-42", "order_id": "NL-1234",
+            "reply": "We refunded the second charge.",
+            "description": "I was charged twice this month.", "ticket": "T-42", "order_id": "NL-1234",
             "rating": 5, "escalated": false, "turns": 5,
         }})
     );
     let (status, sessions) = post("user_sessions", ada.clone()).await;
     assert_eq!(status, StatusCode::OK, "{sessions}");
     assert_eq!(sessions, json!([sid]));
+
+    // A pro plan from the seed alone, no user: escalation goes through, and
+    // its `after` hook marks it.
+    let (status, body) = post("start_session", json!({"seed_data": r#"{"plan": "pro"}"#})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["response"],
+        "Hello! You are on the pro plan. Which email address should we answer to?"
+    );
+    let pro = body["session_id"].as_str().unwrap().to_owned();
+    for input in ["bob@example.com", "The export button does nothing."] {
+        let (status, body) = post(
+            "event",
+            json!({"session_id": pro, "event": "user_input", "event_input": input}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let done = poll_done(&server, "triage", &pro).await;
+    assert_eq!(
+        done["next_actions"],
+        json!(["order", "rate", "escalate"]),
+        "{done}"
+    );
+    let (status, body) = post(
+        "event",
+        json!({"session_id": pro, "event": "escalate", "event_input": ""}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["response"],
+        "Thank you. Ticket T-42 is with a person now."
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
