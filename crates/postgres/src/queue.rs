@@ -79,6 +79,10 @@ mod node {
 
 struct Shared {
     notify: Arc<Notify>,
+    /// The payload of this queue's own hints from transactions after
+    /// whose commit it wakes its workers itself: the listener skips those,
+    /// which would only send the workers to claim again for nothing.
+    own_hint: String,
     listener: OnceLock<tokio::task::JoinHandle<()>>,
 }
 
@@ -143,6 +147,9 @@ impl PgTaskQueue {
             config,
             shared: Arc::new(Shared {
                 notify: Arc::new(Notify::new()),
+                own_hint: parlance_ports::IdGen::new_uuid(&parlance_ports::UuidV7Ids)
+                    .simple()
+                    .to_string(),
                 listener: OnceLock::new(),
             }),
         }
@@ -274,6 +281,33 @@ impl PgTaskQueue {
         conn: &mut PgConnection,
         spec: &DagSpec,
     ) -> PortResult<DagId> {
+        let id = self.insert_dag(conn, spec).await?;
+        notify(&mut *conn, "").await?;
+        wake(&self.shared.notify);
+        Ok(id)
+    }
+
+    /// As [`PgTaskQueue::enqueue_dag_in`], but this process's workers are
+    /// not woken: the caller calls [`PgTaskQueue::wake_workers`] once its
+    /// transaction has committed. A wake before the commit sends them to
+    /// claim rows they cannot see yet, and the claim that would find them
+    /// waits for the `pg_notify` to come back through the listener.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgTaskQueue::enqueue_dag_in`].
+    pub async fn enqueue_dag_unwoken(
+        &self,
+        conn: &mut PgConnection,
+        spec: &DagSpec,
+    ) -> PortResult<DagId> {
+        let id = self.insert_dag(conn, spec).await?;
+        notify(&mut *conn, &self.shared.own_hint).await?;
+        Ok(id)
+    }
+
+    /// Inserts the run, its nodes and edges, and queues its roots.
+    async fn insert_dag(&self, conn: &mut PgConnection, spec: &DagSpec) -> PortResult<DagId> {
         let plan = spec.plan(&self.config.dag_limits)?;
         let now = self.clock.now();
         let id: i64 = sqlx::query_scalar(
@@ -346,15 +380,114 @@ impl PgTaskQueue {
         }
         let roots: Vec<i64> = plan.roots.iter().map(|&r| node_ids[r]).collect();
         enqueue_nodes(&mut *conn, &spec.product_id, &roots, now).await?;
-        notify(&mut *conn).await?;
-        wake(&self.shared.notify);
         Ok(DagId(id))
+    }
+
+    /// Wakes the workers of this process waiting for work (a transaction
+    /// that enqueued runnable tasks committed); other processes' are woken
+    /// by its `pg_notify`.
+    pub fn wake_workers(&self) {
+        wake(&self.shared.notify);
+    }
+
+    /// One claim of up to `max` tasks (see [`TaskQueue::claim`]).
+    async fn claim_now(
+        &self,
+        worker: &WorkerId,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+    ) -> PortResult<Vec<Lease>> {
+        let now = self.clock.now();
+        // Claiming is a heartbeat too, written at most once a second.
+        let rows = sqlx::query(
+            "WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT $1, $2, $2 \
+             FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+             ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
+             WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
+             c AS (SELECT product_id, id FROM jobs WHERE state = 0 AND queue = $3 \
+             AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
+             lease_token = nextval('job_lease_tokens'), leased_by = $1, \
+             lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
+             FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
+             RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
+             j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at",
+        )
+        .bind(worker.0)
+        .bind(to_pg(now))
+        .bind(queue)
+        .bind(i64::try_from(max).unwrap_or(i64::MAX))
+        .bind(millis(lease))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(pg_err("claim tasks"))?;
+        let mut leases = Vec::with_capacity(rows.len());
+        let mut order = Vec::with_capacity(rows.len());
+        for r in rows {
+            let decoded = (|| -> Result<_, sqlx::Error> {
+                let product: String = r.try_get("product_id")?;
+                let node: Option<i64> = r.try_get("node_id")?;
+                let lease = Lease {
+                    task_id: TaskId(r.try_get("id")?),
+                    token: r.try_get("lease_token")?,
+                    worker: *worker,
+                    product_id: ProductId::parse(product)
+                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                    kind: r.try_get("kind")?,
+                    queue: queue.to_owned(),
+                    payload: r.try_get("args")?,
+                    attempt: u32::try_from(r.try_get::<i32, _>("attempt")?).unwrap_or(0),
+                    max_attempts: u32::try_from(r.try_get::<i32, _>("max_attempts")?).unwrap_or(1),
+                    expires_at: from_pg(r.try_get("lease_expires_at")?),
+                    dag: None,
+                };
+                let key = (
+                    r.try_get::<i16, _>("priority")?,
+                    from_pg(r.try_get("run_at")?),
+                    lease.task_id,
+                );
+                Ok((lease, node, key))
+            })()
+            .map_err(pg_err("decode claimed tasks"))?;
+            order.push((decoded.2, leases.len(), decoded.1));
+            leases.push(decoded.0);
+        }
+        let nodes: Vec<(&str, i64)> = order
+            .iter()
+            .filter_map(|(_, i, node)| node.map(|n| (leases[*i].product_id.as_str(), n)))
+            .collect();
+        let contexts = self.dag_tasks(&nodes).await;
+        drop(nodes);
+        let mut contexts: HashMap<i64, DagTask> = match contexts {
+            Ok(c) => c.into_iter().collect(),
+            Err(e) => {
+                // Hand the claimed tasks back rather than leave them leased
+                // until their deadline; a failure here is best effort too.
+                for lease in &leases {
+                    let _ = self.release(lease).await;
+                }
+                return Err(e);
+            }
+        };
+        for (_, i, node) in &order {
+            if let Some(n) = node {
+                leases[*i].dag = contexts.remove(n);
+            }
+        }
+        order.sort_by_key(|(k, _, _)| *k);
+        let mut slots: Vec<Option<Lease>> = leases.into_iter().map(Some).collect();
+        Ok(order
+            .into_iter()
+            .filter_map(|(_, i, _)| slots[i].take())
+            .collect())
     }
 
     fn ensure_listener(&self) {
         self.shared.listener.get_or_init(|| {
             let pool = self.pool.clone();
             let notify = Arc::clone(&self.shared.notify);
+            let own_hint = self.shared.own_hint.clone();
             tokio::spawn(async move {
                 loop {
                     if let Ok(mut l) = PgListener::connect_with(&pool).await
@@ -362,8 +495,12 @@ impl PgTaskQueue {
                     {
                         // Whatever was sent while we were away: poll now.
                         wake(&notify);
-                        while l.recv().await.is_ok() {
-                            wake(&notify);
+                        while let Ok(hint) = l.recv().await {
+                            // This process woke its workers itself, after
+                            // the commit that sent it.
+                            if hint.payload() != own_hint {
+                                wake(&notify);
+                            }
                         }
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -496,7 +633,7 @@ impl PgTaskQueue {
             out.push(Ok(()));
         }
         if enqueued {
-            notify(&mut tx).await?;
+            notify(&mut tx, &self.shared.own_hint).await?;
         }
         tx.commit().await.map_err(pg_err("commit"))?;
         if enqueued {
@@ -561,10 +698,13 @@ impl PgTaskQueue {
     }
 }
 
-/// One wake-up hint, delivered when the transaction commits.
-async fn notify(conn: &mut PgConnection) -> PortResult<()> {
-    sqlx::query("SELECT pg_notify($1, '')")
+/// One wake-up hint, delivered when the transaction commits; `payload`
+/// names the queue that wakes its own workers after the commit, or is
+/// empty.
+async fn notify(conn: &mut PgConnection, payload: &str) -> PortResult<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
+        .bind(payload)
         .execute(conn)
         .await
         .map(|_| ())
@@ -959,89 +1099,17 @@ impl TaskQueue for PgTaskQueue {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let now = self.clock.now();
-        // Claiming is a heartbeat too, written at most once a second.
-        let rows = sqlx::query(
-            "WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT $1, $2, $2 \
-             FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
-             ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
-             WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
-             c AS (SELECT product_id, id FROM jobs WHERE state = 0 AND queue = $3 \
-             AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
-             UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
-             lease_token = nextval('job_lease_tokens'), leased_by = $1, \
-             lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
-             FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
-             RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
-             j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at",
-        )
-        .bind(worker.0)
-        .bind(to_pg(now))
-        .bind(queue)
-        .bind(i64::try_from(max).unwrap_or(i64::MAX))
-        .bind(millis(lease))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(pg_err("claim tasks"))?;
-        let mut leases = Vec::with_capacity(rows.len());
-        let mut order = Vec::with_capacity(rows.len());
-        for r in rows {
-            let decoded = (|| -> Result<_, sqlx::Error> {
-                let product: String = r.try_get("product_id")?;
-                let node: Option<i64> = r.try_get("node_id")?;
-                let lease = Lease {
-                    task_id: TaskId(r.try_get("id")?),
-                    token: r.try_get("lease_token")?,
-                    worker: *worker,
-                    product_id: ProductId::parse(product)
-                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-                    kind: r.try_get("kind")?,
-                    queue: queue.to_owned(),
-                    payload: r.try_get("args")?,
-                    attempt: u32::try_from(r.try_get::<i32, _>("attempt")?).unwrap_or(0),
-                    max_attempts: u32::try_from(r.try_get::<i32, _>("max_attempts")?).unwrap_or(1),
-                    expires_at: from_pg(r.try_get("lease_expires_at")?),
-                    dag: None,
-                };
-                let key = (
-                    r.try_get::<i16, _>("priority")?,
-                    from_pg(r.try_get("run_at")?),
-                    lease.task_id,
-                );
-                Ok((lease, node, key))
-            })()
-            .map_err(pg_err("decode claimed tasks"))?;
-            order.push((decoded.2, leases.len(), decoded.1));
-            leases.push(decoded.0);
+        // A wake-up left before this claim began is answered by it: it
+        // sees every commit that woke. Left in place, the permit sends the
+        // worker straight back to claim again for nothing, twice per task.
+        // A claim that comes back full (or fails) leaves it, for the work
+        // it may not have taken.
+        let had_permit = take_permit(&self.shared.notify);
+        let claimed = self.claim_now(worker, queue, max, lease).await;
+        if had_permit && claimed.as_ref().map_or(true, |l| l.len() >= max) {
+            self.shared.notify.notify_one();
         }
-        let nodes: Vec<(&str, i64)> = order
-            .iter()
-            .filter_map(|(_, i, node)| node.map(|n| (leases[*i].product_id.as_str(), n)))
-            .collect();
-        let contexts = self.dag_tasks(&nodes).await;
-        drop(nodes);
-        let mut contexts: HashMap<i64, DagTask> = match contexts {
-            Ok(c) => c.into_iter().collect(),
-            Err(e) => {
-                // Hand the claimed tasks back rather than leave them leased
-                // until their deadline; a failure here is best effort too.
-                for lease in &leases {
-                    let _ = self.release(lease).await;
-                }
-                return Err(e);
-            }
-        };
-        for (_, i, node) in &order {
-            if let Some(n) = node {
-                leases[*i].dag = contexts.remove(n);
-            }
-        }
-        order.sort_by_key(|(k, _, _)| *k);
-        let mut slots: Vec<Option<Lease>> = leases.into_iter().map(Some).collect();
-        Ok(order
-            .into_iter()
-            .filter_map(|(_, i, _)| slots[i].take())
-            .collect())
+        claimed
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(task_id = %lease.task_id))]
@@ -1232,7 +1300,11 @@ impl TaskQueue for PgTaskQueue {
         .map_err(pg_err("release unheld tasks"))?
         .rows_affected();
         if n > 0 {
-            notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
+            notify(
+                &mut *self.pool.acquire().await.map_err(pg_err("acquire"))?,
+                "",
+            )
+            .await?;
             wake(&self.shared.notify);
         }
         Ok(n)
@@ -1380,7 +1452,11 @@ impl TaskQueue for PgTaskQueue {
             .await
             .map_err(pg_err("forget dead workers"))?;
         if report.requeued > 0 {
-            notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
+            notify(
+                &mut *self.pool.acquire().await.map_err(pg_err("acquire"))?,
+                "",
+            )
+            .await?;
             wake(&self.shared.notify);
         }
         Ok(report)
@@ -1467,7 +1543,11 @@ impl TaskQueue for PgTaskQueue {
                 _ => PortError::not_found(format!("discarded task {id}")),
             });
         }
-        notify(&mut *self.pool.acquire().await.map_err(pg_err("acquire"))?).await?;
+        notify(
+            &mut *self.pool.acquire().await.map_err(pg_err("acquire"))?,
+            "",
+        )
+        .await?;
         wake(&self.shared.notify);
         Ok(())
     }
@@ -1588,6 +1668,13 @@ impl TaskQueue for PgTaskQueue {
         self.ensure_listener();
         let _ = tokio::time::timeout(timeout, self.shared.notify.notified()).await;
     }
+}
+
+/// Takes the wake-up permit `notify` holds, if any.
+fn take_permit(notify: &Notify) -> bool {
+    let notified = notify.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable()
 }
 
 /// Wakes every worker waiting for work now and leaves a permit for the next
