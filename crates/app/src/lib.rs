@@ -444,8 +444,12 @@ impl AppState {
         )
     }
 
-    /// Starts a worker in this process.
+    /// Starts a worker in this process. Flow task graphs then usually end
+    /// here, so a poll of a running session waits up to
+    /// [`flow::POLL_WAIT`] for its run to end instead of answering "still
+    /// running" at once.
     pub fn start_worker(&self, config: WorkerConfig) -> EmbeddedWorker {
+        self.flows.set_poll_wait(flow::POLL_WAIT);
         EmbeddedWorker::spawn(self.worker(config))
     }
 

@@ -13,6 +13,7 @@ mod meta;
 mod routes;
 mod service;
 mod tasks;
+mod waiters;
 
 pub use catalog::{FlowCatalog, read_templates};
 pub use examples::example_catalog;
@@ -20,7 +21,9 @@ pub use executor::{DagRunner, QueueRunner};
 pub use invoker::{InvokeError, Invoker, Invokers, LlmInvoker, TemplateInvoker, chat_messages};
 pub use meta::TemplateInvokers;
 pub use routes::routes;
-pub use service::{AiProgress, AiResponse, FlowDeps, FlowService, MAX_USER_SESSIONS, TaskState};
+pub use service::{
+    AiProgress, AiResponse, FlowDeps, FlowService, MAX_USER_SESSIONS, POLL_WAIT, TaskState,
+};
 pub use tasks::register as register_handlers;
 
 /// What the flow routes and task handlers share: the one flow service.

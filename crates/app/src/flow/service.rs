@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use parlance_core::ProductId;
 use parlance_core::flow::{
@@ -23,6 +25,7 @@ use serde_json::{Value, json};
 use super::catalog::FlowCatalog;
 use super::executor::DagRunner;
 use super::invoker::{Invoker, Invokers};
+use super::waiters::{RECHECK, Waiters};
 use crate::execute::{Executed, Executor, ServiceError};
 
 /// Progress as the reference's clients read it.
@@ -69,6 +72,10 @@ pub struct TaskState {
 /// newest this many.
 pub const MAX_USER_SESSIONS: usize = 100;
 
+/// How long a poll waits for a running task graph to end when a worker
+/// runs in this process (see [`FlowService::set_poll_wait`]).
+pub const POLL_WAIT: Duration = Duration::from_millis(250);
+
 /// The flow service over its stores, a runner and a catalog.
 pub struct FlowService {
     catalog: Arc<FlowCatalog>,
@@ -79,6 +86,11 @@ pub struct FlowService {
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdGen>,
     invokers: Invokers,
+    /// Polls waiting for their session's run to end.
+    waiters: Waiters,
+    /// How long a poll of a running session waits for it to end, in
+    /// milliseconds (0: it answers at once).
+    poll_wait_ms: AtomicU64,
 }
 
 /// Everything the service is built from.
@@ -117,7 +129,24 @@ impl FlowService {
             clock: deps.clock,
             ids: deps.ids,
             invokers,
+            waiters: Waiters::default(),
+            poll_wait_ms: AtomicU64::new(0),
         })
+    }
+
+    /// Lets a poll of a session whose task graph runs wait up to `wait`
+    /// for the run to end before it answers with the progress: woken as
+    /// soon as the session's change commits in this process, and
+    /// re-reading the session every 20 ms otherwise. Set when a worker
+    /// runs in this process (the run usually ends here); zero (the
+    /// default) answers at once.
+    pub fn set_poll_wait(&self, wait: Duration) {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        self.poll_wait_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn poll_wait(&self) -> Duration {
+        Duration::from_millis(self.poll_wait_ms.load(Ordering::Relaxed))
     }
 
     /// The loaded flows.
@@ -155,7 +184,8 @@ impl FlowService {
         flow: &Arc<Flow>,
         command: FlowCommand,
     ) -> Result<Executed<FlowRecord>, ServiceError<FlowRecord>> {
-        self.executor()
+        let done = self
+            .executor()
             .run_with(key, &self.context(flow), |loaded| {
                 let ours = loaded.is_none_or(|s| s.state.session().flow == flow.name());
                 std::future::ready(if ours {
@@ -164,7 +194,10 @@ impl FlowService {
                     Err(ServiceError::NotFound)
                 })
             })
-            .await
+            .await?;
+        // Committed: a poll waiting on the session reads it again.
+        self.waiters.wake(key);
+        Ok(done)
     }
 
     /// The session at `key` without its dialogue, if it runs `flow`.
@@ -345,7 +378,12 @@ impl FlowService {
         key: &FlowKey,
         flow: &Arc<Flow>,
     ) -> Result<AiResponse, ServiceError<FlowRecord>> {
-        let mut stored = self.session(key, flow).await?;
+        let wait = self.poll_wait();
+        let mut stored = if wait.is_zero() {
+            self.session(key, flow).await?
+        } else {
+            self.session_after_run(key, flow, wait).await?
+        };
         if let Some(r) = &stored.state.running
             && let Some(err) = self.runner.failure(&key.product_id, r).await
         {
@@ -376,6 +414,30 @@ impl FlowService {
             }
         }
         Ok(out)
+    }
+
+    /// The session once its run has ended, or as it is after `wait`.
+    async fn session_after_run(
+        &self,
+        key: &FlowKey,
+        flow: &Arc<Flow>,
+        wait: Duration,
+    ) -> Result<Stored<FlowSession>, ServiceError<FlowRecord>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let waiter = self.waiters.waiter(key);
+        loop {
+            // Enabled before the read, so a commit between the read and
+            // the wait still wakes it.
+            let woken = waiter.notify().notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let stored = self.session(key, flow).await?;
+            let now = tokio::time::Instant::now();
+            if stored.state.running.is_none() || now >= deadline {
+                return Ok(stored);
+            }
+            let _ = tokio::time::timeout_at(deadline.min(now + RECHECK), woken).await;
+        }
     }
 
     /// `task_state`: `ready` when no DAG runs.

@@ -210,6 +210,8 @@ struct Fixture {
     queue: Arc<dyn TaskQueue>,
     /// The audit log the flow store writes to.
     audit: Arc<dyn AuditLog>,
+    /// The flow service behind the server.
+    flows: parlance_app::flow::Flows,
     /// Runs the flows' task graphs off the queue.
     _worker: EmbeddedWorker,
 }
@@ -243,6 +245,17 @@ async fn fixture_with(
     options: RunnerOptions,
     backoff: Duration,
 ) -> Fixture {
+    fixture_polling(pool, options, backoff, Duration::ZERO).await
+}
+
+/// A fixture whose polls of a running session wait up to `poll_wait` for
+/// the run to end.
+async fn fixture_polling(
+    pool: Option<parlance_postgres::PgPool>,
+    options: RunnerOptions,
+    backoff: Duration,
+    poll_wait: Duration,
+) -> Fixture {
     let system: Arc<dyn Clock> = Arc::new(SystemClock);
     let clock = Arc::new(ManualClock::new());
     let mut c = match pool {
@@ -275,6 +288,7 @@ async fn fixture_with(
     c.flows = catalog;
     c.invokers = extra;
     let state = c.build();
+    state.flows.set_poll_wait(poll_wait);
     let worker = EmbeddedWorker::spawn(Worker::new(
         WorkerId(uuid::Uuid::from_u128(1)),
         state.shared.queue.clone(),
@@ -287,6 +301,7 @@ async fn fixture_with(
     ));
     let queue = state.shared.queue.clone();
     let audit = state.shared.audit.clone();
+    let flows = state.flows.clone();
     Fixture {
         server: TestServer::start(state, clock).await,
         gate,
@@ -294,6 +309,7 @@ async fn fixture_with(
         calls,
         queue,
         audit,
+        flows,
         _worker: worker,
     }
 }
@@ -819,6 +835,60 @@ async fn defect_7_progress_is_visible_as_soon_as_the_event_returns() {
     assert_eq!(progress(&poll), (0, 2, "think".into()));
     assert_eq!(poll["response"], Value::Null, "never the user's own input");
     f.gate.add_permits(1);
+}
+
+/// With a poll wait, a poll of a running session answers once the run has
+/// ended (woken by the completion's commit), not "still running" at once;
+/// when the run does not end within the wait it answers the progress.
+/// Before, every poll answered at once, so a client polled many times per
+/// round trip.
+#[tokio::test]
+async fn a_poll_waits_for_the_run_to_end_within_the_poll_wait() {
+    async fn check(pool: Option<parlance_postgres::PgPool>) {
+        let f = fixture_polling(
+            pool,
+            RunnerOptions {
+                attempts: 2,
+                task_timeout: Duration::from_secs(10),
+            },
+            Duration::from_millis(5),
+            Duration::from_secs(20),
+        )
+        .await;
+        let sid = f.start("gated").await["session_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let (_, body) = f.event("gated", &sid, "user_input", "q").await;
+        assert_eq!(body["next_actions"], json!(["poll"]));
+        let gate = f.gate.clone();
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            gate.add_permits(1);
+        });
+        let started = std::time::Instant::now();
+        let poll = f.poll("gated", &sid).await;
+        assert_eq!(poll["next_actions"], json!(["again"]), "{poll}");
+        assert_eq!(poll["response"], "Answer: thinking about q");
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        release.await.unwrap();
+        // A run that does not end within the wait: the progress, after it.
+        let (_, body) = f.event("gated", &sid, "again", "").await;
+        assert_eq!(body["next_actions"], json!(["user_input"]), "{body}");
+        f.event("gated", &sid, "user_input", "r").await;
+        let short = Duration::from_millis(50);
+        f.flows.set_poll_wait(short);
+        let started = std::time::Instant::now();
+        let poll = f.poll("gated", &sid).await;
+        assert_eq!(poll["next_actions"], json!(["poll"]));
+        assert_eq!(progress(&poll), (0, 2, "think".into()));
+        assert!(started.elapsed() >= short);
+        f.gate.add_permits(1);
+    }
+    check(None).await;
+    if let Some(pool) = test_pool().await {
+        check(Some(pool)).await;
+    }
 }
 
 /// The audit trail of a flow session: from, to and cause of each entry.
