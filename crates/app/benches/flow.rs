@@ -1,15 +1,31 @@
-//! Flow throughput on PostgreSQL: user events per second (user -> user),
-//! invoker round trips per second (user -> invoker -> user with the
-//! `template` invoker, run in process), 16 sessions in parallel, and the
-//! bytes one turn writes at turn 1 and at turn 200 of one session.
+//! Flow throughput on PostgreSQL.
 //!
-//! Every call goes through the flow service as the routes make it: each
-//! event a command run by the executor (load, decide, one commit).
+//! In process: user events per second (user -> user), invoker round trips
+//! per second (user -> invoker -> user with the `template` invoker), 16
+//! sessions in parallel through the flow service, and the bytes one turn
+//! writes at turn 1 and at turn 200 of one session.
 //!
-//! Run with `cargo xtask bench flow` (release, `DATABASE_URL` set).
+//! Over HTTP, side by side in one run: the release `parlance serve` on
+//! PostgreSQL (started as a user starts it, with the flow in
+//! `benches/flows/perf`) and genie-flow 0.12.0 under uvicorn with a Celery
+//! worker (prefork, 2) on the local Redis (`benches/genie`), the same
+//! one-invoker flow driven by the same closed-loop client
+//! (`benches/genie/client.py`, polling every 5 ms) with 1 and 16 clients.
+//! The reference is installed with the pins of `benches/genie/freeze.txt`
+//! into a virtual environment under `target/genie`. A breakdown of our
+//! round trip (queue waits and runs of the two nodes, from the queue's
+//! rows) follows.
+//!
+//! Run with `cargo xtask bench flow` (release, `DATABASE_URL` set);
+//! `cargo xtask bench flow --quick` measures 5 s per client count instead
+//! of 30; `--no-reference` leaves genie-flow out.
 
 #![allow(clippy::print_stdout, missing_docs)]
 
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,8 +160,411 @@ async fn turn_bytes(pool: &sqlx::PgPool, id: &str, after_seq: i64) -> (i64, i64)
     (session + dialogue, row.get("dialogue_len"))
 }
 
+/// The key `parlance serve` is started with (it opens product `default`).
+const API_KEY: &str = "pk_bench_flow";
+
+/// How long each client count is measured, its warm-up, and the client's
+/// poll interval (the reference's).
+struct Load {
+    duration: &'static str,
+    warmup: &'static str,
+    clients: [usize; 2],
+}
+
+/// One closed-loop client run, as `client.py` writes it.
+#[derive(Debug, Clone, Default)]
+struct ClientRun {
+    rt_per_s: f64,
+    median_ms: f64,
+    p95_ms: f64,
+    polls_per_rt: f64,
+    errors: u64,
+    cpu_ms_per_rt: Option<f64>,
+    load: String,
+}
+
+impl ClientRun {
+    fn read(path: &Path) -> Self {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let v: serde_json::Value = serde_json::from_str(&text).expect("client result JSON");
+        let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        let la = |k: &str| {
+            v[k].as_array()
+                .and_then(|a| a.first())
+                .and_then(|x| x.as_str())
+                .unwrap_or("?")
+                .to_owned()
+        };
+        Self {
+            rt_per_s: f("rt_per_s"),
+            median_ms: f("lat_median_ms"),
+            p95_ms: f("lat_p95_ms"),
+            polls_per_rt: f("polls_per_rt"),
+            errors: v["n_errors"].as_u64().unwrap_or(0),
+            cpu_ms_per_rt: v["cpu_ms_per_rt_genie"].as_f64(),
+            load: format!("{} -> {}", la("loadavg_start"), la("loadavg_end")),
+        }
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn bench_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("benches")
+}
+
+/// `target/` (the bench runs from `target/release/deps/`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the bench's path");
+    exe.ancestors()
+        .nth(3)
+        .expect("target/release/deps/<bench>")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed: {status}");
+}
+
+/// `target/genie/` holding the reference's files (copied from
+/// `benches/genie`) and `venv/` with the pins of `freeze.txt`, made with
+/// `$PARLANCE_PYTHON` or `python3` and reinstalled when the pins change.
+fn reference_env() -> PathBuf {
+    let src = bench_dir().join("genie");
+    let here = target_dir().join("genie");
+    std::fs::create_dir_all(here.join("templates")).expect("target/genie");
+    copy_tree(&src, &here);
+    let venv = here.join("venv");
+    let python = venv.join("bin").join("python");
+    let pins = std::fs::read_to_string(src.join("freeze.txt")).expect("freeze.txt");
+    let stamp = here.join("installed-freeze.txt");
+    if !python.is_file() {
+        let interpreter = std::env::var_os("PARLANCE_PYTHON").unwrap_or_else(|| "python3".into());
+        run(Command::new(interpreter).args(["-m", "venv"]).arg(&venv));
+    }
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pins.as_str()) {
+        println!(
+            "installing genie-flow 0.12.0 and its pins into {}",
+            venv.display()
+        );
+        // Every package is pinned, so `--no-deps` installs exactly them.
+        run(Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--no-deps", "-r"])
+            .arg(src.join("freeze.txt")));
+        run(Command::new(&python).args(["-m", "pip", "check"]));
+        std::fs::write(&stamp, &pins).expect("write the stamp");
+    }
+    here
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read the bench files") {
+        let entry = entry.expect("an entry");
+        let dest = to.join(entry.file_name());
+        if entry.file_type().expect("a type").is_dir() {
+            std::fs::create_dir_all(&dest).expect("mkdir");
+            copy_tree(&entry.path(), &dest);
+        } else {
+            std::fs::copy(entry.path(), &dest).expect("copy a bench file");
+        }
+    }
+}
+
+/// A `parlance serve` child, killed when dropped.
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The release `parlance serve` on `database_url` with the bench's flow,
+/// as a user starts it (its embedded worker runs the task graphs).
+fn start_serve(database_url: &str, port: u16, log: &Path) -> Serve {
+    let out = std::fs::File::create(log).expect("serve log");
+    let child = Command::new(env!("CARGO_BIN_EXE_parlance"))
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .arg("--flows")
+        .arg(bench_dir().join("flows"))
+        .env("DATABASE_URL", database_url)
+        .env("PARLANCE_API_KEY", API_KEY)
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("log"))
+        .stderr(out)
+        .spawn()
+        .expect("start parlance serve");
+    let mut serve = Serve(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = serve.0.try_wait() {
+            panic!("parlance serve exited ({status}); see {}", log.display());
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return serve;
+        }
+        assert!(Instant::now() < deadline, "parlance serve did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The closed-loop client against `port` with `clients` clients.
+fn client(
+    here: &Path,
+    port: u16,
+    clients: usize,
+    load: &Load,
+    label: &str,
+    pid: u32,
+    out: &Path,
+) -> ClientRun {
+    run(Command::new(here.join("venv").join("bin").join("python"))
+        .current_dir(here)
+        .arg("client.py")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--clients",
+            &clients.to_string(),
+        ])
+        .args(["--duration", load.duration, "--warmup", load.warmup])
+        .args(["--poll-interval", "0.005", "--per-session", "10"])
+        .args(["--label", label, "--pid", &format!("parlance={pid}")])
+        .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
+        .arg("--out")
+        .arg(out)
+        .stdout(Stdio::null()));
+    ClientRun::read(out)
+}
+
+/// genie-flow over HTTP with its Celery worker, by its own harness
+/// (`bench.py redis`), for each client count.
+fn reference(here: &Path, load: &Load) -> Vec<ClientRun> {
+    let clients = load
+        .clients
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    run(Command::new(here.join("venv").join("bin").join("python"))
+        .current_dir(here)
+        .args(["bench.py", "redis"])
+        .env("CLIENTS", clients)
+        .env("DURATION", load.duration)
+        .env("WARMUP", load.warmup)
+        .env("POLL", "0.005")
+        .env("PORT", free_port().to_string())
+        // The machine is shared: measure now and report the load.
+        .env("LOAD_LIMIT", "1000")
+        .stdout(std::fs::File::create(here.join("bench-py.log")).expect("bench.py log")));
+    load.clients
+        .iter()
+        .map(|n| ClientRun::read(&here.join("results").join(format!("redis-c{n}.json"))))
+        .collect()
+}
+
+/// Medians over the runs of `product` since `since`, in ms: the invoke
+/// node's wait for a worker and its run (to its fenced completion), the
+/// completion node's wait and its run (the session's commit included),
+/// and the whole, from the run's enqueue to the completion's end.
+async fn breakdown(pool: &sqlx::PgPool, product: &str, since: time::OffsetDateTime) -> String {
+    let row = sqlx::query(
+        "WITH j AS (SELECT dag_run_id, kind, created_at, finished_at, \
+           lease_expires_at - coalesce(timeout_ms, 300000) * interval '1 millisecond' AS claimed_at \
+           FROM jobs WHERE product_id = $1 AND created_at >= $2 AND state = 2 AND attempt = 1), \
+         r AS (SELECT extract(epoch FROM i.claimed_at - i.created_at) * 1000 AS i_wait, \
+           extract(epoch FROM i.finished_at - i.claimed_at) * 1000 AS i_run, \
+           extract(epoch FROM c.claimed_at - i.finished_at) * 1000 AS c_wait, \
+           extract(epoch FROM c.finished_at - c.claimed_at) * 1000 AS c_run, \
+           extract(epoch FROM c.finished_at - i.created_at) * 1000 AS whole \
+           FROM j i JOIN j c ON c.dag_run_id = i.dag_run_id AND c.kind = 'flow.complete' \
+           WHERE i.kind = 'flow.invoke') \
+         SELECT count(*) AS n, \
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY i_wait) AS i_wait, \
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY i_run) AS i_run, \
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY c_wait) AS c_wait, \
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY c_run) AS c_run, \
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY whole) AS whole FROM r",
+    )
+    .bind(product)
+    .bind(since)
+    .fetch_one(pool)
+    .await
+    .expect("breakdown");
+    let f = |k: &str| {
+        row.try_get::<Option<f64>, _>(k)
+            .ok()
+            .flatten()
+            .unwrap_or(f64::NAN)
+    };
+    format!(
+        "{} runs; medians: invoke waits {:.1} ms, runs {:.1} ms; completion waits {:.1} ms, \
+         runs {:.1} ms; enqueue -> completion done {:.1} ms",
+        row.get::<i64, _>("n"),
+        f("i_wait"),
+        f("i_run"),
+        f("c_wait"),
+        f("c_run"),
+        f("whole")
+    )
+}
+
+/// Transactions committed in this database so far.
+async fn transactions(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_database")
+}
+
+/// Ours and the reference over HTTP, side by side.
+async fn over_http(pool: &sqlx::PgPool, load: &Load, with_reference: bool, in_process: f64) {
+    let here = reference_env();
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("database name");
+    let port = free_port();
+    let serve = start_serve(&common::url_for(&db), port, &here.join("logs-serve.log"));
+    let pid = serve.0.id();
+    println!(
+        "$ parlance serve --bind 127.0.0.1:{port} --flows crates/app/benches/flows (PostgreSQL; pid {pid})"
+    );
+    // A first round trip through the worker before measuring.
+    std::fs::create_dir_all(here.join("results")).expect("results dir");
+    let warm = Load {
+        duration: "1",
+        warmup: "0",
+        clients: [1, 1],
+    };
+    client(
+        &here,
+        port,
+        1,
+        &warm,
+        "parlance warm-up",
+        pid,
+        &here.join("results").join("parlance-warm.json"),
+    );
+    let mut ours = Vec::new();
+    for &n in &load.clients {
+        let since = time::OffsetDateTime::now_utc();
+        let xacts = transactions(pool).await;
+        let out = here.join("results").join(format!("parlance-c{n}.json"));
+        let r = client(
+            &here,
+            port,
+            n,
+            load,
+            &format!("parlance clients={n}"),
+            pid,
+            &out,
+        );
+        // The statistics reach `pg_stat_database` within a second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let xacts = transactions(pool).await - xacts;
+        let all_rts = std::fs::read_to_string(&out)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .map_or(0.0, |v| v["round_trips"].as_f64().unwrap_or(0.0));
+        println!(
+            "parlance serve, {n} client(s): {:.1} round trips/s, median {:.1} ms, p95 {:.1} ms, \
+             {:.2} polls per round trip, {} failed, {:.2} ms server CPU per round trip, load {}",
+            r.rt_per_s,
+            r.median_ms,
+            r.p95_ms,
+            r.polls_per_rt,
+            r.errors,
+            r.cpu_ms_per_rt.unwrap_or(f64::NAN),
+            r.load
+        );
+        println!("  breakdown: {}", breakdown(pool, "default", since).await);
+        let window =
+            load.duration.parse::<f64>().unwrap_or(1.0) + load.warmup.parse::<f64>().unwrap_or(0.0);
+        println!(
+            "  database transactions (statements outside a transaction count one each) per round trip: \
+             {:.1} (warm-up and drain included: {xacts} over ~{:.0} round trips)",
+            xacts as f64 / (all_rts * window / load.duration.parse::<f64>().unwrap_or(1.0)),
+            all_rts * window / load.duration.parse::<f64>().unwrap_or(1.0),
+        );
+        ours.push(r);
+    }
+    drop(serve);
+    if !with_reference {
+        return;
+    }
+    let theirs = reference(&here, load);
+    for (n, t) in load.clients.iter().zip(&theirs) {
+        println!(
+            "genie-flow 0.12.0 + Celery, {n} client(s): {:.1} round trips/s, median {:.1} ms, \
+             p95 {:.1} ms, {:.2} polls per round trip, {} failed, {:.2} ms server CPU per round trip, load {}",
+            t.rt_per_s,
+            t.median_ms,
+            t.p95_ms,
+            t.polls_per_rt,
+            t.errors,
+            t.cpu_ms_per_rt.unwrap_or(f64::NAN),
+            t.load
+        );
+    }
+    println!(
+        "| clients | parlance rt/s | genie-flow rt/s | ratio (goal >= 4) | parlance median ms | genie-flow median ms |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for ((n, o), t) in load.clients.iter().zip(&ours).zip(&theirs) {
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+            o.rt_per_s,
+            t.rt_per_s,
+            o.rt_per_s / t.rt_per_s,
+            o.median_ms,
+            t.median_ms
+        );
+    }
+    if let Some(o) = ours.last() {
+        println!(
+            "parlance serve over HTTP, {} clients / in-process round trips: {:.1} / {:.1} = {:.2} (goal >= 0.8)",
+            load.clients[1],
+            o.rt_per_s,
+            in_process,
+            o.rt_per_s / in_process
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let with_reference = !args.iter().any(|a| a == "--no-reference");
+    let load = Load {
+        duration: if quick { "5" } else { "30" },
+        warmup: if quick { "1" } else { "3" },
+        clients: [1, 16],
+    };
+    println!(
+        "flow bench: {} (load average at start {})",
+        if quick { "quick" } else { "full" },
+        loadavg()
+    );
     let Some(pool) = parlance_postgres::testing::test_pool().await else {
         println!("flow bench: DATABASE_URL is not set; nothing measured");
         return;
@@ -163,11 +582,14 @@ async fn main() {
         "user events (user->user, {SESSIONS} sessions): {n} in {took:.2?} = {:.0}/s",
         n as f64 / took.as_secs_f64()
     );
+    let since = time::OffsetDateTime::now_utc();
     let (n, took) = round_trips(svc.clone(), p.clone()).await;
+    let in_process = n as f64 / took.as_secs_f64();
     println!(
-        "invoker round trips (user->invoker->user, template invoker, {SESSIONS} sessions): {n} in {took:.2?} = {:.0}/s",
-        n as f64 / took.as_secs_f64()
+        "invoker round trips in process (user->invoker->user, template invoker, {SESSIONS} sessions, \
+         polling every 1 ms): {n} in {took:.2?} = {in_process:.0}/s"
     );
+    println!("  breakdown: {}", breakdown(&pool, "bench", since).await);
 
     let chat = flow(&svc, "chat");
     let key = session(&svc, &p, &chat).await;
@@ -186,4 +608,7 @@ async fn main() {
         len = new_len;
     }
     worker.stop().await;
+
+    over_http(&pool, &load, with_reference, in_process).await;
+    println!("load average at the end {}", loadavg());
 }
