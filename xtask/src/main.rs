@@ -35,8 +35,11 @@ commands:
          run the cargo-fuzz targets in fuzz/ (nightly; cargo-fuzz is installed
          when missing): --smoke runs each for 30 s on an unoptimised build
          (quick to compile), --secs N for N seconds on an optimised one
-  bench <name>  run the benchmark `crates/app/benches/<name>.rs` (release build)
-                against PostgreSQL found or started as for ci
+  bench <name> [part...] [--smoke]
+                run the benchmark `crates/app/benches/<name>.rs` (release build)
+                against PostgreSQL found or started as for ci (`session core`
+                and `session replay` need none; replay makes a venv with the
+                reference SDK under target/)
   api-test [--minutes N] [--backend memory|postgres] [--with-client]
          schemathesis against `parlance serve` on its /openapi.json: every operation,
          positive and negative data, stateful links; N minutes (default 2) split
@@ -165,7 +168,11 @@ fn report_skips(log: &std::path::Path) -> Result<()> {
 
 /// Runs one benchmark (or all with no name) in release mode with a database.
 fn bench(args: &[String]) -> Result<()> {
-    let db = pg::provide()?;
+    let db = if in_memory_only(args) {
+        None
+    } else {
+        pg::provide()?
+    };
     let mut cmd = cargo(["bench", "--package", "parlance-app", "--locked"]);
     if let Some(name) = args.first() {
         cmd = cmd.args(["--bench", name]);
@@ -173,11 +180,26 @@ fn bench(args: &[String]) -> Result<()> {
     cmd = cmd.arg("--").args(args.iter().skip(1));
     cmd = match &db {
         Some(db) => cmd.env("DATABASE_URL", db.url()),
+        None if in_memory_only(args) => cmd,
         None => {
             bail!("benchmarks need PostgreSQL: set DATABASE_URL or run a server at 127.0.0.1:5432")
         }
     };
     cmd.run()
+}
+
+/// True for benchmark parts that touch no database (`session core`,
+/// `session replay`): they run without PostgreSQL.
+fn in_memory_only(args: &[String]) -> bool {
+    let parts: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .map(String::as_str)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    args.first().map(String::as_str) == Some("session")
+        && !parts.is_empty()
+        && parts.iter().all(|p| matches!(*p, "core" | "replay"))
 }
 
 /// The soak run (`crates/app/benches/soak.rs`) in release mode.

@@ -1,9 +1,17 @@
-//! Session machine benchmarks: `cargo xtask bench session [core|pg|sweep] [--smoke]`.
+//! Session machine benchmarks: `cargo xtask bench session [core|replay|pg|sweep] [--smoke]`.
 //!
 //! - core: a fixed pseudo-random mix of events on one session in memory, ns
 //!   per event: through the state's own operations (a tick, then the event)
 //!   and through `Machine::decide` (the same, plus the audit transitions, the
 //!   report and the next deadline).
+//! - replay: the recorded conformance traces
+//!   (`crates/core/tests/conformance/session_state_fsm.jsonl`) replayed
+//!   through `SessionState` and, in the same run, through the reference
+//!   (autoplay-sdk 0.13.0, in a virtual environment this benchmark makes
+//!   under `target/reference-py/`, running `replay/autoplay_session.py`):
+//!   ns per step with and without the snapshot round trips, one snapshot
+//!   round trip (encode to JSON text, decode), and the ratios. The traces
+//!   are parsed and compiled to operations before any timing.
 //! - pg: events per second through the service (`apply_event`, the executor
 //!   path the routes take: catalog, load, decide, commit) and the PostgreSQL
 //!   store with 16 concurrent clients, next to `pgbench -N -c 16` on the same
@@ -16,6 +24,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark reports on stdout
 
 mod common;
+mod replay;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -361,11 +370,14 @@ fn main() {
     let picked: Vec<&str> = args
         .iter()
         .map(String::as_str)
-        .filter(|a| matches!(*a, "core" | "pg" | "sweep"))
+        .filter(|a| matches!(*a, "core" | "replay" | "pg" | "sweep"))
         .collect();
     let wants = |name: &str| picked.is_empty() || picked.contains(&name);
     if wants("core") {
         bench_core(if smoke { 20_000 } else { 2_000_000 });
+    }
+    if wants("replay") {
+        replay::bench_replay(if smoke { 2 } else { 15 });
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
