@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use parlance_core::session::{ConversationEvent, SessionId, SessionState, TourCatalog, TourRegistry};
+use parlance_core::session::{
+    ConversationEvent, SessionId, SessionState, TourCatalog, TourRegistry,
+};
 use parlance_core::{ProductId, Timestamp};
 use serde_json::{Map, Value};
 
@@ -86,8 +88,8 @@ fn compile(step: &Value) -> Op {
 }
 
 fn load(path: &Path) -> Vec<Trace> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
@@ -122,8 +124,8 @@ fn load(path: &Path) -> Vec<Trace> {
 
 /// One snapshot round trip: the snapshot as JSON text, decoded again.
 fn roundtrip(s: &SessionState) -> SessionState {
-    let text = serde_json::to_vec(&s.to_snapshot()).expect("encode");
-    SessionState::from_snapshot_slice(&text).expect("own snapshot decodes")
+    let text = s.to_snapshot_string();
+    SessionState::from_snapshot_slice(text.as_bytes()).expect("own snapshot decodes")
 }
 
 /// One pass over every trace; the number of steps run. With `keep`, the
@@ -246,7 +248,13 @@ fn reference_python() -> PathBuf {
         run(Command::new(&interpreter).args(["-m", "venv"]).arg(&dir));
     }
     run(Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
         .args(REFERENCE));
     std::fs::write(&stamp, &want).expect("write the venv stamp");
     python
@@ -304,6 +312,7 @@ fn ns_per(secs: f64, n: usize) -> f64 {
 /// Runs both sides; `rounds` passes of the reference, more of ours (each
 /// of ours is much shorter), best of each.
 pub(crate) fn bench_replay(rounds: usize) {
+    println!("replay: load average at start: {}", load_average());
     let path = traces_file();
     let traces = load(&path);
     let product = ProductId::parse("prod-1").expect("id");
@@ -356,4 +365,13 @@ pub(crate) fn bench_replay(rounds: usize) {
         ns_per(r.best_s_roundtrips, r.roundtrips),
         "ns",
     );
+    println!("replay: load average at end: {}", load_average());
+}
+
+/// `/proc/loadavg`'s three averages, or `?` where there is none.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "?".to_owned(),
+        |s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
 }

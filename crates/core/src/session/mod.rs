@@ -16,6 +16,8 @@
 
 mod machine;
 mod snapshot;
+#[cfg(test)]
+mod snapshot_walk;
 mod state;
 mod table;
 mod tours;

@@ -7,9 +7,17 @@
 //! no cooldown was started. Keys the seed gives a default may be absent; a
 //! missing timestamp is an error, never "now". Decoding any input never
 //! panics: a malformed one gives a [`DecodeError`] naming the field.
+//!
+//! Both directions are typed: the snapshot is written by serde straight from
+//! the state, and read in one pass from the text (or a value) into the
+//! fields it needs, with no `serde_json::Value` in between (see "decoding"
+//! below).
 
+use std::borrow::Cow;
 use std::fmt;
 
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::session::state::{
@@ -189,7 +197,7 @@ impl<'a> Path<'a> {
         }
     }
 
-    fn invalid(&self, problem: impl fmt::Display) -> DecodeError {
+    pub(crate) fn invalid(&self, problem: impl fmt::Display) -> DecodeError {
         DecodeError::Invalid {
             path: self.render(),
             problem: problem.to_string(),
@@ -204,11 +212,12 @@ impl<'a> Path<'a> {
         v.as_str().ok_or_else(|| self.wrong_type("a string", v))
     }
 
-    fn bool(&self, v: &Value) -> Result<bool, DecodeError> {
+    #[cfg(test)]
+    pub(crate) fn bool(&self, v: &Value) -> Result<bool, DecodeError> {
         v.as_bool().ok_or_else(|| self.wrong_type("a boolean", v))
     }
 
-    fn number(&self, v: &Value) -> Result<f64, DecodeError> {
+    pub(crate) fn number(&self, v: &Value) -> Result<f64, DecodeError> {
         match v {
             Value::Number(n) => n
                 .as_f64()
@@ -228,7 +237,8 @@ impl<'a> Path<'a> {
         }
     }
 
-    fn timestamp(&self, v: &Value) -> Result<Timestamp, DecodeError> {
+    #[cfg(test)]
+    pub(crate) fn timestamp(&self, v: &Value) -> Result<Timestamp, DecodeError> {
         let secs = self.number(v)?;
         Timestamp::from_epoch_seconds(secs).map_err(|e| self.invalid(e))
     }
@@ -245,121 +255,120 @@ impl<'a> Path<'a> {
     }
 }
 
-/// Reads `obj[key]` with `read`, or `default` when the key is absent.
-fn or_default<'v, T>(
-    obj: &'v Map<String, Value>,
-    parent: &Path<'_>,
-    key: &str,
-    default: T,
-    read: impl FnOnce(&Path<'_>, &'v Value) -> Result<T, DecodeError>,
-) -> Result<T, DecodeError> {
-    match obj.get(key) {
-        None => Ok(default),
-        Some(v) => read(&parent.key(key), v),
-    }
+// ---- encoding ------------------------------------------------------------
+
+/// The snapshot document, borrowed from the state and written by serde in
+/// this field order (the document's key order).
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    #[serde(rename = "_v")]
+    v: u64,
+    product_id: &'a str,
+    session_id: &'a str,
+    metadata: &'a Map<String, Value>,
+    current_state: &'static str,
+    last_interaction_at: f64,
+    interaction_timeout_s: f64,
+    cooldown_period_s: f64,
+    visual_guidance_active: bool,
+    active_tour_id: Option<&'a str>,
+    conversation_linked: bool,
+    conversation_id: Option<&'a str>,
+    thinking: ThinkingOut,
+    proactive: ProactiveOut,
+    reactive: ReactiveOut,
 }
 
-/// Like [`or_default`], with `null` meaning `None`.
-fn nullable<'v, T>(
-    obj: &'v Map<String, Value>,
-    parent: &Path<'_>,
-    key: &str,
-    read: impl FnOnce(&Path<'_>, &'v Value) -> Result<T, DecodeError>,
-) -> Result<Option<T>, DecodeError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => read(&parent.key(key), v).map(Some),
-    }
+#[derive(Serialize)]
+struct ThinkingOut {
+    cooldown_active: bool,
+    cooldown_started_at: Option<f64>,
+    active_cooldown_period_s: Option<f64>,
 }
 
-fn ts(t: Timestamp) -> Value {
-    Value::from(t.as_epoch_seconds())
+#[derive(Serialize)]
+struct ProactiveOut {
+    user_clicked_option: bool,
+    time_since_last_interaction_s: f64,
+    last_message_at: f64,
 }
 
-fn opt_ts(t: Option<Timestamp>) -> Value {
-    t.map_or(Value::Null, ts)
-}
-
-fn opt_str(s: Option<&str>) -> Value {
-    s.map_or(Value::Null, |s| Value::String(s.to_owned()))
-}
-
-fn opt_num(x: Option<f64>) -> Value {
-    x.map_or(Value::Null, Value::from)
+#[derive(Serialize)]
+struct ReactiveOut {
+    time_since_last_interaction_s: f64,
+    last_message_at: f64,
 }
 
 impl SessionState {
-    /// The snapshot document (`_v: 2`).
-    pub fn to_snapshot(&self) -> Value {
-        let mut thinking = Map::new();
-        thinking.insert(
-            "cooldown_active".into(),
-            self.thinking.cooldown_active.into(),
-        );
-        thinking.insert(
-            "cooldown_started_at".into(),
-            opt_ts(self.thinking.cooldown_started_at),
-        );
-        thinking.insert(
-            "active_cooldown_period_s".into(),
-            opt_num(self.thinking.active_cooldown_period_s),
-        );
-        let mut proactive = Map::new();
-        proactive.insert(
-            "user_clicked_option".into(),
-            self.proactive.user_clicked_option.into(),
-        );
-        proactive.insert(
-            "time_since_last_interaction_s".into(),
-            self.proactive.time_since_last_interaction_s.into(),
-        );
-        proactive.insert("last_message_at".into(), ts(self.proactive.last_message_at));
-        let mut reactive = Map::new();
-        reactive.insert(
-            "time_since_last_interaction_s".into(),
-            self.reactive.time_since_last_interaction_s.into(),
-        );
-        reactive.insert("last_message_at".into(), ts(self.reactive.last_message_at));
-
-        let mut m = Map::new();
-        m.insert("_v".into(), SNAPSHOT_VERSION.into());
-        m.insert("product_id".into(), self.product_id.as_str().into());
-        m.insert("session_id".into(), self.session_id.as_str().into());
-        m.insert("metadata".into(), Value::Object(self.metadata.clone()));
-        m.insert("current_state".into(), self.current_state.as_str().into());
-        m.insert("last_interaction_at".into(), ts(self.last_interaction_at));
-        m.insert(
-            "interaction_timeout_s".into(),
-            self.interaction_timeout_s.into(),
-        );
-        m.insert("cooldown_period_s".into(), self.cooldown_period_s.into());
-        m.insert(
-            "visual_guidance_active".into(),
-            self.visual_guidance_active.into(),
-        );
-        m.insert("active_tour_id".into(), opt_str(self.active_tour_id()));
-        m.insert(
-            "conversation_linked".into(),
-            self.conversation_linked.into(),
-        );
-        m.insert("conversation_id".into(), opt_str(self.conversation_id()));
-        m.insert("thinking".into(), Value::Object(thinking));
-        m.insert("proactive".into(), Value::Object(proactive));
-        m.insert("reactive".into(), Value::Object(reactive));
-        Value::Object(m)
+    fn snapshot_out(&self) -> SnapshotOut<'_> {
+        let secs = Timestamp::as_epoch_seconds;
+        SnapshotOut {
+            v: SNAPSHOT_VERSION,
+            product_id: self.product_id.as_str(),
+            session_id: self.session_id.as_str(),
+            metadata: &self.metadata,
+            current_state: self.current_state.as_str(),
+            last_interaction_at: secs(self.last_interaction_at),
+            interaction_timeout_s: self.interaction_timeout_s,
+            cooldown_period_s: self.cooldown_period_s,
+            visual_guidance_active: self.visual_guidance_active,
+            active_tour_id: self.active_tour_id(),
+            conversation_linked: self.conversation_linked,
+            conversation_id: self.conversation_id(),
+            thinking: ThinkingOut {
+                cooldown_active: self.thinking.cooldown_active,
+                cooldown_started_at: self.thinking.cooldown_started_at.map(secs),
+                active_cooldown_period_s: self.thinking.active_cooldown_period_s,
+            },
+            proactive: ProactiveOut {
+                user_clicked_option: self.proactive.user_clicked_option,
+                time_since_last_interaction_s: self.proactive.time_since_last_interaction_s,
+                last_message_at: secs(self.proactive.last_message_at),
+            },
+            reactive: ReactiveOut {
+                time_since_last_interaction_s: self.reactive.time_since_last_interaction_s,
+                last_message_at: secs(self.reactive.last_message_at),
+            },
+        }
     }
 
-    /// Decodes snapshot bytes (JSON text).
+    /// The snapshot document (`_v: 2`). A number that is not finite is
+    /// written as `null` (JSON has no such numbers; decoding refuses it).
+    pub fn to_snapshot(&self) -> Value {
+        // Serializing these types into a value cannot fail: every map key
+        // is text.
+        serde_json::to_value(self.snapshot_out()).unwrap_or_default()
+    }
+
+    /// The snapshot as JSON text, written straight from the state: the same
+    /// document as [`SessionState::to_snapshot`], key for key, without the
+    /// intermediate value.
+    pub fn to_snapshot_string(&self) -> String {
+        let mut out = Vec::with_capacity(512);
+        self.write_snapshot(&mut out);
+        // serde_json writes UTF-8 only.
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Appends the snapshot as JSON text (see
+    /// [`SessionState::to_snapshot_string`]) to `out`.
+    pub fn write_snapshot(&self, out: &mut Vec<u8>) {
+        // Writing into a Vec cannot fail, nor can these types.
+        let _ = serde_json::to_writer(out, &self.snapshot_out());
+    }
+
+    /// Decodes snapshot bytes (JSON text) straight into the state, with no
+    /// intermediate value.
     ///
     /// # Errors
     ///
     /// [`DecodeError::Syntax`] for text that is not JSON, else as
-    /// [`SessionState::from_snapshot`].
+    /// [`SessionState::from_snapshot`]: the same field, the same message.
     pub fn from_snapshot_slice(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let v: Value = serde_json::from_slice(bytes).map_err(|e| DecodeError::Syntax {
+        let doc: Doc<'_> = serde_json::from_slice(bytes).map_err(|e| DecodeError::Syntax {
             message: e.to_string(),
         })?;
-        Self::from_snapshot(&v)
+        doc.decode()
     }
 
     /// Decodes a snapshot document, validating every field.
@@ -371,110 +380,461 @@ impl SessionState {
     /// timestamp, a value of the wrong type, an invalid id, a negative or
     /// non-finite number of seconds, or an active cooldown without a start.
     pub fn from_snapshot(v: &Value) -> Result<Self, DecodeError> {
-        let root = Path::root();
-        let obj = root.object(v)?;
+        // Reading a value never fails: every visitor below accepts any JSON.
+        let doc = Doc::deserialize(v).map_err(|e| DecodeError::Syntax {
+            message: e.to_string(),
+        })?;
+        doc.decode()
+    }
+}
 
-        let version = root.required(obj, "_v")?;
+// ---- decoding --------------------------------------------------------------
+//
+// The document is read in one pass into `Doc`: each known key keeps the JSON
+// value found there as a `Raw` (its type and, for scalars, the value), each
+// unknown key is skipped, a repeated key keeps its last value (as a JSON
+// object does). The visitors accept any JSON, so a parse fails only on text
+// that is not JSON; every field is then checked in a fixed order, giving the
+// same first error, path and message whatever the key order. serde's derive
+// is not used for the reading because it refuses repeated keys and names
+// its own errors ("missing field"), which would change what callers see.
+
+/// A JSON value as the decoder needs it: its type, and the scalar.
+#[derive(Debug)]
+enum Raw<'de> {
+    Null,
+    Bool(bool),
+    Number(f64),
+    String(Cow<'de, str>),
+    List,
+    Object,
+}
+
+impl Raw<'_> {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Raw::Null => "null",
+            Raw::Bool(_) => "a boolean",
+            Raw::Number(_) => "a number",
+            Raw::String(_) => "a string",
+            Raw::List => "a list",
+            Raw::Object => "an object",
+        }
+    }
+}
+
+struct RawVisitor;
+
+impl<'de> Visitor<'de> for RawVisitor {
+    type Value = Raw<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Raw<'de>, E> {
+        Ok(Raw::Bool(b))
+    }
+    // As `serde_json::Number::as_f64`: integers convert to the nearest f64.
+    #[allow(clippy::cast_precision_loss)]
+    fn visit_i64<E>(self, n: i64) -> Result<Raw<'de>, E> {
+        Ok(Raw::Number(n as f64))
+    }
+    #[allow(clippy::cast_precision_loss)]
+    fn visit_u64<E>(self, n: u64) -> Result<Raw<'de>, E> {
+        Ok(Raw::Number(n as f64))
+    }
+    fn visit_f64<E>(self, x: f64) -> Result<Raw<'de>, E> {
+        Ok(Raw::Number(x))
+    }
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Raw<'de>, E> {
+        Ok(Raw::String(Cow::Borrowed(s)))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Raw<'de>, E> {
+        Ok(Raw::String(Cow::Owned(s.to_owned())))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Raw<'de>, E> {
+        Ok(Raw::String(Cow::Owned(s)))
+    }
+    fn visit_unit<E>(self) -> Result<Raw<'de>, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_none<E>(self) -> Result<Raw<'de>, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Raw<'de>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Raw::List)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw<'de>, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Raw::Object)
+    }
+}
+
+impl<'de> Deserialize<'de> for Raw<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+}
+
+/// The fields of one object of the document, read key by key.
+trait Fields<'de>: Default {
+    /// The keys read; any other is skipped.
+    const KEYS: &'static [&'static str];
+    /// Reads the value of `KEYS[index]`.
+    fn read<A: MapAccess<'de>>(&mut self, index: usize, map: &mut A) -> Result<(), A::Error>;
+}
+
+/// An object's key: its index in the known keys, or `None`.
+struct KeySeed(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, key: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|k| *k == key))
+    }
+}
+
+/// A value where an object is expected: the object's fields, or the type
+/// found instead.
+#[derive(Debug)]
+enum Obj<T> {
+    Fields(T),
+    Other(&'static str),
+}
+
+impl<T> Obj<T> {
+    fn get(self, path: &str) -> Result<T, DecodeError> {
+        match self {
+            Obj::Fields(t) => Ok(t),
+            Obj::Other(found) => Err(DecodeError::WrongType {
+                path: path.to_owned(),
+                expected: "an object",
+                found,
+            }),
+        }
+    }
+}
+
+struct ObjVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Fields<'de>> Visitor<'de> for ObjVisitor<T> {
+    type Value = Obj<T>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Obj<T>, A::Error> {
+        let mut fields = T::default();
+        while let Some(key) = map.next_key_seed(KeySeed(T::KEYS))? {
+            match key {
+                Some(i) => fields.read(i, &mut map)?,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Obj::Fields(fields))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Obj<T>, E> {
+        Ok(Obj::Other("a boolean"))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Obj<T>, E> {
+        Ok(Obj::Other("a number"))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Obj<T>, E> {
+        Ok(Obj::Other("a number"))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Obj<T>, E> {
+        Ok(Obj::Other("a number"))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Obj<T>, E> {
+        Ok(Obj::Other("a string"))
+    }
+    fn visit_unit<E>(self) -> Result<Obj<T>, E> {
+        Ok(Obj::Other("null"))
+    }
+    fn visit_none<E>(self) -> Result<Obj<T>, E> {
+        Ok(Obj::Other("null"))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Obj<T>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Obj::Other("a list"))
+    }
+}
+
+impl<'de, T: Fields<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ObjVisitor(std::marker::PhantomData))
+    }
+}
+
+/// Declares a `Fields` struct: each field an `Option` of what its key holds.
+macro_rules! fields {
+    ($name:ident { $($field:ident : $ty:ty = $key:literal),* $(,)? }) => {
+        #[derive(Debug, Default)]
+        struct $name<'de> {
+            $($field: Option<$ty>,)*
+            _borrows: std::marker::PhantomData<&'de str>,
+        }
+
+        impl<'de> Fields<'de> for $name<'de> {
+            const KEYS: &'static [&'static str] = &[$($key),*];
+            fn read<A: MapAccess<'de>>(&mut self, index: usize, map: &mut A) -> Result<(), A::Error> {
+                let mut i = 0;
+                $(
+                    if index == i {
+                        self.$field = Some(map.next_value()?);
+                        return Ok(());
+                    }
+                    i += 1;
+                )*
+                let _ = i;
+                map.next_value::<IgnoredAny>().map(|_| ())
+            }
+        }
+    };
+}
+
+fields!(Root {
+    version: Value = "_v",
+    product_id: Raw<'de> = "product_id",
+    session_id: Raw<'de> = "session_id",
+    metadata: Value = "metadata",
+    current_state: Raw<'de> = "current_state",
+    last_interaction_at: Raw<'de> = "last_interaction_at",
+    interaction_timeout_s: Raw<'de> = "interaction_timeout_s",
+    cooldown_period_s: Raw<'de> = "cooldown_period_s",
+    visual_guidance_active: Raw<'de> = "visual_guidance_active",
+    active_tour_id: Raw<'de> = "active_tour_id",
+    conversation_linked: Raw<'de> = "conversation_linked",
+    conversation_id: Raw<'de> = "conversation_id",
+    thinking: Obj<ThinkingIn<'de>> = "thinking",
+    proactive: Obj<ProactiveIn<'de>> = "proactive",
+    reactive: Obj<ReactiveIn<'de>> = "reactive",
+});
+
+fields!(ThinkingIn {
+    cooldown_active: Raw<'de> = "cooldown_active",
+    cooldown_started_at: Raw<'de> = "cooldown_started_at",
+    active_cooldown_period_s: Raw<'de> = "active_cooldown_period_s",
+});
+
+fields!(ProactiveIn {
+    user_clicked_option: Raw<'de> = "user_clicked_option",
+    time_since_last_interaction_s: Raw<'de> = "time_since_last_interaction_s",
+    last_message_at: Raw<'de> = "last_message_at",
+});
+
+fields!(ReactiveIn {
+    time_since_last_interaction_s: Raw<'de> = "time_since_last_interaction_s",
+    last_message_at: Raw<'de> = "last_message_at",
+});
+
+/// The whole document, as read.
+type Doc<'de> = Obj<Root<'de>>;
+
+fn wrong(path: &str, expected: &'static str, found: &Raw<'_>) -> DecodeError {
+    DecodeError::WrongType {
+        path: path.to_owned(),
+        expected,
+        found: found.type_name(),
+    }
+}
+
+fn invalid(path: &str, problem: impl fmt::Display) -> DecodeError {
+    DecodeError::Invalid {
+        path: path.to_owned(),
+        problem: problem.to_string(),
+    }
+}
+
+fn missing(path: &str) -> DecodeError {
+    DecodeError::Missing {
+        path: path.to_owned(),
+    }
+}
+
+fn string<'a>(path: &str, v: &'a Raw<'_>) -> Result<&'a str, DecodeError> {
+    match v {
+        Raw::String(s) => Ok(s),
+        other => Err(wrong(path, "a string", other)),
+    }
+}
+
+fn boolean(path: &str, v: Option<Raw<'_>>, default: bool) -> Result<bool, DecodeError> {
+    match v {
+        None => Ok(default),
+        Some(Raw::Bool(b)) => Ok(b),
+        Some(other) => Err(wrong(path, "a boolean", &other)),
+    }
+}
+
+fn number(path: &str, v: &Raw<'_>) -> Result<f64, DecodeError> {
+    match v {
+        Raw::Number(x) if x.is_finite() => Ok(*x),
+        Raw::Number(_) => Err(invalid(path, "not a finite number")),
+        other => Err(wrong(path, "a number", other)),
+    }
+}
+
+/// A finite, non-negative number of seconds.
+fn seconds(path: &str, v: &Raw<'_>) -> Result<f64, DecodeError> {
+    let x = number(path, v)?;
+    if x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(invalid(path, format_args!("{x} seconds is negative")))
+    }
+}
+
+fn timestamp(path: &str, v: &Raw<'_>) -> Result<Timestamp, DecodeError> {
+    Timestamp::from_epoch_seconds(number(path, v)?).map_err(|e| invalid(path, e))
+}
+
+/// `read(v)`, or `None` when the key is absent or `null`.
+fn nullable<T>(
+    v: Option<&Raw<'_>>,
+    read: impl FnOnce(&Raw<'_>) -> Result<T, DecodeError>,
+) -> Result<Option<T>, DecodeError> {
+    match v {
+        None | Some(Raw::Null) => Ok(None),
+        Some(v) => read(v).map(Some),
+    }
+}
+
+fn owned(s: Cow<'_, str>) -> String {
+    s.into_owned()
+}
+
+fn opt_string(path: &str, v: Option<Raw<'_>>) -> Result<Option<String>, DecodeError> {
+    match v {
+        None | Some(Raw::Null) => Ok(None),
+        Some(Raw::String(s)) => Ok(Some(owned(s))),
+        Some(other) => Err(wrong(path, "a string", &other)),
+    }
+}
+
+impl Doc<'_> {
+    /// Checks the fields read, in a fixed order: the first error found is
+    /// the one reported.
+    fn decode(self) -> Result<SessionState, DecodeError> {
+        let r = self.get("$")?;
+
+        let version = r.version.ok_or_else(|| missing("_v"))?;
         if version.as_u64() != Some(SNAPSHOT_VERSION) {
             return Err(DecodeError::Version {
                 found: version.to_string(),
             });
         }
 
-        let p = root.key("product_id");
-        let product_id = ProductId::parse(p.string(root.required(obj, "product_id")?)?)
-            .map_err(|e| p.invalid(e))?;
-        let p = root.key("session_id");
-        let session_id = SessionId::parse(p.string(root.required(obj, "session_id")?)?)
-            .map_err(|e| p.invalid(e))?;
-        let metadata = or_default(obj, &root, "metadata", Map::new(), |p, v| {
-            p.object(v).cloned()
-        })?;
+        let v = r.product_id.ok_or_else(|| missing("product_id"))?;
+        let product_id =
+            ProductId::parse(string("product_id", &v)?).map_err(|e| invalid("product_id", e))?;
+        let v = r.session_id.ok_or_else(|| missing("session_id"))?;
+        let session_id =
+            SessionId::parse(string("session_id", &v)?).map_err(|e| invalid("session_id", e))?;
+        let metadata = match r.metadata {
+            None => Map::new(),
+            Some(Value::Object(m)) => m,
+            Some(other) => {
+                return Err(DecodeError::WrongType {
+                    path: "metadata".to_owned(),
+                    expected: "an object",
+                    found: type_name(&other),
+                });
+            }
+        };
 
-        let state_v = root.required(obj, "current_state")?;
-        let state_s = root.key("current_state").string(state_v)?;
+        let v = r.current_state.ok_or_else(|| missing("current_state"))?;
+        let state = string("current_state", &v)?;
         let current_state =
-            AssistState::from_wire(state_s).ok_or_else(|| DecodeError::UnknownState {
-                found: state_v.to_string(),
+            AssistState::from_wire(state).ok_or_else(|| DecodeError::UnknownState {
+                found: Value::from(state).to_string(),
             })?;
 
-        let last_interaction_at = root
-            .key("last_interaction_at")
-            .timestamp(root.required(obj, "last_interaction_at")?)?;
-        let interaction_timeout_s = or_default(
-            obj,
-            &root,
-            "interaction_timeout_s",
-            DEFAULT_INTERACTION_TIMEOUT_S,
-            |p, v| p.seconds(v),
-        )?;
-        let cooldown_period_s = or_default(
-            obj,
-            &root,
-            "cooldown_period_s",
-            DEFAULT_COOLDOWN_PERIOD_S,
-            |p, v| p.seconds(v),
-        )?;
+        let v = r
+            .last_interaction_at
+            .ok_or_else(|| missing("last_interaction_at"))?;
+        let last_interaction_at = timestamp("last_interaction_at", &v)?;
+        let interaction_timeout_s = match &r.interaction_timeout_s {
+            None => DEFAULT_INTERACTION_TIMEOUT_S,
+            Some(v) => seconds("interaction_timeout_s", v)?,
+        };
+        let cooldown_period_s = match &r.cooldown_period_s {
+            None => DEFAULT_COOLDOWN_PERIOD_S,
+            Some(v) => seconds("cooldown_period_s", v)?,
+        };
         let visual_guidance_active =
-            or_default(obj, &root, "visual_guidance_active", false, |p, v| {
-                p.bool(v)
-            })?;
-        let active_tour_id = nullable(obj, &root, "active_tour_id", |p, v| {
-            p.string(v).map(str::to_owned)
-        })?;
-        let conversation_linked =
-            or_default(obj, &root, "conversation_linked", false, |p, v| p.bool(v))?;
-        let conversation_id = nullable(obj, &root, "conversation_id", |p, v| {
-            p.string(v).map(str::to_owned)
-        })?;
+            boolean("visual_guidance_active", r.visual_guidance_active, false)?;
+        let active_tour_id = opt_string("active_tour_id", r.active_tour_id)?;
+        let conversation_linked = boolean("conversation_linked", r.conversation_linked, false)?;
+        let conversation_id = opt_string("conversation_id", r.conversation_id)?;
 
-        let empty = Map::new();
-        let tp = root.key("thinking");
-        let t = or_default(obj, &root, "thinking", &empty, |p, v| p.object(v))?;
+        let t = match r.thinking {
+            None => ThinkingIn::default(),
+            Some(t) => t.get("thinking")?,
+        };
         let thinking = ThinkingState {
-            cooldown_active: or_default(t, &tp, "cooldown_active", false, |p, v| p.bool(v))?,
-            cooldown_started_at: nullable(t, &tp, "cooldown_started_at", |p, v| p.timestamp(v))?,
-            active_cooldown_period_s: nullable(t, &tp, "active_cooldown_period_s", |p, v| {
-                p.seconds(v)
+            cooldown_active: boolean("thinking.cooldown_active", t.cooldown_active, false)?,
+            cooldown_started_at: nullable(t.cooldown_started_at.as_ref(), |v| {
+                timestamp("thinking.cooldown_started_at", v)
+            })?,
+            active_cooldown_period_s: nullable(t.active_cooldown_period_s.as_ref(), |v| {
+                seconds("thinking.active_cooldown_period_s", v)
             })?,
         };
         if thinking.cooldown_active && thinking.cooldown_started_at.is_none() {
-            return Err(tp
-                .key("cooldown_started_at")
-                .invalid("required while cooldown_active is true"));
+            return Err(invalid(
+                "thinking.cooldown_started_at",
+                "required while cooldown_active is true",
+            ));
         }
 
-        let pp = root.key("proactive");
-        let pr = or_default(obj, &root, "proactive", &empty, |p, v| p.object(v))?;
+        let p = match r.proactive {
+            None => ProactiveIn::default(),
+            Some(p) => p.get("proactive")?,
+        };
         let proactive = ProactiveState {
-            user_clicked_option: or_default(pr, &pp, "user_clicked_option", false, |p, v| {
-                p.bool(v)
-            })?,
-            time_since_last_interaction_s: or_default(
-                pr,
-                &pp,
-                "time_since_last_interaction_s",
-                0.0,
-                |p, v| p.number(v),
+            user_clicked_option: boolean(
+                "proactive.user_clicked_option",
+                p.user_clicked_option,
+                false,
             )?,
-            last_message_at: pp
-                .key("last_message_at")
-                .timestamp(pp.required(pr, "last_message_at")?)?,
+            time_since_last_interaction_s: match &p.time_since_last_interaction_s {
+                None => 0.0,
+                Some(v) => number("proactive.time_since_last_interaction_s", v)?,
+            },
+            last_message_at: timestamp(
+                "proactive.last_message_at",
+                &p.last_message_at
+                    .ok_or_else(|| missing("proactive.last_message_at"))?,
+            )?,
         };
 
-        let rp = root.key("reactive");
-        let re = or_default(obj, &root, "reactive", &empty, |p, v| p.object(v))?;
+        let re = match r.reactive {
+            None => ReactiveIn::default(),
+            Some(re) => re.get("reactive")?,
+        };
         let reactive = ReactiveState {
-            time_since_last_interaction_s: or_default(
-                re,
-                &rp,
-                "time_since_last_interaction_s",
-                0.0,
-                |p, v| p.number(v),
+            time_since_last_interaction_s: match &re.time_since_last_interaction_s {
+                None => 0.0,
+                Some(v) => number("reactive.time_since_last_interaction_s", v)?,
+            },
+            last_message_at: timestamp(
+                "reactive.last_message_at",
+                &re.last_message_at
+                    .ok_or_else(|| missing("reactive.last_message_at"))?,
             )?,
-            last_message_at: rp
-                .key("last_message_at")
-                .timestamp(rp.required(re, "last_message_at")?)?,
         };
 
         Ok(SessionState {

@@ -1324,3 +1324,214 @@ fn the_machine_page_shows_the_generated_diagram() {
         page.display()
     );
 }
+
+// ---- the typed codec against the value walk it replaced ---------------------
+
+/// Both decoders on one document, as a value and as text: the same state or
+/// the same error. Text decoding also meets every key in document order
+/// (a value's object order is its insertion order), so a document with its
+/// keys reversed must decode the same way too.
+fn assert_decoders_agree(v: &serde_json::Value) {
+    use super::snapshot_walk::from_snapshot_walk;
+    let walked = from_snapshot_walk(v);
+    assert_eq!(SessionState::from_snapshot(v), walked, "value: {v}");
+    let text = serde_json::to_vec(v).unwrap();
+    assert_eq!(
+        SessionState::from_snapshot_slice(&text),
+        walked,
+        "text: {v}"
+    );
+    if let Some(m) = v.as_object() {
+        let reversed: serde_json::Map<_, _> = m
+            .iter()
+            .rev()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let reversed = serde_json::Value::Object(reversed);
+        assert_eq!(
+            SessionState::from_snapshot(&reversed),
+            walked,
+            "reversed: {v}"
+        );
+    }
+}
+
+#[test]
+fn typed_decoding_matches_the_value_walk_on_the_recorded_snapshots() {
+    let corpus = include_str!("../../tests/conformance/session_state_from_dict.jsonl");
+    let mut checked = 0;
+    for line in corpus.lines().filter(|l| !l.trim().is_empty()) {
+        let case: serde_json::Value = serde_json::from_str(line).unwrap();
+        let mut snap = case["input"]["snapshot"].clone();
+        assert_decoders_agree(&snap);
+        // In our layout (`_v` one up, a product id), so that intact ones
+        // decode and the refusals come from the fields, not the version.
+        if let Some(m) = snap.as_object_mut() {
+            if let Some(n) = m.get("_v").and_then(serde_json::Value::as_u64) {
+                m.insert("_v".into(), json!(n + 1));
+            }
+            m.entry("product_id").or_insert(json!("prod-1"));
+        }
+        assert_decoders_agree(&snap);
+        checked += 1;
+    }
+    assert!(checked > 0, "no recorded snapshot");
+}
+
+#[test]
+fn typed_decoding_matches_the_value_walk_on_every_field() {
+    let mut s = proactive().with_metadata(json!({"user_id": "u-1"}).as_object().unwrap().clone());
+    s.set_visual_guidance(true, Some("flow_0"), at(1.0));
+    s.on_conversation_linked(ConversationEvent::New, "c-1")
+        .unwrap();
+    let full = s.to_snapshot();
+    let values = [
+        json!(null),
+        json!(true),
+        json!(false),
+        json!(0),
+        json!(-1),
+        json!(2),
+        json!(2.0),
+        json!(-0.5),
+        json!(1e300),
+        json!(u64::MAX),
+        json!(i64::MIN),
+        json!(""),
+        json!("x"),
+        json!("thinking"),
+        json!("sess \u{0007}"),
+        json!([]),
+        json!([1, {"a": []}]),
+        json!({}),
+        json!({"last_message_at": 5.0}),
+        json!({"cooldown_active": true}),
+    ];
+    let mut paths: Vec<(String, Option<String>)> = Vec::new();
+    for (k, v) in full.as_object().unwrap() {
+        paths.push((k.clone(), None));
+        if let Some(sub) = v.as_object() {
+            for sk in sub.keys() {
+                paths.push((sk.clone(), Some(k.clone())));
+            }
+        }
+    }
+    paths.push(("unknown".into(), None));
+    for (key, parent) in &paths {
+        for value in values.iter().map(Some).chain([None]) {
+            let mut v = full.clone();
+            let obj = match parent {
+                None => v.as_object_mut().unwrap(),
+                Some(p) => v[p.as_str()].as_object_mut().unwrap(),
+            };
+            match value {
+                Some(x) => {
+                    obj.insert(key.clone(), x.clone());
+                }
+                None => {
+                    obj.remove(key);
+                }
+            }
+            assert_decoders_agree(&v);
+        }
+    }
+    for doc in [json!(null), json!([]), json!("x"), json!(2), json!({})] {
+        assert_decoders_agree(&doc);
+    }
+}
+
+#[test]
+fn repeated_keys_keep_the_last_value_as_in_a_json_object() {
+    let text = session().to_snapshot_string();
+    let body = text.strip_prefix('{').unwrap();
+    for (dup, expect_ok) in [
+        (r#""current_state":"PROACTIVE","#, true),
+        (r#""reactive":{"last_message_at":"x"},"#, true),
+    ] {
+        // The repeat comes first, so the written value wins.
+        let doubled = format!("{{{dup}{body}");
+        let typed = SessionState::from_snapshot_slice(doubled.as_bytes());
+        let value: serde_json::Value = serde_json::from_str(&doubled).unwrap();
+        assert_eq!(typed, super::snapshot_walk::from_snapshot_walk(&value));
+        assert_eq!(typed.is_ok(), expect_ok, "{doubled}");
+    }
+    let last_wins = format!(
+        "{},\"current_state\":\"PROACTIVE\"}}",
+        text.strip_suffix('}').unwrap()
+    );
+    assert_eq!(
+        SessionState::from_snapshot_slice(last_wins.as_bytes())
+            .unwrap_err()
+            .to_string(),
+        "current_state: unknown state \"PROACTIVE\""
+    );
+}
+
+#[test]
+fn snapshot_text_is_the_snapshot_value_written_out() {
+    let mut s = proactive().with_metadata(
+        json!({"b": 1, "a": [2.5, null]})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    s.set_visual_guidance(true, Some("flow_0"), at(1.0));
+    s.on_conversation_linked(ConversationEvent::New, "c-\"1\"")
+        .unwrap();
+    for s in [s, session(), proactive()] {
+        let text = s.to_snapshot_string();
+        assert_eq!(text, serde_json::to_string(&s.to_snapshot()).unwrap());
+        assert_eq!(SessionState::from_snapshot_slice(text.as_bytes()), Ok(s));
+    }
+}
+
+#[test]
+fn syntax_errors_read_as_before() {
+    for bad in [
+        &b"{not json"[..],
+        b"",
+        b"{\"_v\": 2",
+        b"[1,]",
+        b"{} x",
+        b"\"\\uD800\"",
+        b"1e400",
+    ] {
+        let typed = SessionState::from_snapshot_slice(bad);
+        let before = serde_json::from_slice::<serde_json::Value>(bad)
+            .map_err(|e| DecodeError::Syntax {
+                message: e.to_string(),
+            })
+            .and_then(|v| super::snapshot_walk::from_snapshot_walk(&v));
+        assert_eq!(typed, before, "{}", String::from_utf8_lossy(bad));
+    }
+}
+
+proptest! {
+    #[test]
+    fn typed_decoding_matches_the_value_walk_on_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let before = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_err(|e| DecodeError::Syntax { message: e.to_string() })
+            .and_then(|v| super::snapshot_walk::from_snapshot_walk(&v));
+        prop_assert_eq!(SessionState::from_snapshot_slice(&bytes), before);
+    }
+
+    #[test]
+    fn typed_decoding_matches_the_value_walk_on_mutated_snapshots(
+        key in prop_oneof![
+            Just("_v"), Just("current_state"), Just("last_interaction_at"), Just("thinking"),
+            Just("proactive"), Just("reactive"), Just("session_id"), Just("product_id"),
+            Just("interaction_timeout_s"), Just("metadata"), Just("conversation_id"),
+        ],
+        value in prop_oneof![
+            Just(json!(null)), Just(json!(true)), Just(json!(-1)), Just(json!(1e308)),
+            Just(json!("x")), Just(json!([])), Just(json!({})), Just(json!(2)),
+            any::<f64>().prop_map(|x| json!(x)),
+            any::<i64>().prop_map(|x| json!(x)),
+            ".{0,8}".prop_map(|x| json!(x)),
+        ],
+    ) {
+        let mut v = proactive().to_snapshot();
+        v[key] = value;
+        assert_decoders_agree(&v);
+    }
+}

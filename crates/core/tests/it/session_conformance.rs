@@ -392,9 +392,12 @@ fn step(
             json!({"ok": [allowed, reason]})
         }
         "snapshot_roundtrip" => {
-            let snap = s.to_snapshot();
-            let text = serde_json::to_vec(&snap).map_err(|e| e.to_string())?;
-            *s = SessionState::from_snapshot_slice(&text)
+            let text = s.to_snapshot_string();
+            let snap: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            if snap != s.to_snapshot() {
+                return Err(format!("snapshot text {text} is not the snapshot value"));
+            }
+            *s = SessionState::from_snapshot_slice(text.as_bytes())
                 .map_err(|e| format!("own snapshot does not decode: {e}"))?;
             json!({"ok": snapshot_rel(&snap, *now)})
         }
