@@ -16,7 +16,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -353,8 +353,57 @@ impl SessionState {
     /// Appends the snapshot as JSON text (see
     /// [`SessionState::to_snapshot_string`]) to `out`.
     pub fn write_snapshot(&self, out: &mut Vec<u8>) {
-        // Writing into a Vec cannot fail, nor can these types.
-        let _ = serde_json::to_writer(out, &self.snapshot_out());
+        // Written by hand rather than by serde's derive, which escapes every
+        // key on every write (most of the encoding time): the keys are fixed
+        // ASCII text that needs no escaping, so they go out as bytes, while
+        // every value is written by serde_json itself. The result is the
+        // derive's text byte for byte (a test holds this against
+        // `to_snapshot`).
+        let s = self.snapshot_out();
+        let th = &s.thinking;
+        let pr = &s.proactive;
+        let re = &s.reactive;
+        out.extend_from_slice(b"{\"_v\":");
+        value(out, &s.v);
+        out.extend_from_slice(b",\"product_id\":");
+        value(out, s.product_id);
+        out.extend_from_slice(b",\"session_id\":");
+        value(out, s.session_id);
+        out.extend_from_slice(b",\"metadata\":");
+        value(out, s.metadata);
+        out.extend_from_slice(b",\"current_state\":");
+        value(out, s.current_state);
+        out.extend_from_slice(b",\"last_interaction_at\":");
+        value(out, &s.last_interaction_at);
+        out.extend_from_slice(b",\"interaction_timeout_s\":");
+        value(out, &s.interaction_timeout_s);
+        out.extend_from_slice(b",\"cooldown_period_s\":");
+        value(out, &s.cooldown_period_s);
+        out.extend_from_slice(b",\"visual_guidance_active\":");
+        value(out, &s.visual_guidance_active);
+        out.extend_from_slice(b",\"active_tour_id\":");
+        value(out, &s.active_tour_id);
+        out.extend_from_slice(b",\"conversation_linked\":");
+        value(out, &s.conversation_linked);
+        out.extend_from_slice(b",\"conversation_id\":");
+        value(out, &s.conversation_id);
+        out.extend_from_slice(b",\"thinking\":{\"cooldown_active\":");
+        value(out, &th.cooldown_active);
+        out.extend_from_slice(b",\"cooldown_started_at\":");
+        value(out, &th.cooldown_started_at);
+        out.extend_from_slice(b",\"active_cooldown_period_s\":");
+        value(out, &th.active_cooldown_period_s);
+        out.extend_from_slice(b"},\"proactive\":{\"user_clicked_option\":");
+        value(out, &pr.user_clicked_option);
+        out.extend_from_slice(b",\"time_since_last_interaction_s\":");
+        value(out, &pr.time_since_last_interaction_s);
+        out.extend_from_slice(b",\"last_message_at\":");
+        value(out, &pr.last_message_at);
+        out.extend_from_slice(b"},\"reactive\":{\"time_since_last_interaction_s\":");
+        value(out, &re.time_since_last_interaction_s);
+        out.extend_from_slice(b",\"last_message_at\":");
+        value(out, &re.last_message_at);
+        out.extend_from_slice(b"}}");
     }
 
     /// Decodes snapshot bytes (JSON text) straight into the state, with no
@@ -386,6 +435,13 @@ impl SessionState {
         })?;
         doc.decode()
     }
+}
+
+/// Appends `v` as serde_json writes it.
+fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    // Writing into a Vec cannot fail, nor can a value of the snapshot (every
+    // map key is text).
+    let _ = serde_json::to_writer(out, v);
 }
 
 // ---- decoding --------------------------------------------------------------
@@ -479,29 +535,31 @@ impl<'de> Deserialize<'de> for Raw<'de> {
 
 /// The fields of one object of the document, read key by key.
 trait Fields<'de>: Default {
-    /// The keys read; any other is skipped.
-    const KEYS: &'static [&'static str];
-    /// Reads the value of `KEYS[index]`.
-    fn read<A: MapAccess<'de>>(&mut self, index: usize, map: &mut A) -> Result<(), A::Error>;
+    /// Reads the value under `key`; an unknown key's value is skipped.
+    fn read<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error>;
 }
 
-/// An object's key: its index in the known keys, or `None`.
-struct KeySeed(&'static [&'static str]);
+/// An object's key, borrowed from the input where it has no escapes.
+struct Key<'de>(Cow<'de, str>);
 
-impl<'de> DeserializeSeed<'de> for KeySeed {
-    type Value = Option<usize>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
-        d.deserialize_identifier(self)
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_identifier(KeyVisitor)
     }
 }
 
-impl<'de> Visitor<'de> for KeySeed {
-    type Value = Option<usize>;
+struct KeyVisitor;
+
+impl<'de> Visitor<'de> for KeyVisitor {
+    type Value = Key<'de>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a key")
     }
-    fn visit_str<E>(self, key: &str) -> Result<Option<usize>, E> {
-        Ok(self.0.iter().position(|k| *k == key))
+    fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Borrowed(key)))
+    }
+    fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Owned(key.to_owned())))
     }
 }
 
@@ -535,13 +593,8 @@ impl<'de, T: Fields<'de>> Visitor<'de> for ObjVisitor<T> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Obj<T>, A::Error> {
         let mut fields = T::default();
-        while let Some(key) = map.next_key_seed(KeySeed(T::KEYS))? {
-            match key {
-                Some(i) => fields.read(i, &mut map)?,
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
+        while let Some(Key(key)) = map.next_key()? {
+            fields.read(&key, &mut map)?;
         }
         Ok(Obj::Fields(fields))
     }
@@ -588,18 +641,14 @@ macro_rules! fields {
         }
 
         impl<'de> Fields<'de> for $name<'de> {
-            const KEYS: &'static [&'static str] = &[$($key),*];
-            fn read<A: MapAccess<'de>>(&mut self, index: usize, map: &mut A) -> Result<(), A::Error> {
-                let mut i = 0;
-                $(
-                    if index == i {
-                        self.$field = Some(map.next_value()?);
-                        return Ok(());
+            fn read<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+                match key {
+                    $($key => self.$field = Some(map.next_value()?),)*
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
                     }
-                    i += 1;
-                )*
-                let _ = i;
-                map.next_value::<IgnoredAny>().map(|_| ())
+                }
+                Ok(())
             }
         }
     };
