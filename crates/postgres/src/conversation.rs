@@ -18,6 +18,7 @@
 //! instance, then contact; promotion takes the queued instance with `SKIP
 //! LOCKED`, so it never waits while holding the contact.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -35,6 +36,7 @@ use sqlx::{PgConnection, PgPool, Row as _};
 
 use crate::PgTaskQueue;
 use crate::error::pg_err;
+use crate::queue::{TaskRows, enqueue_after_u};
 use crate::time::{from_pg, to_pg};
 
 /// Conversation instances stored in PostgreSQL, enqueueing the tasks their
@@ -132,40 +134,47 @@ async fn contact_is_held(
     .map_err(pg_err("check contact holder"))
 }
 
-/// The transcript lines and audit entries of a write, as data-modifying
-/// CTEs on the written row `u`: they insert only when it was written.
-/// Parameters `$1` to `$18` are bound by [`write`].
-macro_rules! written_with_lines_and_audit {
-    () => {
-        "m AS (INSERT INTO conversation_messages (product_id, instance_id, role, text, at, outbound_seq) \
+/// The transcript lines, audit entries and tasks of a write, as
+/// data-modifying CTEs on the written row `u`: they insert only when it was
+/// written. The statement answers whether the row was written and whether a
+/// runnable task was enqueued. Parameters `$1` to `$29` are bound by
+/// [`write`]; `$30` and up are the guard's.
+fn written_with_lines_audit_and_tasks(u: &str) -> String {
+    format!(
+        "WITH u AS ({u}), \
+         m AS (INSERT INTO conversation_messages (product_id, instance_id, role, text, at, outbound_seq) \
          SELECT $1, u.instance_id, x.role, x.text, x.at, x.outbound_seq FROM u, \
          UNNEST($8::text[], $9::text[], $10::timestamptz[], $11::int4[]) WITH ORDINALITY \
          AS x(role, text, at, outbound_seq, n) ORDER BY x.n), \
          a AS (INSERT INTO audit_log (product_id, entity_kind, entity_id, from_state, to_state, cause, at, payload) \
          SELECT $1, $18, $17, x.from_state, x.to_state, x.cause, $12, x.payload \
          FROM u, UNNEST($13::text[], $14::text[], $15::text[], $16::jsonb[]) WITH ORDINALITY \
-         AS x(from_state, to_state, cause, payload, n) ORDER BY x.n) \
-         SELECT count(*) FROM u"
-    };
+         AS x(from_state, to_state, cause, payload, n) ORDER BY x.n), \
+         {} \
+         SELECT (SELECT count(*) FROM u) AS written, (SELECT count(*) FROM hint) AS hinted",
+        enqueue_after_u(19)
+    )
 }
 
 /// A creation: the row inserted unless the instance exists.
-const INSERT: &str = concat!(
-    "WITH u AS (INSERT INTO conversation_instances (product_id, instance_id, contact_id, state, \
-     holds_contact, version, heartbeat_due_at, created_at, record) \
-     VALUES ($1, $2, $19, $3, $4, $5, $6, $20, $7) \
-     ON CONFLICT (product_id, instance_id) DO NOTHING RETURNING instance_id), ",
-    written_with_lines_and_audit!()
-);
+static INSERT: LazyLock<String> = LazyLock::new(|| {
+    written_with_lines_audit_and_tasks(
+        "INSERT INTO conversation_instances (product_id, instance_id, contact_id, state, \
+         holds_contact, version, heartbeat_due_at, created_at, record) \
+         VALUES ($1, $2, $30, $3, $4, $5, $6, $31, $7) \
+         ON CONFLICT (product_id, instance_id) DO NOTHING RETURNING instance_id",
+    )
+});
 
 /// A change: the row updated only at the version the decision was made on.
-const UPDATE: &str = concat!(
-    "WITH u AS (UPDATE conversation_instances SET state = $3, holds_contact = $4, \
-     version = $5, heartbeat_due_at = $6, claimed_until = NULL, record = $7 \
-     WHERE product_id = $1 AND instance_id = $2 AND version = $19 \
-     RETURNING instance_id), ",
-    written_with_lines_and_audit!()
-);
+static UPDATE: LazyLock<String> = LazyLock::new(|| {
+    written_with_lines_audit_and_tasks(
+        "UPDATE conversation_instances SET state = $3, holds_contact = $4, \
+         version = $5, heartbeat_due_at = $6, claimed_until = NULL, record = $7 \
+         WHERE product_id = $1 AND instance_id = $2 AND version = $30 \
+         RETURNING instance_id",
+    )
+});
 
 /// How a row is written.
 #[derive(Debug, Clone, Copy)]
@@ -176,9 +185,18 @@ enum Guard {
     At(Version),
 }
 
+/// What one guarded statement did.
+#[derive(Debug, Clone, Copy)]
+struct Wrote {
+    /// The guard matched: the row and everything with it were written.
+    row: bool,
+    /// A task runnable now was enqueued (its `pg_notify` hint was sent).
+    runnable: bool,
+}
+
 /// Writes `state` at `key` as decided by `decision`, with its transcript
-/// lines and audit entries, in one statement. `false` when the guard did
-/// not match: nothing was written.
+/// lines, audit entries and `tasks`, in one statement. Nothing is written
+/// when the guard did not match.
 async fn write(
     conn: &mut PgConnection,
     key: &ConversationKey,
@@ -186,7 +204,8 @@ async fn write(
     state: &Instance,
     decision: &Decision<Instance>,
     now: Timestamp,
-) -> PortResult<bool> {
+    tasks: &TaskRows<'_>,
+) -> PortResult<Wrote> {
     let version = match guard {
         Guard::Absent => Version::FIRST,
         Guard::At(v) => v.next(),
@@ -200,11 +219,11 @@ async fn write(
         })
         .collect();
     let transitions = &decision.transitions;
-    let sql = match guard {
-        Guard::Absent => INSERT,
-        Guard::At(_) => UPDATE,
+    let sql: &'static str = match guard {
+        Guard::Absent => &INSERT,
+        Guard::At(_) => &UPDATE,
     };
-    let query = sqlx::query_scalar(sql)
+    let query = sqlx::query(sql)
         .bind(key.product_id.as_str())
         .bind(key.instance_id.as_uuid())
         .bind(state.state.as_str())
@@ -248,17 +267,31 @@ async fn write(
         )
         .bind(key.instance_id.to_string())
         .bind(Instance::KIND.as_str());
+    let query = tasks.bind(query);
     let query = match guard {
         Guard::Absent => query
             .bind(state.contact_id.as_str())
             .bind(to_pg(state.created_at)),
         Guard::At(expected) => query.bind(expected.as_i64()),
     };
-    let written: i64 = query
-        .fetch_one(&mut *conn)
+    // Read to the end: the statement's commit is done when this returns.
+    let rows = query
+        .fetch_all(&mut *conn)
         .await
         .map_err(pg_err("write conversation"))?;
-    Ok(written == 1)
+    let row = rows
+        .first()
+        .ok_or_else(|| PortError::other("write conversation: no answer"))?;
+    let written: i64 = row
+        .try_get("written")
+        .map_err(pg_err("write conversation"))?;
+    let hinted: i64 = row
+        .try_get("hinted")
+        .map_err(pg_err("write conversation"))?;
+    Ok(Wrote {
+        row: written == 1,
+        runnable: hinted > 0,
+    })
 }
 
 /// An instance written by a commit, with the decision that made it.
@@ -273,6 +306,7 @@ struct Written {
 /// written with its transcript lines and audit entries.
 async fn promote_next(
     conn: &mut PgConnection,
+    queue: &PgTaskQueue,
     holder: &Instance,
     now: Timestamp,
 ) -> PortResult<Option<Written>> {
@@ -305,7 +339,11 @@ async fn promote_next(
     };
     let key = next.key();
     // The row is locked: the guard holds.
-    if !write(conn, &key, Guard::At(version), &next, &decision, now).await? {
+    let none = TaskRows::new(queue, [])?;
+    if !write(conn, &key, Guard::At(version), &next, &decision, now, &none)
+        .await?
+        .row
+    {
         return Err(PortError::other(
             "queued conversation moved under its row lock",
         ));
@@ -317,30 +355,19 @@ async fn promote_next(
     }))
 }
 
-/// Checks every single task before anything is written; a DAG is checked
-/// when it is enqueued, in the transaction.
-fn check_tasks(decision: &Decision<Instance>) -> PortResult<()> {
-    for task in decision.single_tasks() {
-        task.validate()?;
-    }
-    Ok(())
+/// Whether `decision` asks for a DAG (enqueued in a transaction of its
+/// own statements; single tasks go with the row).
+fn has_dag(decision: &Decision<Instance>) -> bool {
+    decision.tasks.iter().any(|t| matches!(t, Task::Dag(_)))
 }
 
 impl PgConversationStore {
-    /// Enqueues the tasks of `decisions` on `conn`: the single tasks in one
-    /// batch, then each DAG.
-    async fn enqueue(
+    /// Enqueues the DAGs of `decisions` on `conn`.
+    async fn enqueue_dags(
         &self,
         conn: &mut PgConnection,
         decisions: &[&Decision<Instance>],
     ) -> PortResult<()> {
-        let singles: Vec<_> = decisions
-            .iter()
-            .flat_map(|d| d.single_tasks().cloned())
-            .collect();
-        if !singles.is_empty() {
-            self.queue.enqueue_in(conn, &singles).await?;
-        }
         for d in decisions {
             for task in &d.tasks {
                 if let Task::Dag(dag) = task {
@@ -374,12 +401,25 @@ impl PgConversationStore {
                 );
             }
         };
-        check_tasks(&decision)?;
-        if !write(&mut tx, c.key, Guard::Absent, &state, &decision, c.now).await? {
+        let tasks = TaskRows::new(&self.queue, decision.single_tasks())?;
+        let wrote = write(
+            &mut tx,
+            c.key,
+            Guard::Absent,
+            &state,
+            &decision,
+            c.now,
+            &tasks,
+        )
+        .await?;
+        if !wrote.row {
             return Err(conflict(c.key, "exists"));
         }
-        self.enqueue(&mut tx, &[&decision]).await?;
+        self.enqueue_dags(&mut tx, &[&decision]).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
+        if wrote.runnable {
+            self.queue.wake_local();
+        }
         let mut done = Committed::at(Version::FIRST);
         if state != *c.state {
             done.written = Some((state, decision));
@@ -393,34 +433,53 @@ impl PgConversationStore {
         c: &Commit<'_, Instance>,
         expected: Version,
     ) -> PortResult<Committed<Instance>> {
-        check_tasks(c.decision)?;
+        let tasks = TaskRows::new(&self.queue, c.decision.single_tasks())?;
         let promotes = c
             .decision
             .effects
             .contains(&ConversationEffect::PromoteNextQueued);
         let guard = Guard::At(expected);
-        if !promotes && c.decision.tasks.is_empty() {
-            // One statement, committed on its own.
+        if !promotes && !has_dag(c.decision) {
+            // One statement, atomic on its own: the row, its lines, its
+            // audit entries and its tasks.
             let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
-            if !write(&mut conn, c.key, guard, c.state, c.decision, c.now).await? {
+            let wrote = write(&mut conn, c.key, guard, c.state, c.decision, c.now, &tasks).await?;
+            if !wrote.row {
                 return Err(conflict(c.key, "moved since it was loaded"));
+            }
+            if wrote.runnable {
+                self.queue.wake_local();
             }
             return Ok(Committed::at(expected.next()));
         }
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        if !write(&mut tx, c.key, guard, c.state, c.decision, c.now).await? {
+        let wrote = write(&mut tx, c.key, guard, c.state, c.decision, c.now, &tasks).await?;
+        if !wrote.row {
             // Dropping the transaction rolls it back: nothing was written.
             return Err(conflict(c.key, "moved since it was loaded"));
         }
         let promoted = if promotes {
-            promote_next(&mut tx, c.state, c.now).await?
+            promote_next(&mut tx, &self.queue, c.state, c.now).await?
         } else {
             None
         };
+        // The decision's single tasks went with its row; the promoted
+        // one's, and every DAG, are enqueued here.
+        let mut woke = wrote.runnable;
+        if let Some(p) = &promoted {
+            let singles: Vec<_> = p.decision.single_tasks().cloned().collect();
+            if !singles.is_empty() {
+                self.queue.enqueue_in(&mut tx, &singles).await?;
+                woke = false; // `enqueue_in` woke this process already
+            }
+        }
         let mut decisions = vec![c.decision];
         decisions.extend(promoted.as_ref().map(|p| &p.decision));
-        self.enqueue(&mut tx, &decisions).await?;
+        self.enqueue_dags(&mut tx, &decisions).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
+        if woke {
+            self.queue.wake_local();
+        }
         let mut done = Committed::at(expected.next());
         done.also = promoted
             .into_iter()
@@ -447,10 +506,10 @@ impl MachineStore<Instance> for PgConversationStore {
         )
         .bind(key.product_id.as_str())
         .bind(key.instance_id.as_uuid())
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .map_err(pg_err("load conversation"))?;
-        row.as_ref().map(decode).transpose()
+        row.first().map(decode).transpose()
     }
 
     async fn commit(&self, c: Commit<'_, Instance>) -> PortResult<Committed<Instance>> {

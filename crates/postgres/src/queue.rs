@@ -138,11 +138,91 @@ fn node_state(s: i16) -> NodeState {
     }
 }
 
+/// The data-modifying CTEs that enqueue single tasks inside another
+/// statement, after its CTE `u` (the guarded row write): the tasks are
+/// inserted only when `u` wrote a row, so they commit exactly with it, with
+/// the same dedup rule and wake-up hint as [`PgTaskQueue::enqueue_in`]. The
+/// CTE `hint` has one row when a runnable task was inserted (the statement
+/// must read it, or the hint is not sent). Parameters `$first` to
+/// `$first + 10` are bound by [`TaskRows::bind`].
+pub(crate) fn enqueue_after_u(first: usize) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    let now = p(10);
+    format!(
+        "t AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+         timeout_ms, args, dedup_key, created_at) \
+         SELECT x.p, x.q, x.k, x.pr, x.ra, x.ma, x.tm, x.a, x.d, {now} FROM u, \
+         UNNEST({}::text[], {}::text[], {}::text[], {}::int2[], {}::timestamptz[], {}::int4[], \
+         {}::int8[], {}::jsonb[], {}::text[]) WITH ORDINALITY \
+         AS x(p, q, k, pr, ra, ma, tm, a, d, n) ORDER BY x.n \
+         ON CONFLICT (product_id, dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
+         DO NOTHING RETURNING run_at), \
+         hint AS (SELECT pg_notify({}, '') FROM t WHERE run_at <= {now} LIMIT 1)",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7),
+        p(8),
+        p(9),
+    )
+}
+
+/// Single tasks as the columns of `jobs`, for [`enqueue_after_u`].
+pub(crate) struct TaskRows<'a> {
+    tasks: Vec<&'a TaskSpec>,
+    now: Timestamp,
+}
+
+impl<'a> TaskRows<'a> {
+    /// The rows of `tasks`, validated, enqueued at the queue's time (as
+    /// [`PgTaskQueue::enqueue_in`] does).
+    pub(crate) fn new(
+        queue: &PgTaskQueue,
+        tasks: impl IntoIterator<Item = &'a TaskSpec>,
+    ) -> PortResult<Self> {
+        let now = queue.clock.now();
+        let tasks: Vec<&TaskSpec> = tasks.into_iter().collect();
+        for t in &tasks {
+            t.validate()?;
+        }
+        Ok(Self { tasks, now })
+    }
+
+    /// Binds the eleven parameters of [`enqueue_after_u`], in order.
+    pub(crate) fn bind<'q>(
+        &self,
+        q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>
+    where
+        'a: 'q,
+    {
+        let t = &self.tasks;
+        q.bind(t.iter().map(|t| t.product_id.as_str()).collect::<Vec<_>>())
+            .bind(t.iter().map(|t| t.queue.as_str()).collect::<Vec<_>>())
+            .bind(t.iter().map(|t| t.kind.as_str()).collect::<Vec<_>>())
+            .bind(t.iter().map(|t| t.priority).collect::<Vec<_>>())
+            .bind(
+                t.iter()
+                    .map(|t| to_pg(t.run_at.unwrap_or(self.now)))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(t.iter().map(|t| to_i32(t.max_attempts)).collect::<Vec<_>>())
+            .bind(t.iter().map(|t| t.timeout.map(millis)).collect::<Vec<_>>())
+            .bind(t.iter().map(|t| t.payload.clone()).collect::<Vec<_>>())
+            .bind(t.iter().map(|t| t.dedup_key.as_deref()).collect::<Vec<_>>())
+            .bind(CHANNEL)
+            .bind(to_pg(self.now))
+    }
+}
+
 impl PgTaskQueue {
     /// A queue on `pool` (migrated), reading time from `clock`.
     pub fn new(pool: PgPool, clock: Arc<dyn Clock>, config: QueueConfig) -> Self {
         Self {
-            pool,
             clock,
             config,
             shared: Arc::new(Shared {
@@ -152,7 +232,14 @@ impl PgTaskQueue {
                     .to_string(),
                 listener: OnceLock::new(),
             }),
+            pool,
         }
+    }
+
+    /// Wakes this process's workers waiting for work (other processes hear
+    /// the `pg_notify` hint a statement sent).
+    pub(crate) fn wake_local(&self) {
+        wake(&self.shared.notify);
     }
 
     /// Enqueues tasks on `conn`, typically inside the caller's transaction so
@@ -176,7 +263,7 @@ impl PgTaskQueue {
         while i < tasks.len() {
             if let Some(key) = &tasks[i].dedup_key {
                 let t = &tasks[i];
-                let id: Option<i64> = sqlx::query_scalar(
+                let id: Vec<i64> = sqlx::query_scalar(
                     "WITH ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
                      max_attempts, timeout_ms, args, dedup_key, created_at) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
@@ -196,10 +283,10 @@ impl PgTaskQueue {
                 .bind(key)
                 .bind(to_pg(now))
                 .bind(CHANNEL)
-                .fetch_optional(&mut *conn)
+                .fetch_all(&mut *conn)
                 .await
                 .map_err(pg_err("enqueue task"))?;
-                ids.push(id.map(TaskId));
+                ids.push(id.first().copied().map(TaskId));
                 i += 1;
                 continue;
             }
@@ -746,7 +833,7 @@ async fn fenced_finish(
     error: Option<&str>,
     now: Timestamp,
 ) -> PortResult<Option<i64>> {
-    let row: Option<(Option<i64>,)> = sqlx::query_as(
+    let row: Vec<(Option<i64>,)> = sqlx::query_as(
         "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
          last_error = coalesce($5, last_error), \
          args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE args END \
@@ -760,10 +847,10 @@ async fn fenced_finish(
     .bind(error)
     .bind(lease.worker.0)
     .bind(lease.product_id.as_str())
-    .fetch_optional(conn)
+    .fetch_all(conn)
     .await
     .map_err(pg_err("finish task"))?;
-    match row {
+    match row.into_iter().next() {
         Some((node,)) => Ok(node),
         None => Err(PortError::lease_lost(lease)),
     }

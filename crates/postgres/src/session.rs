@@ -1,15 +1,18 @@
 //! Session states in the `sessions` table and tour catalogs in
 //! `tour_catalogs`.
 //!
-//! A commit that writes no audit entry and no task, the common case (an
-//! interaction refreshing the clock), is one statement and no transaction:
-//! a plain `UPDATE ... WHERE version = $expected` (or, to create, an
-//! `INSERT ... ON CONFLICT DO NOTHING`), a `Conflict` when it matched no row.
-//! A decision with transitions or tasks writes the row, its audit entries
-//! and its tasks (enqueued on the same connection) in one transaction. The
+//! A commit is one statement and no transaction: a plain `UPDATE ... WHERE
+//! version = $expected` (or, to create, an `INSERT ... ON CONFLICT DO
+//! NOTHING`), a `Conflict` when it matched no row; a decision with
+//! transitions or tasks adds its audit entries and tasks to that statement
+//! as data-modifying CTEs on the written row, so they commit with it or not
+//! at all. Only a decision asking for a DAG writes in a transaction of
+//! several statements. The
 //! row carries the decision's next deadline, indexed (`sessions_next_deadline`),
 //! so a claim reads only what is due and takes it with `SKIP LOCKED`:
 //! concurrent sweepers never wait on each other or take the same session.
+
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use parlance_core::session::{SessionKey, SessionState, TourCatalog};
@@ -20,11 +23,12 @@ use parlance_ports::{
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
-use sqlx::{PgExecutor, PgPool, Row as _};
+use sqlx::{PgConnection, PgExecutor, PgPool, Row as _};
 
 use crate::PgTaskQueue;
 use crate::audit::insert_entries;
 use crate::error::pg_err;
+use crate::queue::{TaskRows, enqueue_after_u};
 use crate::time::{from_pg, to_pg};
 
 /// Session states stored in PostgreSQL, enqueueing a decision's tasks (a
@@ -90,10 +94,10 @@ async fn write_row<'e>(
                 .bind(deadline)
                 .bind(c.state.to_snapshot())
                 .bind(expected.as_i64())
-                .fetch_optional(conn)
+                .fetch_all(conn)
                 .await
                 .map_err(pg_err("save session"))?;
-            Ok(version.map(Version::from_i64))
+            Ok(version.first().copied().map(Version::from_i64))
         }
     }
 }
@@ -106,6 +110,108 @@ fn lost(c: &Commit<'_, SessionState>) -> PortError {
     }
 }
 
+/// A write with audit entries or tasks, in one statement: the row guarded
+/// as in [`write_row`] (`u`), the audit entries and the tasks as
+/// data-modifying CTEs that insert only when it was written. Parameters:
+/// `$1`-`$4` the row, `$5`-`$12` the audit entries,
+/// `$13`-`$23` the tasks ([`TaskRows`]), `$24` the expected version.
+fn write_all(u: &str) -> String {
+    format!(
+        "WITH u AS ({u}), \
+         a AS (INSERT INTO audit_log (product_id, entity_kind, entity_id, from_state, to_state, cause, at, payload) \
+         SELECT x.p, x.k, x.e, x.f, x.t, x.c, x.at, x.pl FROM u, \
+         UNNEST($5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[], \
+         $11::timestamptz[], $12::jsonb[]) WITH ORDINALITY AS x(p, k, e, f, t, c, at, pl, n) \
+         ORDER BY x.n), \
+         {} \
+         SELECT (SELECT version FROM u) AS version, (SELECT count(*) FROM hint) AS hinted",
+        enqueue_after_u(13)
+    )
+}
+
+static CREATE_ALL: LazyLock<String> = LazyLock::new(|| {
+    write_all(
+        "INSERT INTO sessions (product_id, session_id, version, next_deadline, snapshot) \
+         VALUES ($1, $2, 1, $3, $4) ON CONFLICT DO NOTHING RETURNING version",
+    )
+});
+
+static UPDATE_ALL: LazyLock<String> = LazyLock::new(|| {
+    write_all(
+        "UPDATE sessions SET version = version + 1, snapshot = $4, next_deadline = $3 \
+         WHERE product_id = $1 AND session_id = $2 AND version = $24 RETURNING version",
+    )
+});
+
+/// Writes the row of `c` with its audit entries and tasks in one statement
+/// (see [`write_all`]). The version written, or `None` when the guard
+/// matched no row (nothing was written), and whether a runnable task was
+/// enqueued.
+async fn write_with_audit_and_tasks(
+    conn: &mut PgConnection,
+    c: &Commit<'_, SessionState>,
+    tasks: &TaskRows<'_>,
+) -> PortResult<(Option<Version>, bool)> {
+    let entries = audit_entries(c.key, c.decision, c.now);
+    let sql: &'static str = match c.expected {
+        None => &CREATE_ALL,
+        Some(_) => &UPDATE_ALL,
+    };
+    let q = sqlx::query(sql)
+        .bind(c.key.product_id.as_str())
+        .bind(c.key.session_id.as_str())
+        .bind(c.decision.next_deadline.map(to_pg))
+        .bind(c.state.to_snapshot())
+        .bind(
+            entries
+                .iter()
+                .map(|e| e.product_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            entries
+                .iter()
+                .map(|e| e.entity_kind.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            entries
+                .iter()
+                .map(|e| e.entity_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            entries
+                .iter()
+                .map(|e| e.from.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(entries.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| to_pg(e.at)).collect::<Vec<_>>())
+        .bind(
+            entries
+                .iter()
+                .map(|e| e.payload.clone())
+                .collect::<Vec<_>>(),
+        );
+    let mut q = tasks.bind(q);
+    if let Some(expected) = c.expected {
+        q = q.bind(expected.as_i64());
+    }
+    // Read to the end: the statement's commit is done when this returns.
+    let rows = q
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(pg_err("save session"))?;
+    let row = rows
+        .first()
+        .ok_or_else(|| PortError::other("save session: no answer"))?;
+    let version: Option<i64> = row.try_get("version").map_err(pg_err("save session"))?;
+    let hinted: i64 = row.try_get("hinted").map_err(pg_err("save session"))?;
+    Ok((version.map(Version::from_i64), hinted > 0))
+}
+
 #[async_trait]
 impl MachineStore<SessionState> for PgSessionStore {
     async fn load(&self, key: &SessionKey) -> PortResult<Option<Stored<SessionState>>> {
@@ -114,17 +220,29 @@ impl MachineStore<SessionState> for PgSessionStore {
         )
         .bind(key.product_id.as_str())
         .bind(key.session_id.as_str())
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .map_err(pg_err("load session"))?;
-        row.map(|r| decode(&r)).transpose()
+        row.first().map(decode).transpose()
     }
 
     async fn commit(&self, c: Commit<'_, SessionState>) -> PortResult<Committed<SessionState>> {
         let d = c.decision;
-        if d.transitions.is_empty() && d.tasks.is_empty() {
-            // Nothing commits with the row: one statement, no transaction.
-            return match write_row(&self.pool, &c).await? {
+        let dags = d.tasks.iter().any(|t| matches!(t, Task::Dag(_)));
+        if !dags {
+            // One statement, atomic on its own: the row alone, or with its
+            // audit entries and tasks.
+            let mut conn = self.pool.acquire().await.map_err(pg_err("save session"))?;
+            let (version, runnable) = if d.transitions.is_empty() && d.tasks.is_empty() {
+                (write_row(&mut *conn, &c).await?, false)
+            } else {
+                let tasks = TaskRows::new(&self.queue, d.single_tasks())?;
+                write_with_audit_and_tasks(&mut conn, &c, &tasks).await?
+            };
+            if runnable {
+                self.queue.wake_local();
+            }
+            return match version {
                 Some(version) => Ok(Committed::at(version)),
                 None => Err(lost(&c)),
             };

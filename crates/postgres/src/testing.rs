@@ -111,8 +111,11 @@ pub async fn test_pool() -> Option<PgPool> {
         .await
         .unwrap_or_else(|e| panic!("cannot create test database {name}: {e}"));
     let _ = admin.close().await;
+    // Configured as `crate::connect` configures the service's pool (no check
+    // when a connection is taken), so tests and benchmarks run what it runs.
     let pool = PgPoolOptions::new()
         .max_connections(24)
+        .test_before_acquire(false)
         .connect_with(admin_opts.database(&name))
         .await
         .unwrap_or_else(|e| panic!("cannot connect to test database {name}: {e}"));
