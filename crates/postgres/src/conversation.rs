@@ -3,13 +3,14 @@
 //! A commit is written by one guarded statement: the row insert (`ON
 //! CONFLICT DO NOTHING`, for a creation) or update (`WHERE version =
 //! $expected`), with the transcript messages and the audit entries as
-//! data-modifying CTEs that insert only when the row was written. A guard
-//! that does not match (the instance moved since it was loaded, or a
-//! created one exists) writes nothing and is a `Conflict`: the caller
-//! decides again on a fresh load. A decision with tasks or a promotion runs
-//! that statement in a transaction that also enqueues the tasks (on the
-//! same connection, so they commit with the transition) and promotes; any
-//! other commits on its own, one statement and one round trip.
+//! data-modifying CTEs that insert only when the row was written, and so
+//! are the decision's single tasks (same dedup rule and wake-up hint as the
+//! queue's own enqueue). A guard that does not match (the instance moved
+//! since it was loaded, or a created one exists) writes nothing and is a
+//! `Conflict`: the caller decides again on a fresh load. A change commits
+//! on its own, one statement and one round trip, unless it promotes or asks
+//! for a DAG: then that statement runs in a transaction that also enqueues
+//! the DAG and promotes. A creation runs in a transaction too (below).
 //!
 //! Creation and promotion lock the contact's row in `conversation_contacts`
 //! first; a creation is decided again under that lock with whether the
