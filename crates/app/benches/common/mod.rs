@@ -91,3 +91,18 @@ pub(crate) async fn pgbench(clients: usize, secs: u64) -> Result<f64, String> {
         .and_then(|x| x.parse().ok())
         .ok_or_else(|| format!("no tps in pgbench output: {out}"))
 }
+
+/// The prefix of a result line that `cargo xtask bench all` collects.
+pub(crate) const ROW_PREFIX: &str = "@bench-row\t";
+
+/// Prints one row of a results table for `cargo xtask bench all`, as
+/// `@bench-row<TAB>{"table": .., "columns": [..], "cells": [..]}` on its
+/// own line. Rows with the same `table` form one table in
+/// `docs/performance.md`, in the order printed; `columns` is the header and
+/// must be the same for every row of a table.
+pub(crate) fn report_row(table: &str, columns: &[&str], cells: &[String]) {
+    use std::io::Write as _;
+    assert_eq!(columns.len(), cells.len(), "one cell per column in {table}");
+    let line = serde_json::json!({ "table": table, "columns": columns, "cells": cells });
+    let _ = writeln!(std::io::stdout(), "{ROW_PREFIX}{line}");
+}
