@@ -155,6 +155,9 @@ impl MachineStore<UserAdoptionState> for PgAdoptionStore {
             }
         }
         tx.commit().await.map_err(pg_err("commit"))?;
+        if !c.decision.tasks.is_empty() {
+            self.queue.wake_workers();
+        }
         Ok(Committed::at(version))
     }
 }

@@ -138,8 +138,8 @@ async fn contact_is_held(
 /// The transcript lines, audit entries and tasks of a write, as
 /// data-modifying CTEs on the written row `u`: they insert only when it was
 /// written. The statement answers whether the row was written and whether a
-/// runnable task was enqueued. Parameters `$1` to `$29` are bound by
-/// [`write`]; `$30` and up are the guard's.
+/// runnable task was enqueued. Parameters `$1` to `$28` are bound by
+/// [`write`]; `$29` and up are the guard's.
 fn written_with_lines_audit_and_tasks(u: &str) -> String {
     format!(
         "WITH u AS ({u}), \
@@ -162,7 +162,7 @@ static INSERT: LazyLock<String> = LazyLock::new(|| {
     written_with_lines_audit_and_tasks(
         "INSERT INTO conversation_instances (product_id, instance_id, contact_id, state, \
          holds_contact, version, heartbeat_due_at, created_at, record) \
-         VALUES ($1, $2, $30, $3, $4, $5, $6, $31, $7) \
+         VALUES ($1, $2, $29, $3, $4, $5, $6, $30, $7) \
          ON CONFLICT (product_id, instance_id) DO NOTHING RETURNING instance_id",
     )
 });
@@ -172,7 +172,7 @@ static UPDATE: LazyLock<String> = LazyLock::new(|| {
     written_with_lines_audit_and_tasks(
         "UPDATE conversation_instances SET state = $3, holds_contact = $4, \
          version = $5, heartbeat_due_at = $6, claimed_until = NULL, record = $7 \
-         WHERE product_id = $1 AND instance_id = $2 AND version = $30 \
+         WHERE product_id = $1 AND instance_id = $2 AND version = $29 \
          RETURNING instance_id",
     )
 });
@@ -418,8 +418,8 @@ impl PgConversationStore {
         }
         self.enqueue_dags(&mut tx, &[&decision]).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
-        if wrote.runnable {
-            self.queue.wake_local();
+        if wrote.runnable || has_dag(&decision) {
+            self.queue.wake_workers();
         }
         let mut done = Committed::at(Version::FIRST);
         if state != *c.state {
@@ -449,7 +449,7 @@ impl PgConversationStore {
                 return Err(conflict(c.key, "moved since it was loaded"));
             }
             if wrote.runnable {
-                self.queue.wake_local();
+                self.queue.wake_workers();
             }
             return Ok(Committed::at(expected.next()));
         }
@@ -466,20 +466,21 @@ impl PgConversationStore {
         };
         // The decision's single tasks went with its row; the promoted
         // one's, and every DAG, are enqueued here.
-        let mut woke = wrote.runnable;
+        let mut wake = wrote.runnable;
         if let Some(p) = &promoted {
             let singles: Vec<_> = p.decision.single_tasks().cloned().collect();
             if !singles.is_empty() {
                 self.queue.enqueue_in(&mut tx, &singles).await?;
-                woke = false; // `enqueue_in` woke this process already
+                wake = true;
             }
         }
         let mut decisions = vec![c.decision];
         decisions.extend(promoted.as_ref().map(|p| &p.decision));
         self.enqueue_dags(&mut tx, &decisions).await?;
+        wake |= decisions.iter().any(|d| has_dag(d));
         tx.commit().await.map_err(pg_err("commit"))?;
-        if woke {
-            self.queue.wake_local();
+        if wake {
+            self.queue.wake_workers();
         }
         let mut done = Committed::at(expected.next());
         done.also = promoted

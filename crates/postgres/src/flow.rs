@@ -9,8 +9,8 @@
 //! turn writes the session row and one row per new dialogue element,
 //! however long the dialogue is. A decision that starts a DAG runs that
 //! statement in a transaction that first enqueues the DAG on the same
-//! connection (`PgTaskQueue::enqueue_dag_unwoken`, this process's workers
-//! woken after the commit) and stores the run's id in
+//! connection (`PgTaskQueue::enqueue_dag_in`, workers woken after the
+//! commit) and stores the run's id in
 //! the session: the run exists if and only if the commit does.
 //!
 //! The session's user (`user_info`, in `data`) has its email copied into
@@ -317,7 +317,7 @@ impl MachineStore<FlowRecord> for PgFlowStore {
         let mut with_run = None;
         for task in &c.decision.tasks {
             if let Task::Dag(spec) = task {
-                let dag = queue.enqueue_dag_unwoken(&mut tx, spec).await?;
+                let dag = queue.enqueue_dag_in(&mut tx, spec).await?;
                 // The session waits for the decision's (only) run.
                 if with_run.is_none() {
                     let mut state = c.state.clone();

@@ -11,13 +11,22 @@
 //! release is fenced by `state = running AND lease_token = $token AND
 //! leased_by = $worker`; the worker is part of the fence because a token
 //! drawn by a claim the crash lost may be drawn again. Plain enqueues are one
-//! statement with their wake-up hint. A DAG node's completion runs in
+//! statement. A DAG node's completion runs in
 //! one transaction that first locks the run row, then applies the fenced
 //! update, stores the result, decrements the children's remaining-dependency
 //! counters and inserts jobs for the children that reached zero, so a join
 //! fires exactly once. Every operation that touches a run locks the run row
 //! before any of its jobs, which keeps lock order acyclic. Time comes from the
 //! injected clock (bound as a parameter), never from `now()`.
+//!
+//! Wake-ups are hints; polling is the truth. After a commit that made tasks
+//! runnable, the queue wakes this process's workers at once and asks its
+//! hint sender to `pg_notify` the other processes. The hint is sent on its
+//! own short transaction, never inside the one that wrote the tasks:
+//! PostgreSQL serialises the commits of transactions that notify under one
+//! lock held across their WAL flush, which halves the throughput of
+//! concurrent writers. Requests that arrive while a hint is on its way are
+//! answered by the next one.
 //!
 //! Every table is keyed by `product_id` first (migration 0010), and every
 //! statement about one task or run names its product next to its id, so
@@ -79,16 +88,23 @@ mod node {
 
 struct Shared {
     notify: Arc<Notify>,
-    /// The payload of this queue's own hints from transactions after
-    /// whose commit it wakes its workers itself: the listener skips those,
-    /// which would only send the workers to claim again for nothing.
+    /// The payload of this queue's hints. The queue wakes its own workers
+    /// directly, so its listener skips these, which would only send the
+    /// workers to claim again for nothing.
     own_hint: String,
     listener: OnceLock<tokio::task::JoinHandle<()>>,
+    /// Asks the hint sender for one more `pg_notify` (a stored permit:
+    /// requests made while one is being sent are answered by one more).
+    hint_wanted: Arc<Notify>,
+    hinter: OnceLock<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some(h) = self.listener.get() {
+        for h in [self.listener.get(), self.hinter.get()]
+            .into_iter()
+            .flatten()
+        {
             h.abort();
         }
     }
@@ -141,13 +157,13 @@ fn node_state(s: i16) -> NodeState {
 /// The data-modifying CTEs that enqueue single tasks inside another
 /// statement, after its CTE `u` (the guarded row write): the tasks are
 /// inserted only when `u` wrote a row, so they commit exactly with it, with
-/// the same dedup rule and wake-up hint as [`PgTaskQueue::enqueue_in`]. The
-/// CTE `hint` has one row when a runnable task was inserted (the statement
-/// must read it, or the hint is not sent). Parameters `$first` to
-/// `$first + 10` are bound by [`TaskRows::bind`].
+/// the same dedup rule as [`PgTaskQueue::enqueue_in`]. The CTE `hint` has
+/// one row when a runnable task was inserted: the caller then calls
+/// [`PgTaskQueue::wake_workers`] after the commit. Parameters `$first` to
+/// `$first + 9` are bound by [`TaskRows::bind`].
 pub(crate) fn enqueue_after_u(first: usize) -> String {
     let p = |i: usize| format!("${}", first + i);
-    let now = p(10);
+    let now = p(9);
     format!(
         "t AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
          timeout_ms, args, dedup_key, created_at) \
@@ -157,7 +173,7 @@ pub(crate) fn enqueue_after_u(first: usize) -> String {
          AS x(p, q, k, pr, ra, ma, tm, a, d, n) ORDER BY x.n \
          ON CONFLICT (product_id, dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
          DO NOTHING RETURNING run_at), \
-         hint AS (SELECT pg_notify({}, '') FROM t WHERE run_at <= {now} LIMIT 1)",
+         hint AS (SELECT 1 FROM t WHERE run_at <= {now} LIMIT 1)",
         p(0),
         p(1),
         p(2),
@@ -167,7 +183,6 @@ pub(crate) fn enqueue_after_u(first: usize) -> String {
         p(6),
         p(7),
         p(8),
-        p(9),
     )
 }
 
@@ -214,7 +229,6 @@ impl<'a> TaskRows<'a> {
             .bind(t.iter().map(|t| t.timeout.map(millis)).collect::<Vec<_>>())
             .bind(t.iter().map(|t| t.payload.clone()).collect::<Vec<_>>())
             .bind(t.iter().map(|t| t.dedup_key.as_deref()).collect::<Vec<_>>())
-            .bind(CHANNEL)
             .bind(to_pg(self.now))
     }
 }
@@ -231,20 +245,17 @@ impl PgTaskQueue {
                     .simple()
                     .to_string(),
                 listener: OnceLock::new(),
+                hint_wanted: Arc::new(Notify::new()),
+                hinter: OnceLock::new(),
             }),
             pool,
         }
     }
 
-    /// Wakes this process's workers waiting for work (other processes hear
-    /// the `pg_notify` hint a statement sent).
-    pub(crate) fn wake_local(&self) {
-        wake(&self.shared.notify);
-    }
-
     /// Enqueues tasks on `conn`, typically inside the caller's transaction so
-    /// the tasks exist exactly when the caller's change commits. Sends one
-    /// `pg_notify` (delivered at commit) when any task is runnable now.
+    /// the tasks exist exactly when the caller's change commits. Nobody is
+    /// woken: the caller calls [`PgTaskQueue::wake_workers`] once its
+    /// transaction has committed (workers also poll).
     ///
     /// # Errors
     ///
@@ -254,6 +265,16 @@ impl PgTaskQueue {
         conn: &mut PgConnection,
         tasks: &[TaskSpec],
     ) -> PortResult<Vec<Option<TaskId>>> {
+        Ok(self.enqueue_rows(conn, tasks).await?.0)
+    }
+
+    /// As [`PgTaskQueue::enqueue_in`], also answering whether a task was
+    /// inserted that is runnable now.
+    async fn enqueue_rows(
+        &self,
+        conn: &mut PgConnection,
+        tasks: &[TaskSpec],
+    ) -> PortResult<(Vec<Option<TaskId>>, bool)> {
         for t in tasks {
             t.validate()?;
         }
@@ -264,13 +285,11 @@ impl PgTaskQueue {
             if let Some(key) = &tasks[i].dedup_key {
                 let t = &tasks[i];
                 let id: Vec<i64> = sqlx::query_scalar(
-                    "WITH ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
+                    "INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
                      max_attempts, timeout_ms, args, dedup_key, created_at) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                      ON CONFLICT (product_id, dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
-                     DO NOTHING RETURNING id, run_at), \
-                     hint AS (SELECT pg_notify($11, '') FROM ins WHERE run_at <= $10 LIMIT 1) \
-                     SELECT id FROM ins WHERE (SELECT count(*) FROM hint) >= 0",
+                     DO NOTHING RETURNING id",
                 )
                 .bind(t.product_id.as_str())
                 .bind(&t.queue)
@@ -282,7 +301,6 @@ impl PgTaskQueue {
                 .bind(&t.payload)
                 .bind(key)
                 .bind(to_pg(now))
-                .bind(CHANNEL)
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(pg_err("enqueue task"))?;
@@ -295,16 +313,13 @@ impl PgTaskQueue {
                 .position(|t| t.dedup_key.is_some())
                 .map_or(tasks.len(), |p| i + p);
             let batch = &tasks[i..end];
-            // One statement: the rows, and the wake-up hint when one of
-            // them is runnable now (evaluated once, delivered at commit).
+            // One statement for the rows.
             let mut got: Vec<i64> = sqlx::query_scalar(
-                "WITH ins AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
+                "INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
                  max_attempts, timeout_ms, args, created_at) \
                  SELECT p, q, k, pr, ra, ma, tm, a, $9 FROM UNNEST($1::text[], $2::text[], \
                  $3::text[], $4::int2[], $5::timestamptz[], $6::int4[], $7::int8[], $8::jsonb[]) \
-                 AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id, run_at), \
-                 hint AS (SELECT pg_notify($10, '') FROM ins WHERE run_at <= $9 LIMIT 1) \
-                 SELECT id FROM ins WHERE (SELECT count(*) FROM hint) >= 0",
+                 AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id",
             )
             .bind(
                 batch
@@ -335,7 +350,6 @@ impl PgTaskQueue {
             )
             .bind(batch.iter().map(|t| t.payload.clone()).collect::<Vec<_>>())
             .bind(to_pg(now))
-            .bind(CHANNEL)
             .fetch_all(&mut *conn)
             .await
             .map_err(pg_err("enqueue tasks"))?;
@@ -348,17 +362,15 @@ impl PgTaskQueue {
             .iter()
             .zip(&ids)
             .any(|(t, id)| id.is_some() && t.run_at.is_none_or(|r| r <= now));
-        // Each insert carried its own `pg_notify` hint; this is the
-        // in-process one.
-        if runnable {
-            wake(&self.shared.notify);
-        }
-        Ok(ids)
+        Ok((ids, runnable))
     }
 
     /// Validates and enqueues a DAG inside the caller's transaction (see
     /// [`TaskQueue::enqueue_dag`]): the run exists only if the caller
-    /// commits, and workers are woken by `pg_notify` at commit.
+    /// commits. Nobody is woken: the caller calls
+    /// [`PgTaskQueue::wake_workers`] once its transaction has committed (a
+    /// wake before the commit sends workers to claim rows they cannot see
+    /// yet).
     ///
     /// # Errors
     ///
@@ -368,29 +380,7 @@ impl PgTaskQueue {
         conn: &mut PgConnection,
         spec: &DagSpec,
     ) -> PortResult<DagId> {
-        let id = self.insert_dag(conn, spec).await?;
-        notify(&mut *conn, "").await?;
-        wake(&self.shared.notify);
-        Ok(id)
-    }
-
-    /// As [`PgTaskQueue::enqueue_dag_in`], but this process's workers are
-    /// not woken: the caller calls [`PgTaskQueue::wake_workers`] once its
-    /// transaction has committed. A wake before the commit sends them to
-    /// claim rows they cannot see yet, and the claim that would find them
-    /// waits for the `pg_notify` to come back through the listener.
-    ///
-    /// # Errors
-    ///
-    /// As [`PgTaskQueue::enqueue_dag_in`].
-    pub async fn enqueue_dag_unwoken(
-        &self,
-        conn: &mut PgConnection,
-        spec: &DagSpec,
-    ) -> PortResult<DagId> {
-        let id = self.insert_dag(conn, spec).await?;
-        notify(&mut *conn, &self.shared.own_hint).await?;
-        Ok(id)
+        self.insert_dag(conn, spec).await
     }
 
     /// Inserts the run, its nodes and edges, and queues its roots.
@@ -470,11 +460,19 @@ impl PgTaskQueue {
         Ok(DagId(id))
     }
 
-    /// Wakes the workers of this process waiting for work (a transaction
-    /// that enqueued runnable tasks committed); other processes' are woken
-    /// by its `pg_notify`.
+    /// Wakes the workers waiting for work, after a commit that made tasks
+    /// runnable: this process's at once, other processes' through a
+    /// `pg_notify` sent on its own transaction (see the module docs).
     pub fn wake_workers(&self) {
         wake(&self.shared.notify);
+        self.shared.hinter.get_or_init(|| {
+            tokio::spawn(send_hints(
+                self.pool.clone(),
+                Arc::clone(&self.shared.hint_wanted),
+                self.shared.own_hint.clone(),
+            ))
+        });
+        self.shared.hint_wanted.notify_one();
     }
 
     /// One claim of up to `max` tasks (see [`TaskQueue::claim`]).
@@ -583,8 +581,7 @@ impl PgTaskQueue {
                         // Whatever was sent while we were away: poll now.
                         wake(&notify);
                         while let Ok(hint) = l.recv().await {
-                            // This process woke its workers itself, after
-                            // the commit that sent it.
+                            // This process woke its workers itself.
                             if hint.payload() != own_hint {
                                 wake(&notify);
                             }
@@ -719,12 +716,9 @@ impl PgTaskQueue {
             }
             out.push(Ok(()));
         }
-        if enqueued {
-            notify(&mut tx, &self.shared.own_hint).await?;
-        }
         tx.commit().await.map_err(pg_err("commit"))?;
         if enqueued {
-            wake(&self.shared.notify);
+            self.wake_workers();
         }
         Ok(out)
     }
@@ -785,17 +779,26 @@ impl PgTaskQueue {
     }
 }
 
-/// One wake-up hint, delivered when the transaction commits; `payload`
-/// names the queue that wakes its own workers after the commit, or is
-/// empty.
-async fn notify(conn: &mut PgConnection, payload: &str) -> PortResult<()> {
-    sqlx::query("SELECT pg_notify($1, $2)")
+/// Sends the wake-up hints `shared` asks for, one at a time, each a
+/// `pg_notify` in its own transaction committed without waiting for its
+/// flush (a hint lost in a crash costs latency, never work). The payload is
+/// the queue's id, so its own listener skips it: this process's workers were
+/// woken directly. A failed hint is not retried; workers also poll.
+async fn send_hints(pool: PgPool, wanted: Arc<Notify>, payload: String) {
+    loop {
+        wanted.notified().await;
+        let sent = sqlx::query(
+            "SELECT pg_notify($1, $2) \
+             FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
+        )
         .bind(CHANNEL)
-        .bind(payload)
-        .execute(conn)
-        .await
-        .map(|_| ())
-        .map_err(pg_err("notify workers"))
+        .bind(&payload)
+        .execute(&pool)
+        .await;
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "wake-up hint not sent; workers poll");
+        }
+    }
 }
 
 /// Locks `product`'s run row: every change to a run and its jobs starts
@@ -1158,11 +1161,19 @@ impl TaskQueue for PgTaskQueue {
             // Without dedup keys `enqueue_in` sends one statement, atomic
             // on its own: no transaction round trips.
             let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
-            return self.enqueue_in(&mut conn, tasks).await;
+            let (ids, runnable) = self.enqueue_rows(&mut conn, tasks).await?;
+            drop(conn);
+            if runnable {
+                self.wake_workers();
+            }
+            return Ok(ids);
         }
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
-        let ids = self.enqueue_in(&mut tx, tasks).await?;
+        let (ids, runnable) = self.enqueue_rows(&mut tx, tasks).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
+        if runnable {
+            self.wake_workers();
+        }
         Ok(ids)
     }
 
@@ -1171,7 +1182,7 @@ impl TaskQueue for PgTaskQueue {
         let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
         let id = self.enqueue_dag_in(&mut tx, spec).await?;
         tx.commit().await.map_err(pg_err("commit"))?;
-        wake(&self.shared.notify);
+        self.wake_workers();
         Ok(id)
     }
 
@@ -1387,12 +1398,7 @@ impl TaskQueue for PgTaskQueue {
         .map_err(pg_err("release unheld tasks"))?
         .rows_affected();
         if n > 0 {
-            notify(
-                &mut *self.pool.acquire().await.map_err(pg_err("acquire"))?,
-                "",
-            )
-            .await?;
-            wake(&self.shared.notify);
+            self.wake_workers();
         }
         Ok(n)
     }
@@ -1539,12 +1545,7 @@ impl TaskQueue for PgTaskQueue {
             .await
             .map_err(pg_err("forget dead workers"))?;
         if report.requeued > 0 {
-            notify(
-                &mut *self.pool.acquire().await.map_err(pg_err("acquire"))?,
-                "",
-            )
-            .await?;
-            wake(&self.shared.notify);
+            self.wake_workers();
         }
         Ok(report)
     }
@@ -1630,12 +1631,7 @@ impl TaskQueue for PgTaskQueue {
                 _ => PortError::not_found(format!("discarded task {id}")),
             });
         }
-        notify(
-            &mut *self.pool.acquire().await.map_err(pg_err("acquire"))?,
-            "",
-        )
-        .await?;
-        wake(&self.shared.notify);
+        self.wake_workers();
         Ok(())
     }
 

@@ -114,7 +114,7 @@ fn lost(c: &Commit<'_, SessionState>) -> PortError {
 /// as in [`write_row`] (`u`), the audit entries and the tasks as
 /// data-modifying CTEs that insert only when it was written. Parameters:
 /// `$1`-`$4` the row, `$5`-`$12` the audit entries,
-/// `$13`-`$23` the tasks ([`TaskRows`]), `$24` the expected version.
+/// `$13`-`$22` the tasks ([`TaskRows`]), `$23` the expected version.
 fn write_all(u: &str) -> String {
     format!(
         "WITH u AS ({u}), \
@@ -139,7 +139,7 @@ static CREATE_ALL: LazyLock<String> = LazyLock::new(|| {
 static UPDATE_ALL: LazyLock<String> = LazyLock::new(|| {
     write_all(
         "UPDATE sessions SET version = version + 1, snapshot = $4, next_deadline = $3 \
-         WHERE product_id = $1 AND session_id = $2 AND version = $24 RETURNING version",
+         WHERE product_id = $1 AND session_id = $2 AND version = $23 RETURNING version",
     )
 });
 
@@ -240,7 +240,7 @@ impl MachineStore<SessionState> for PgSessionStore {
                 write_with_audit_and_tasks(&mut conn, &c, &tasks).await?
             };
             if runnable {
-                self.queue.wake_local();
+                self.queue.wake_workers();
             }
             return match version {
                 Some(version) => Ok(Committed::at(version)),
@@ -265,6 +265,7 @@ impl MachineStore<SessionState> for PgSessionStore {
             }
         }
         tx.commit().await.map_err(pg_err("save session"))?;
+        self.queue.wake_workers();
         Ok(Committed::at(version))
     }
 }

@@ -372,9 +372,10 @@ mod queue_in_transaction {
         assert_eq!(Some(got[0].task_id), ids[0]);
     }
 
-    /// Every enqueue of runnable work tells other processes at commit:
-    /// the one-statement batch, a deduplicated task and a caller's
-    /// transaction alike.
+    /// Every enqueue of runnable work tells other processes after its
+    /// commit: the one-statement batch, a deduplicated task and a caller's
+    /// transaction (whose caller wakes the workers once it has committed)
+    /// alike.
     #[tokio::test]
     async fn runnable_work_is_announced_to_other_processes() {
         let Some(pool) = test_pool().await else {
@@ -404,7 +405,49 @@ mod queue_in_transaction {
         let mut tx = pool.begin().await.unwrap();
         queue.enqueue_in(&mut tx, &[spec("d")]).await.unwrap();
         tx.commit().await.unwrap();
+        queue.wake_workers();
         assert_eq!(heard().await, "parlance_jobs");
+    }
+
+    /// The hint never rides in the transaction that wrote the tasks:
+    /// PostgreSQL serialises the commits of notifying transactions under
+    /// one lock held across their WAL flush, so concurrent writers that
+    /// notify commit one at a time. It comes from another backend, after
+    /// the writer's commit.
+    #[tokio::test]
+    async fn the_hint_is_sent_outside_the_writing_transaction() {
+        use sqlx::Connection as _;
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let clock = Arc::new(ManualClock::new());
+        let queue = PgTaskQueue::new(pool.clone(), clock, QueueConfig::default());
+        let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+            .await
+            .unwrap();
+        listener.listen("parlance_jobs").await.unwrap();
+        let spec = TaskSpec::new(ProductId::parse("p").unwrap(), "e", json!({}));
+        // The writer's connection stays checked out, so the hint cannot be
+        // sent on it after the commit.
+        let mut writer = pool.acquire().await.unwrap();
+        let writer_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *writer)
+            .await
+            .unwrap();
+        let mut tx = writer.begin().await.unwrap();
+        queue.enqueue_in(&mut tx, &[spec]).await.unwrap();
+        tx.commit().await.unwrap();
+        queue.wake_workers();
+        let hint = tokio::time::timeout(Duration::from_secs(60), listener.recv())
+            .await
+            .expect("a notification, not a hang")
+            .expect("the listener stays connected");
+        assert_ne!(
+            i32::try_from(hint.process_id()).unwrap(),
+            writer_pid,
+            "the writing transaction sent the hint itself"
+        );
+        drop(writer);
     }
 }
 
