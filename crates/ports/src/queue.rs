@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -456,6 +457,15 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// enqueued or freed) or after `timeout`, whichever is first. Polling
     /// stays the source of truth.
     async fn wait_for_work(&self, queue: &str, timeout: Duration);
+
+    /// A handle on this same queue for one worker, which calls it many
+    /// times in a row: every operation keeps this trait's contract and sees
+    /// the same tasks, but an adapter that pays per call for taking a
+    /// connection from its pool may keep one for the handle's life. `None`
+    /// (the default): the worker uses this queue itself.
+    fn for_worker(&self) -> Option<Arc<dyn TaskQueue>> {
+        None
+    }
 }
 
 #[cfg(test)]

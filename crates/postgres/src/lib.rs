@@ -30,7 +30,7 @@ pub use conversation::PgConversationStore;
 pub use crisis::PgCrisisLog;
 pub use flow::PgFlowStore;
 pub use pool::{DatabaseUrl, PoolOptions, connect, migrate, ping};
-pub use queue::PgTaskQueue;
+pub use queue::{PgTaskQueue, statements as queue_statements};
 pub use session::{PgSessionStore, PgTourCatalogs};
 pub use sqlx::PgPool;
 pub use turn::{PgCheckpointStore, PgMemoryStore};

@@ -33,6 +33,11 @@
 //! each is a single-product lookup; only the worker's scans (claim, rescue,
 //! release of unheld leases, the dead-letter list and retention) span
 //! products. See docs/distributed.md.
+//!
+//! A worker calls the queue through its own handle
+//! ([`PgTaskQueue::for_worker`]), which keeps one pooled connection for the
+//! worker's calls: a call then costs its statements' round trips only, not
+//! a pool checkout and the pool's check of the connection given back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -49,9 +54,10 @@ use parlance_ports::{
     QueueFootprint, RecoverReport, TaskId, TaskQueue, TaskSpec, WorkerId,
 };
 use serde_json::{Value, json};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgListener;
-use sqlx::{PgConnection, PgPool, Row as _};
-use tokio::sync::Notify;
+use sqlx::{Connection as _, PgConnection, PgPool, Postgres, Row as _};
+use tokio::sync::{Mutex, MutexGuard, Notify};
 
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
@@ -86,6 +92,47 @@ mod node {
     pub(super) const ROLE_COMBINE: i16 = 1;
 }
 
+/// The statements of a worker's loop, as this adapter sends them: for
+/// baselines that replay the same SQL with another client (the queue
+/// benchmark's pgbench script).
+pub mod statements {
+    /// Enqueues tasks without dedup keys, returning their ids in order:
+    /// `$1` to `$8` the columns `product_id`, `queue`, `kind`, `priority`
+    /// (`int2`), `run_at`, `max_attempts` (`int4`), `timeout_ms` (`int8`)
+    /// and `args` (`jsonb`) as arrays, one element per task; `$9` the
+    /// clock's time.
+    pub const ENQUEUE: &str = "INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
+         max_attempts, timeout_ms, args, created_at) \
+         SELECT p, q, k, pr, ra, ma, tm, a, $9 FROM UNNEST($1::text[], $2::text[], \
+         $3::text[], $4::int2[], $5::timestamptz[], $6::int4[], $7::int8[], $8::jsonb[]) \
+         AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id";
+
+    /// Claims up to `$4` runnable tasks of queue `$3` for worker `$1` at
+    /// time `$2`, each leased for its own timeout or `$5` ms, and counts as
+    /// the worker's heartbeat (written at most once a second). Commits
+    /// without waiting for its flush: see the module documentation.
+    pub const CLAIM: &str = "WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT $1, $2, $2 \
+         FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
+         ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
+         WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
+         c AS (SELECT product_id, id FROM jobs WHERE state = 0 AND queue = $3 \
+         AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+         UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
+         lease_token = nextval('job_lease_tokens'), leased_by = $1, \
+         lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
+         FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
+         RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
+         j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at";
+
+    /// Completes the running tasks `$1` (ids) leased with tokens `$2` by
+    /// workers `$4` under products `$5` at time `$3`, fenced per task;
+    /// returns the ids it recorded.
+    pub const COMPLETE: &str = "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL, \
+         args = 'null'::jsonb FROM UNNEST($1::int8[], $2::int8[], $4::uuid[], $5::text[]) AS t(id, tok, w, p) \
+         WHERE j.product_id = t.p AND j.id = t.id AND j.state = 1 \
+         AND j.lease_token = t.tok AND j.leased_by = t.w RETURNING j.id";
+}
+
 struct Shared {
     notify: Arc<Notify>,
     /// The payload of this queue's hints. The queue wakes its own workers
@@ -111,18 +158,68 @@ impl Drop for Shared {
 }
 
 /// The task queue, stored in PostgreSQL.
+///
+/// Each call takes a connection from the pool for its statements, and the
+/// pool checks the connection with a round trip when it goes back. A
+/// worker's handle ([`PgTaskQueue::for_worker`]) keeps one connection
+/// instead for the single-statement calls of the worker's loop.
 #[derive(Clone)]
 pub struct PgTaskQueue {
     pool: PgPool,
     clock: Arc<dyn Clock>,
     config: QueueConfig,
     shared: Arc<Shared>,
+    /// A worker's handle's connection between calls (`None` inside: not
+    /// taken yet, or given back after a failed statement); `None`: not a
+    /// worker's handle.
+    held: Option<Arc<Mutex<Option<PoolConnection<Postgres>>>>>,
+}
+
+/// The connection one call runs its statements on: a worker's handle's own
+/// when the handle is not busy with another call, else one from the pool.
+enum Conn<'a> {
+    Held {
+        slot: MutexGuard<'a, Option<PoolConnection<Postgres>>>,
+        conn: PoolConnection<Postgres>,
+    },
+    Pooled(PoolConnection<Postgres>),
+}
+
+impl Conn<'_> {
+    /// After statements that succeeded: a worker's handle keeps its
+    /// connection. One not kept (a statement failed, or the call was
+    /// dropped half-way) goes back to the pool, which checks it with a
+    /// round trip and closes it when it is broken or mid-statement.
+    fn keep(self) {
+        if let Conn::Held { mut slot, conn } = self {
+            *slot = Some(conn);
+        }
+    }
+}
+
+impl std::ops::Deref for Conn<'_> {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Conn::Held { conn, .. } | Conn::Pooled(conn) => conn,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Conn<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Conn::Held { conn, .. } | Conn::Pooled(conn) => conn,
+        }
+    }
 }
 
 impl std::fmt::Debug for PgTaskQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgTaskQueue")
             .field("config", &self.config)
+            .field("worker_handle", &self.held.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -249,7 +346,43 @@ impl PgTaskQueue {
                 hinter: OnceLock::new(),
             }),
             pool,
+            held: None,
         }
+    }
+
+    /// The same queue as a worker's handle ([`TaskQueue::for_worker`]):
+    /// what a worker does to its own tasks (plain enqueues, claims,
+    /// completions, failures, releases, heartbeats) runs on one connection
+    /// the handle keeps between calls (taken from the pool at its first
+    /// call, given back when the handle is dropped), so it skips the pool
+    /// checkout and the check the pool makes of every connection given
+    /// back, a round trip per call. A call made while another runs on the
+    /// handle takes a pooled connection as usual; the rest (DAG enqueues,
+    /// enqueues with dedup keys, cancels, sweeps, reads) uses the pool. A
+    /// call that fails gives the connection back to the pool, which closes
+    /// it when it is broken; the next call takes another. Clones share the
+    /// connection.
+    pub fn for_worker(&self) -> Self {
+        Self {
+            held: Some(Arc::new(Mutex::new(None))),
+            ..self.clone()
+        }
+    }
+
+    /// The connection for one call (see [`Conn`]).
+    async fn conn(&self) -> PortResult<Conn<'_>> {
+        if let Some(held) = &self.held
+            && let Ok(mut slot) = held.try_lock()
+        {
+            let conn = match slot.take() {
+                Some(conn) => conn,
+                None => self.pool.acquire().await.map_err(pg_err("acquire"))?,
+            };
+            return Ok(Conn::Held { slot, conn });
+        }
+        Ok(Conn::Pooled(
+            self.pool.acquire().await.map_err(pg_err("acquire"))?,
+        ))
     }
 
     /// Enqueues tasks on `conn`, typically inside the caller's transaction so
@@ -314,45 +447,39 @@ impl PgTaskQueue {
                 .map_or(tasks.len(), |p| i + p);
             let batch = &tasks[i..end];
             // One statement for the rows.
-            let mut got: Vec<i64> = sqlx::query_scalar(
-                "INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
-                 max_attempts, timeout_ms, args, created_at) \
-                 SELECT p, q, k, pr, ra, ma, tm, a, $9 FROM UNNEST($1::text[], $2::text[], \
-                 $3::text[], $4::int2[], $5::timestamptz[], $6::int4[], $7::int8[], $8::jsonb[]) \
-                 AS t(p, q, k, pr, ra, ma, tm, a) RETURNING id",
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|t| t.product_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|t| t.queue.as_str()).collect::<Vec<_>>())
-            .bind(batch.iter().map(|t| t.kind.as_str()).collect::<Vec<_>>())
-            .bind(batch.iter().map(|t| t.priority).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|t| to_pg(t.run_at.unwrap_or(now)))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|t| to_i32(t.max_attempts))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|t| t.timeout.map(millis))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|t| t.payload.clone()).collect::<Vec<_>>())
-            .bind(to_pg(now))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(pg_err("enqueue tasks"))?;
+            let mut got: Vec<i64> = sqlx::query_scalar(statements::ENQUEUE)
+                .bind(
+                    batch
+                        .iter()
+                        .map(|t| t.product_id.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(batch.iter().map(|t| t.queue.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|t| t.kind.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|t| t.priority).collect::<Vec<_>>())
+                .bind(
+                    batch
+                        .iter()
+                        .map(|t| to_pg(t.run_at.unwrap_or(now)))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    batch
+                        .iter()
+                        .map(|t| to_i32(t.max_attempts))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    batch
+                        .iter()
+                        .map(|t| t.timeout.map(millis))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(batch.iter().map(|t| t.payload.clone()).collect::<Vec<_>>())
+                .bind(to_pg(now))
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(pg_err("enqueue tasks"))?;
             // Identity values follow insertion order within one statement.
             got.sort_unstable();
             ids.extend(got.into_iter().map(|id| Some(TaskId(id))));
@@ -484,29 +611,17 @@ impl PgTaskQueue {
         lease: Duration,
     ) -> PortResult<Vec<Lease>> {
         let now = self.clock.now();
-        // Claiming is a heartbeat too, written at most once a second.
-        let rows = sqlx::query(
-            "WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT $1, $2, $2 \
-             FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
-             ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
-             WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
-             c AS (SELECT product_id, id FROM jobs WHERE state = 0 AND queue = $3 \
-             AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
-             UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
-             lease_token = nextval('job_lease_tokens'), leased_by = $1, \
-             lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
-             FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
-             RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
-             j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at",
-        )
-        .bind(worker.0)
-        .bind(to_pg(now))
-        .bind(queue)
-        .bind(i64::try_from(max).unwrap_or(i64::MAX))
-        .bind(millis(lease))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(pg_err("claim tasks"))?;
+        let mut conn = self.conn().await?;
+        let rows = sqlx::query(statements::CLAIM)
+            .bind(worker.0)
+            .bind(to_pg(now))
+            .bind(queue)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .bind(millis(lease))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(pg_err("claim tasks"))?;
+        conn.keep();
         let mut leases = Vec::with_capacity(rows.len());
         let mut order = Vec::with_capacity(rows.len());
         for r in rows {
@@ -661,7 +776,8 @@ impl PgTaskQueue {
         items: &[(&Lease, &Value)],
     ) -> PortResult<Vec<PortResult<()>>> {
         let now = self.clock.now();
-        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
         match lock_run(&mut tx, product, dag).await {
             // No such run under the leases' product: no lease can hold.
             Err(e) if e.is_not_found() => {
@@ -717,6 +833,7 @@ impl PgTaskQueue {
             out.push(Ok(()));
         }
         tx.commit().await.map_err(pg_err("commit"))?;
+        conn.keep();
         if enqueued {
             self.wake_workers();
         }
@@ -727,7 +844,8 @@ impl PgTaskQueue {
     /// transaction, failing its run first-locked.
     async fn discard(&self, lease: &Lease, error: &str) -> PortResult<()> {
         let now = self.clock.now();
-        let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
         let product = &lease.product_id;
         if let Some(dag) = &lease.dag {
             lock_lease_run(&mut tx, lease, dag.dag_id).await?;
@@ -736,7 +854,9 @@ impl PgTaskQueue {
         if let (Some(dag), Some(node_id)) = (&lease.dag, node_id) {
             fail_run(&mut tx, product, dag.dag_id, node_id, error, now).await?;
         }
-        tx.commit().await.map_err(pg_err("commit"))
+        tx.commit().await.map_err(pg_err("commit"))?;
+        conn.keep();
+        Ok(())
     }
 
     async fn status(
@@ -1160,9 +1280,9 @@ impl TaskQueue for PgTaskQueue {
         if tasks.iter().all(|t| t.dedup_key.is_none()) {
             // Without dedup keys `enqueue_in` sends one statement, atomic
             // on its own: no transaction round trips.
-            let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
+            let mut conn = self.conn().await?;
             let (ids, runnable) = self.enqueue_rows(&mut conn, tasks).await?;
-            drop(conn);
+            conn.keep();
             if runnable {
                 self.wake_workers();
             }
@@ -1220,10 +1340,18 @@ impl TaskQueue for PgTaskQueue {
                 .unwrap_or(Ok(()));
         }
         let now = self.clock.now();
-        let mut conn = self.pool.acquire().await.map_err(pg_err("acquire"))?;
-        fenced_finish(&mut conn, lease, job::COMPLETED, None, now)
-            .await
-            .map(|_| ())
+        let mut conn = self.conn().await?;
+        match fenced_finish(&mut conn, lease, job::COMPLETED, None, now).await {
+            Ok(_) => {
+                conn.keep();
+                Ok(())
+            }
+            Err(e) if e.is_lease_lost() => {
+                conn.keep();
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(tasks = done.len()))]
@@ -1236,25 +1364,22 @@ impl TaskQueue for PgTaskQueue {
             .collect();
         let mut recorded = std::collections::HashSet::new();
         if !plain.is_empty() {
-            let ids: Vec<i64> = sqlx::query_scalar(
-                "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL, \
-                 args = 'null'::jsonb FROM UNNEST($1::int8[], $2::int8[], $4::uuid[], $5::text[]) AS t(id, tok, w, p) \
-                 WHERE j.product_id = t.p AND j.id = t.id AND j.state = 1 \
-                 AND j.lease_token = t.tok AND j.leased_by = t.w RETURNING j.id",
-            )
-            .bind(plain.iter().map(|l| l.task_id.0).collect::<Vec<_>>())
-            .bind(plain.iter().map(|l| l.token).collect::<Vec<_>>())
-            .bind(to_pg(now))
-            .bind(plain.iter().map(|l| l.worker.0).collect::<Vec<_>>())
-            .bind(
-                plain
-                    .iter()
-                    .map(|l| l.product_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .fetch_all(&self.pool)
-            .await
-            .map_err(pg_err("complete tasks"))?;
+            let mut conn = self.conn().await?;
+            let ids: Vec<i64> = sqlx::query_scalar(statements::COMPLETE)
+                .bind(plain.iter().map(|l| l.task_id.0).collect::<Vec<_>>())
+                .bind(plain.iter().map(|l| l.token).collect::<Vec<_>>())
+                .bind(to_pg(now))
+                .bind(plain.iter().map(|l| l.worker.0).collect::<Vec<_>>())
+                .bind(
+                    plain
+                        .iter()
+                        .map(|l| l.product_id.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(pg_err("complete tasks"))?;
+            conn.keep();
             recorded.extend(ids);
         }
         // DAG nodes: one transaction per run, in the order given.
@@ -1314,7 +1439,8 @@ impl TaskQueue for PgTaskQueue {
         match decision {
             RetryDecision::RetryAfter(delay) => {
                 let run_at = now + delay;
-                let mut tx = self.pool.begin().await.map_err(pg_err("begin"))?;
+                let mut conn = self.conn().await?;
+                let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
                 if let Some(dag) = &lease.dag
                     && lock_lease_run(&mut tx, lease, dag.dag_id).await? != run::RUNNING
                 {
@@ -1330,6 +1456,7 @@ impl TaskQueue for PgTaskQueue {
                     .await
                     .map_err(pg_err("cancel dag node"))?;
                     tx.commit().await.map_err(pg_err("commit"))?;
+                    conn.keep();
                     return Ok(FailOutcome::Cancelled);
                 }
                 let n = sqlx::query(
@@ -1351,6 +1478,7 @@ impl TaskQueue for PgTaskQueue {
                     return Err(PortError::lease_lost(lease));
                 }
                 tx.commit().await.map_err(pg_err("commit"))?;
+                conn.keep();
                 Ok(FailOutcome::Retrying { run_at })
             }
             RetryDecision::Discard => {
@@ -1362,6 +1490,7 @@ impl TaskQueue for PgTaskQueue {
 
     async fn release(&self, lease: &Lease) -> PortResult<()> {
         let now = self.clock.now();
+        let mut conn = self.conn().await?;
         let n = sqlx::query(
             "UPDATE jobs SET state = 0, attempt = greatest(attempt - 1, 0), run_at = $3, \
              leased_by = NULL WHERE product_id = $5 AND id = $1 AND state = 1 \
@@ -1372,10 +1501,11 @@ impl TaskQueue for PgTaskQueue {
         .bind(to_pg(now))
         .bind(lease.worker.0)
         .bind(lease.product_id.as_str())
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await
         .map_err(pg_err("release task"))?
         .rows_affected();
+        conn.keep();
         if n == 0 {
             return Err(PortError::lease_lost(lease));
         }
@@ -1405,16 +1535,18 @@ impl TaskQueue for PgTaskQueue {
 
     async fn heartbeat(&self, worker: &WorkerId) -> PortResult<()> {
         let now = self.clock.now();
+        let mut conn = self.conn().await?;
         sqlx::query(
             "INSERT INTO workers (id, started_at, last_seen) VALUES ($1, $2, $2) \
              ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen",
         )
         .bind(worker.0)
         .bind(to_pg(now))
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await
-        .map(|_| ())
-        .map_err(pg_err("heartbeat"))
+        .map_err(pg_err("heartbeat"))?;
+        conn.keep();
+        Ok(())
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -1750,6 +1882,10 @@ impl TaskQueue for PgTaskQueue {
     async fn wait_for_work(&self, _queue: &str, timeout: Duration) {
         self.ensure_listener();
         let _ = tokio::time::timeout(timeout, self.shared.notify.notified()).await;
+    }
+
+    fn for_worker(&self) -> Option<Arc<dyn TaskQueue>> {
+        Some(Arc::new(PgTaskQueue::for_worker(self)))
     }
 }
 

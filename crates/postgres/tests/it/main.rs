@@ -254,6 +254,65 @@ mod queue {
     });
 }
 
+/// The same suite through a worker's handle, which keeps one connection
+/// for its calls (and takes pooled ones for calls that overlap).
+mod queue_worker_handle {
+    use std::sync::Arc;
+
+    use parlance_ports::{SystemClock, TaskQueue as _, WorkerId};
+    use parlance_postgres::{PgTaskQueue, testing::test_pool};
+    use parlance_testkit::ManualClock;
+    use parlance_testkit::queue::{Subject, config};
+    use sqlx::Connection as _;
+
+    parlance_testkit::task_queue_suite!(async {
+        let pool = test_pool().await?;
+        let clock = Arc::new(ManualClock::new());
+        let queue = PgTaskQueue::new(pool, clock.clone(), config()).for_worker();
+        Some(Subject::new(Arc::new(queue), clock))
+    });
+
+    /// A handle whose connection the server dropped fails one call at most,
+    /// then works on another connection.
+    #[tokio::test]
+    async fn a_handle_replaces_a_connection_the_server_dropped() {
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let queue = PgTaskQueue::new(pool.clone(), Arc::new(SystemClock), config()).for_worker();
+        let worker = WorkerId(uuid::Uuid::from_u128(7));
+        queue.heartbeat(&worker).await.expect("first heartbeat");
+        let database: String = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+        let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+        // The handle's connection is the one whose last statement was the
+        // heartbeat.
+        let terminated: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+             WHERE datname = $1 AND query LIKE 'INSERT INTO workers%'",
+        )
+        .bind(&database)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        assert_eq!(terminated, [true]);
+        let _ = queue.heartbeat(&worker).await;
+        queue
+            .heartbeat(&worker)
+            .await
+            .expect("a heartbeat on a fresh connection");
+        let last_seen: i64 = sqlx::query_scalar("SELECT count(*) FROM workers WHERE id = $1")
+            .bind(worker.0)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(last_seen, 1);
+    }
+}
+
 mod memory_store {
     use std::sync::Arc;
 
