@@ -119,7 +119,9 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// A worker named `id` on `queue`.
+    /// A worker named `id` on `queue`, through the queue's
+    /// [`TaskQueue::for_worker`] handle when it offers one (on PostgreSQL:
+    /// one connection kept for the worker's claims and completions).
     pub fn new(
         id: WorkerId,
         queue: Arc<dyn TaskQueue>,
@@ -129,7 +131,7 @@ impl Worker {
     ) -> Self {
         Self {
             id,
-            queue,
+            queue: queue.for_worker().unwrap_or(queue),
             handlers: Arc::new(handlers),
             clock,
             config,
