@@ -9,6 +9,7 @@
 //! LLM -> parse -> decide the answer's command.
 
 mod apply;
+mod codec;
 pub mod detector;
 mod error;
 pub mod gate;
@@ -20,6 +21,8 @@ pub mod prompts;
 pub mod runner;
 pub mod session_snapshot;
 pub mod snapshot;
+#[cfg(test)]
+mod snapshot_walk;
 pub mod tour;
 
 pub use apply::{AdoptionEffect, Detected, DetectedItem};
@@ -53,6 +56,8 @@ pub use tour::{
     parse_tour_match_output,
 };
 
+#[cfg(test)]
+mod codec_tests;
 #[cfg(test)]
 mod machine_tests;
 #[cfg(test)]

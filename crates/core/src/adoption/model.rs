@@ -118,6 +118,11 @@ impl<V> OrderedMap<V> {
         Self(Vec::new())
     }
 
+    /// A map of `entries`, whose keys the caller knows to be distinct.
+    pub(crate) fn from_distinct(entries: Vec<(String, V)>) -> Self {
+        Self(entries)
+    }
+
     /// The value under `key`.
     pub fn get(&self, key: &str) -> Option<&V> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)

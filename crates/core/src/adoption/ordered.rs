@@ -183,6 +183,86 @@ impl<'de> Visitor<'de> for OrderedVisitor {
     }
 }
 
+/// Reading a value as a document: the snapshot decoders read an ordered
+/// value the way they read text, in its order.
+impl<'de> Deserializer<'de> for &'de OrderedValue {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self {
+            OrderedValue::Null => visitor.visit_unit(),
+            OrderedValue::Bool(b) => visitor.visit_bool(*b),
+            OrderedValue::Number(n) => n.deserialize_any(visitor),
+            OrderedValue::String(s) => visitor.visit_borrowed_str(s),
+            OrderedValue::Array(items) => visitor.visit_seq(SeqRef(items.iter())),
+            OrderedValue::Object(pairs) => visitor.visit_map(MapRef {
+                pairs: pairs.iter(),
+                value: None,
+            }),
+        }
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+struct SeqRef<'de>(std::slice::Iter<'de, OrderedValue>);
+
+impl<'de> SeqAccess<'de> for SeqRef<'de> {
+    type Error = serde_json::Error;
+
+    fn next_element_seed<T: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, Self::Error> {
+        self.0.next().map(|v| seed.deserialize(v)).transpose()
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+struct MapRef<'de> {
+    pairs: std::slice::Iter<'de, (String, OrderedValue)>,
+    value: Option<&'de OrderedValue>,
+}
+
+impl<'de> MapAccess<'de> for MapRef<'de> {
+    type Error = serde_json::Error;
+
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Self::Error> {
+        match self.pairs.next() {
+            Some((k, v)) => {
+                self.value = Some(v);
+                seed.deserialize(de::value::BorrowedStrDeserializer::new(k))
+                    .map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, Self::Error> {
+        match self.value.take() {
+            Some(v) => seed.deserialize(v),
+            None => Err(de::Error::custom("value without a key")),
+        }
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.pairs.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,15 +1,18 @@
 //! A frozen per-session snapshot of a user's adoption, and the input of the
 //! session summary prompt built from it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Timestamp;
 
+use super::codec::{
+    Entries, Obj, Path, Raw, StrList, boolean, enum_field, fields, str_list, strs, ts, value,
+};
 use super::model::{JourneyState, Mastery, OrderedMap, UserAdoptionState, WorkflowProgress};
 use super::ordered::OrderedValue as V;
 use super::snapshot::{
-    DecodeError, boolean, decode_mastery, decode_progress, enum_field, err, mastery_value,
-    progress_value, str_list, wrong,
+    DecodeError, MasteryIn, WorkflowIn, decode_mastery, decode_progress, not_json, text_value,
+    write_mastery, write_progress,
 };
 
 /// What the completion rate is measured against.
@@ -156,58 +159,72 @@ impl SessionSnapshot {
 
     /// The snapshot (the reference's key order).
     pub fn to_ordered_snapshot(&self) -> V {
-        let num = |x: f64| serde_json::Number::from_f64(x).map_or(V::Null, V::Number);
-        let strs = |xs: &[String]| V::Array(xs.iter().map(|x| V::String(x.clone())).collect());
-        let pairs: Vec<(&str, V)> = vec![
-            ("_v", V::Number(1.into())),
-            ("_frozen", V::Bool(self.frozen)),
-            ("session_id", V::String(self.session_id.clone())),
-            ("session_number", V::Number(self.session_number.into())),
-            ("user_id", V::String(self.user_id.clone())),
-            ("started_at", num(self.started_at.as_epoch_seconds())),
-            ("captured_at", num(self.captured_at.as_epoch_seconds())),
-            ("duration_s", num(self.duration_s)),
-            (
-                "journey_state",
-                V::String(self.journey_state.as_str().to_owned()),
-            ),
-            ("mastery", mastery_value(&self.mastery)),
-            (
-                "proactive_support_count",
-                V::Number(self.proactive_support_count.into()),
-            ),
-            (
-                "distinct_features_seen",
-                V::Number(self.distinct_features_seen.into()),
-            ),
-            ("discovered_features", strs(&self.discovered_features)),
-            (
-                "reached_onboarding_complete",
-                V::Bool(self.reached_onboarding_complete),
-            ),
-            ("completion_rate", num(self.completion_rate)),
-            (
-                "completion_rate_denominator",
-                V::String(self.completion_rate_denominator.as_str().to_owned()),
-            ),
-            (
-                "total_catalog_workflows",
-                V::Number(self.total_catalog_workflows.into()),
-            ),
-            ("completed_workflow_ids", strs(&self.completed_workflow_ids)),
-            (
-                "in_progress_workflow_ids",
-                strs(&self.in_progress_workflow_ids),
-            ),
-            ("untouched_workflow_ids", strs(&self.untouched_workflow_ids)),
-            ("workflow_progress", progress_value(&self.workflow_progress)),
-        ];
-        V::Object(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+        text_value(self.to_snapshot_string().as_bytes()).unwrap_or(V::Null)
     }
 
-    /// The snapshot as a `serde_json::Value`.
+    /// The snapshot as a `serde_json::Value`, keys in the snapshot's order.
     pub fn to_snapshot(&self) -> serde_json::Value {
-        (&self.to_ordered_snapshot()).into()
+        text_value(self.to_snapshot_string().as_bytes()).unwrap_or_default()
+    }
+
+    /// The snapshot as JSON text, written straight from the snapshot.
+    pub fn to_snapshot_string(&self) -> String {
+        let mut out = Vec::with_capacity(1024);
+        self.write_snapshot(&mut out);
+        // serde_json writes UTF-8 only, and so do the fixed keys.
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Appends the snapshot as JSON text to `out`.
+    pub fn write_snapshot(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"_v\":1,\"_frozen\":");
+        value(out, &self.frozen);
+        out.extend_from_slice(b",\"session_id\":");
+        value(out, &self.session_id);
+        out.extend_from_slice(b",\"session_number\":");
+        value(out, &self.session_number);
+        out.extend_from_slice(b",\"user_id\":");
+        value(out, &self.user_id);
+        out.extend_from_slice(b",\"started_at\":");
+        ts(out, self.started_at);
+        out.extend_from_slice(b",\"captured_at\":");
+        ts(out, self.captured_at);
+        out.extend_from_slice(b",\"duration_s\":");
+        value(out, &self.duration_s);
+        out.extend_from_slice(b",\"journey_state\":");
+        value(out, self.journey_state.as_str());
+        out.extend_from_slice(b",\"mastery\":");
+        write_mastery(out, &self.mastery);
+        out.extend_from_slice(b",\"proactive_support_count\":");
+        value(out, &self.proactive_support_count);
+        out.extend_from_slice(b",\"distinct_features_seen\":");
+        value(out, &self.distinct_features_seen);
+        out.extend_from_slice(b",\"discovered_features\":");
+        strs(out, &self.discovered_features);
+        out.extend_from_slice(b",\"reached_onboarding_complete\":");
+        value(out, &self.reached_onboarding_complete);
+        out.extend_from_slice(b",\"completion_rate\":");
+        value(out, &self.completion_rate);
+        out.extend_from_slice(b",\"completion_rate_denominator\":");
+        value(out, self.completion_rate_denominator.as_str());
+        out.extend_from_slice(b",\"total_catalog_workflows\":");
+        value(out, &self.total_catalog_workflows);
+        out.extend_from_slice(b",\"completed_workflow_ids\":");
+        strs(out, &self.completed_workflow_ids);
+        out.extend_from_slice(b",\"in_progress_workflow_ids\":");
+        strs(out, &self.in_progress_workflow_ids);
+        out.extend_from_slice(b",\"untouched_workflow_ids\":");
+        strs(out, &self.untouched_workflow_ids);
+        out.extend_from_slice(b",\"workflow_progress\":");
+        write_progress(out, &self.workflow_progress);
+        out.push(b'}');
+    }
+
+    /// Decodes snapshot text with no value tree in between (see
+    /// [`SessionSnapshot::from_ordered_snapshot`] for the rules).
+    pub fn from_snapshot_str(text: &str, now: Timestamp) -> Result<Self, DecodeError> {
+        let doc: Obj<SnapIn<'_>> = serde_json::from_str(text).map_err(|e| not_json(&e))?;
+        decode(doc, now)
     }
 
     /// Decodes a snapshot. The version must be 1; the rest is read as
@@ -219,92 +236,8 @@ impl SessionSnapshot {
     /// boolean nor `null` are rejected. `_frozen` is true when absent and
     /// false when `null`, as the reference reads it.
     pub fn from_ordered_snapshot(v: &V, now: Timestamp) -> Result<Self, DecodeError> {
-        if !matches!(v, V::Object(_)) {
-            return Err(wrong("$", "an object", v));
-        }
-        match v.get("_v") {
-            Some(V::Number(n)) if n.as_u64() == Some(1) => {}
-            _ => return Err(err("$._v", "unsupported or missing snapshot version")),
-        }
-        let req = |k: &str| -> Result<String, DecodeError> {
-            match v.get(k) {
-                Some(V::String(s)) if !s.is_empty() => Ok(s.clone()),
-                Some(V::String(_)) | None | Some(V::Null) => {
-                    Err(err(&format!("$.{k}"), "must not be empty"))
-                }
-                Some(other) => Err(wrong(&format!("$.{k}"), "a string", other)),
-            }
-        };
-        let number = |k: &str| match v.get(k) {
-            Some(V::Number(n)) => n.as_f64().unwrap_or(0.0),
-            _ => 0.0,
-        };
-        let lenient_count = |k: &str| match v.get(k) {
-            Some(V::Number(n)) => {
-                let x = n.as_f64().unwrap_or(0.0).trunc();
-                if x <= 0.0 {
-                    0
-                } else if x >= i64::MAX as f64 {
-                    i64::MAX as u64
-                } else {
-                    x as u64
-                }
-            }
-            _ => 0,
-        };
-        let time = |k: &str| match v.get(k) {
-            Some(V::Number(n)) => n
-                .as_f64()
-                .and_then(|x| Timestamp::from_epoch_seconds(x).ok())
-                .unwrap_or(now),
-            _ => now,
-        };
-        let list = |k: &str| -> Result<Vec<String>, DecodeError> {
-            match v.get(k) {
-                Some(a @ V::Array(_)) => str_list(Some(a), &format!("$.{k}")),
-                _ => Ok(Vec::new()),
-            }
-        };
-        let frozen = match v.get("_frozen") {
-            None => true,
-            Some(V::Null) => false,
-            other => boolean(other, "$._frozen")?,
-        };
-        let denominator = match v.get("completion_rate_denominator") {
-            Some(x @ (V::Array(_) | V::Object(_))) => {
-                return Err(wrong("$.completion_rate_denominator", "a string", x));
-            }
-            other => enum_field(other, CompletionRateDenominator::coerce),
-        };
-        Ok(SessionSnapshot {
-            session_id: req("session_id")?,
-            session_number: lenient_count("session_number"),
-            user_id: req("user_id")?,
-            started_at: time("started_at"),
-            captured_at: time("captured_at"),
-            duration_s: number("duration_s"),
-            journey_state: enum_field(v.get("journey_state"), JourneyState::coerce),
-            mastery: decode_mastery(v.get("mastery"), "$.mastery")?,
-            proactive_support_count: lenient_count("proactive_support_count"),
-            distinct_features_seen: lenient_count("distinct_features_seen"),
-            discovered_features: list("discovered_features")?,
-            reached_onboarding_complete: boolean(
-                v.get("reached_onboarding_complete"),
-                "$.reached_onboarding_complete",
-            )?,
-            completion_rate: number("completion_rate").clamp(0.0, 1.0),
-            completion_rate_denominator: denominator,
-            total_catalog_workflows: lenient_count("total_catalog_workflows"),
-            completed_workflow_ids: list("completed_workflow_ids")?,
-            in_progress_workflow_ids: list("in_progress_workflow_ids")?,
-            untouched_workflow_ids: list("untouched_workflow_ids")?,
-            workflow_progress: decode_progress(
-                v.get("workflow_progress"),
-                "$.workflow_progress",
-                now,
-            )?,
-            frozen,
-        })
+        let doc = Obj::<SnapIn<'_>>::deserialize(v).map_err(|e| not_json(&e))?;
+        decode(doc, now)
     }
 
     /// The input of the session summary prompt.
@@ -323,6 +256,152 @@ impl SessionSnapshot {
             discovered_features_json: python_json_list(&self.discovered_features),
         }
     }
+}
+
+fields!(SnapIn {
+    version: Raw<'de> = "_v",
+    frozen: Raw<'de> = "_frozen",
+    session_id: Raw<'de> = "session_id",
+    session_number: Raw<'de> = "session_number",
+    user_id: Raw<'de> = "user_id",
+    started_at: Raw<'de> = "started_at",
+    captured_at: Raw<'de> = "captured_at",
+    duration_s: Raw<'de> = "duration_s",
+    journey_state: Raw<'de> = "journey_state",
+    mastery: Obj<MasteryIn<'de>> = "mastery",
+    proactive_support_count: Raw<'de> = "proactive_support_count",
+    distinct_features_seen: Raw<'de> = "distinct_features_seen",
+    discovered_features: StrList = "discovered_features",
+    reached_onboarding_complete: Raw<'de> = "reached_onboarding_complete",
+    completion_rate: Raw<'de> = "completion_rate",
+    completion_rate_denominator: Raw<'de> = "completion_rate_denominator",
+    total_catalog_workflows: Raw<'de> = "total_catalog_workflows",
+    completed_workflow_ids: StrList = "completed_workflow_ids",
+    in_progress_workflow_ids: StrList = "in_progress_workflow_ids",
+    untouched_workflow_ids: StrList = "untouched_workflow_ids",
+    workflow_progress: Entries<'de, WorkflowIn<'de>> = "workflow_progress",
+});
+
+/// A required id: non-empty text.
+fn required(v: Option<Raw<'_>>, path: &Path<'_>) -> Result<String, DecodeError> {
+    match v {
+        Some(Raw::String(s)) if !s.is_empty() => Ok(s.into_owned()),
+        Some(Raw::String(_) | Raw::Null) | None => Err(path.err("must not be empty")),
+        Some(other) => Err(path.wrong("a string", other.type_name())),
+    }
+}
+
+/// Any number, else 0.
+fn number(v: Option<&Raw<'_>>) -> f64 {
+    match v {
+        Some(Raw::Number(n)) => n.as_f64().unwrap_or(0.0),
+        _ => 0.0,
+    }
+}
+
+/// Any number truncated into `[0, 2^63 - 1]`, else 0.
+fn lenient_count(v: Option<&Raw<'_>>) -> u64 {
+    match v {
+        Some(Raw::Number(n)) => {
+            let x = n.as_f64().unwrap_or(0.0).trunc();
+            if x <= 0.0 {
+                0
+            } else if x >= i64::MAX as f64 {
+                i64::MAX as u64
+            } else {
+                x as u64
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// A timestamp, `now` for anything else or one out of range.
+fn time(v: Option<&Raw<'_>>, now: Timestamp) -> Timestamp {
+    match v {
+        Some(Raw::Number(n)) => n
+            .as_f64()
+            .and_then(|x| Timestamp::from_epoch_seconds(x).ok())
+            .unwrap_or(now),
+        _ => now,
+    }
+}
+
+/// A list of strings when it is a list, else empty.
+fn list(v: Option<StrList>, path: &Path<'_>) -> Result<Vec<String>, DecodeError> {
+    match v {
+        Some(l @ StrList::List { .. }) => str_list(Some(l), path),
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// Checks the fields read, in the order of the reference decoder: the first
+/// error found is the one reported.
+fn decode(doc: Obj<SnapIn<'_>>, now: Timestamp) -> Result<SessionSnapshot, DecodeError> {
+    let root = Path::ROOT;
+    let r = match doc {
+        Obj::Fields { fields, .. } => fields,
+        Obj::Other(s) => return Err(root.wrong("an object", s.name)),
+    };
+    match &r.version {
+        Some(Raw::Number(n)) if n.as_u64() == Some(1) => {}
+        _ => {
+            return Err(root
+                .key("_v")
+                .err("unsupported or missing snapshot version"));
+        }
+    }
+    let frozen = match &r.frozen {
+        None => true,
+        Some(Raw::Null) => false,
+        other => boolean(other.as_ref(), &root.key("_frozen"))?,
+    };
+    let denominator = match &r.completion_rate_denominator {
+        Some(x @ (Raw::Array { .. } | Raw::Object { .. })) => {
+            return Err(root
+                .key("completion_rate_denominator")
+                .wrong("a string", x.type_name()));
+        }
+        other => enum_field(other.as_ref(), CompletionRateDenominator::coerce),
+    };
+    Ok(SessionSnapshot {
+        session_id: required(r.session_id, &root.key("session_id"))?,
+        session_number: lenient_count(r.session_number.as_ref()),
+        user_id: required(r.user_id, &root.key("user_id"))?,
+        started_at: time(r.started_at.as_ref(), now),
+        captured_at: time(r.captured_at.as_ref(), now),
+        duration_s: number(r.duration_s.as_ref()),
+        journey_state: enum_field(r.journey_state.as_ref(), JourneyState::coerce),
+        mastery: decode_mastery(r.mastery, &root.key("mastery"))?,
+        proactive_support_count: lenient_count(r.proactive_support_count.as_ref()),
+        distinct_features_seen: lenient_count(r.distinct_features_seen.as_ref()),
+        discovered_features: list(r.discovered_features, &root.key("discovered_features"))?,
+        reached_onboarding_complete: boolean(
+            r.reached_onboarding_complete.as_ref(),
+            &root.key("reached_onboarding_complete"),
+        )?,
+        completion_rate: number(r.completion_rate.as_ref()).clamp(0.0, 1.0),
+        completion_rate_denominator: denominator,
+        total_catalog_workflows: lenient_count(r.total_catalog_workflows.as_ref()),
+        completed_workflow_ids: list(
+            r.completed_workflow_ids,
+            &root.key("completed_workflow_ids"),
+        )?,
+        in_progress_workflow_ids: list(
+            r.in_progress_workflow_ids,
+            &root.key("in_progress_workflow_ids"),
+        )?,
+        untouched_workflow_ids: list(
+            r.untouched_workflow_ids,
+            &root.key("untouched_workflow_ids"),
+        )?,
+        workflow_progress: decode_progress(
+            r.workflow_progress,
+            &root.key("workflow_progress"),
+            now,
+        )?,
+        frozen,
+    })
 }
 
 /// The facts the session summary prompt is given.
