@@ -11,6 +11,8 @@
 //! row carries the decision's next deadline, indexed (`sessions_next_deadline`),
 //! so a claim reads only what is due and takes it with `SKIP LOCKED`:
 //! concurrent sweepers never wait on each other or take the same session.
+//! Snapshots travel as text both ways: bound as the JSON text the state
+//! writes and selected as `snapshot::text`, decoded straight from it.
 
 use std::sync::LazyLock;
 
@@ -48,12 +50,13 @@ impl PgSessionStore {
     }
 }
 
-/// A stored row back into a session. A snapshot that does not decode is
-/// reported, never replaced.
+/// A stored row back into a session: its snapshot is selected as text
+/// (`snapshot::text`) and decoded from it, with no `Value` in between. A
+/// snapshot that does not decode is reported, never replaced.
 fn decode(row: &PgRow) -> PortResult<Stored<SessionState>> {
     let version: i64 = row.try_get("version").map_err(pg_err("decode session"))?;
-    let snapshot: Value = row.try_get("snapshot").map_err(pg_err("decode session"))?;
-    let state = SessionState::from_snapshot(&snapshot).map_err(|e| {
+    let snapshot: &str = row.try_get("snapshot").map_err(pg_err("decode session"))?;
+    let state = SessionState::from_snapshot_slice(snapshot.as_bytes()).map_err(|e| {
         PortError::other("postgres: stored session snapshot does not decode").with_source(e)
     })?;
     Ok(Stored {
@@ -63,15 +66,17 @@ fn decode(row: &PgRow) -> PortResult<Stored<SessionState>> {
 }
 
 /// Writes the row of `c`: inserted at version 1 when it expects none,
-/// else updated if it is still at the expected version. `None` when that
-/// guard matched no row (the session exists, moved or is gone).
+/// else updated if it is still at the expected version; the snapshot is
+/// bound as the text the state writes (`$4::text::jsonb`), with no `Value`
+/// in between. `None` when that guard matched no row (the session exists,
+/// moved or is gone).
 async fn write_row<'e>(
     conn: impl PgExecutor<'e>,
     c: &Commit<'_, SessionState>,
 ) -> PortResult<Option<Version>> {
     const INSERT: &str = "INSERT INTO sessions (product_id, session_id, version, next_deadline, snapshot) \
-         VALUES ($1, $2, 1, $3, $4) ON CONFLICT DO NOTHING";
-    const UPDATE: &str = "UPDATE sessions SET version = version + 1, snapshot = $4, \
+         VALUES ($1, $2, 1, $3, $4::text::jsonb) ON CONFLICT DO NOTHING";
+    const UPDATE: &str = "UPDATE sessions SET version = version + 1, snapshot = $4::text::jsonb, \
          next_deadline = $3 WHERE product_id = $1 AND session_id = $2 AND version = $5 \
          RETURNING version";
     let deadline = c.decision.next_deadline.map(to_pg);
@@ -81,7 +86,7 @@ async fn write_row<'e>(
                 .bind(c.key.product_id.as_str())
                 .bind(c.key.session_id.as_str())
                 .bind(deadline)
-                .bind(c.state.to_snapshot())
+                .bind(c.state.to_snapshot_string())
                 .execute(conn)
                 .await
                 .map_err(pg_err("create session"))?;
@@ -92,7 +97,7 @@ async fn write_row<'e>(
                 .bind(c.key.product_id.as_str())
                 .bind(c.key.session_id.as_str())
                 .bind(deadline)
-                .bind(c.state.to_snapshot())
+                .bind(c.state.to_snapshot_string())
                 .bind(expected.as_i64())
                 .fetch_all(conn)
                 .await
@@ -132,13 +137,13 @@ fn write_all(u: &str) -> String {
 static CREATE_ALL: LazyLock<String> = LazyLock::new(|| {
     write_all(
         "INSERT INTO sessions (product_id, session_id, version, next_deadline, snapshot) \
-         VALUES ($1, $2, 1, $3, $4) ON CONFLICT DO NOTHING RETURNING version",
+         VALUES ($1, $2, 1, $3, $4::text::jsonb) ON CONFLICT DO NOTHING RETURNING version",
     )
 });
 
 static UPDATE_ALL: LazyLock<String> = LazyLock::new(|| {
     write_all(
-        "UPDATE sessions SET version = version + 1, snapshot = $4, next_deadline = $3 \
+        "UPDATE sessions SET version = version + 1, snapshot = $4::text::jsonb, next_deadline = $3 \
          WHERE product_id = $1 AND session_id = $2 AND version = $23 RETURNING version",
     )
 });
@@ -161,7 +166,7 @@ async fn write_with_audit_and_tasks(
         .bind(c.key.product_id.as_str())
         .bind(c.key.session_id.as_str())
         .bind(c.decision.next_deadline.map(to_pg))
-        .bind(c.state.to_snapshot())
+        .bind(c.state.to_snapshot_string())
         .bind(
             entries
                 .iter()
@@ -216,7 +221,8 @@ async fn write_with_audit_and_tasks(
 impl MachineStore<SessionState> for PgSessionStore {
     async fn load(&self, key: &SessionKey) -> PortResult<Option<Stored<SessionState>>> {
         let row = sqlx::query(
-            "SELECT version, snapshot FROM sessions WHERE product_id = $1 AND session_id = $2",
+            "SELECT version, snapshot::text AS snapshot FROM sessions \
+             WHERE product_id = $1 AND session_id = $2",
         )
         .bind(key.product_id.as_str())
         .bind(key.session_id.as_str())
@@ -300,7 +306,7 @@ impl SessionStore for PgSessionStore {
                  RETURNING s.version, s.snapshot, due.next_deadline AS was_due, \
                            due.product_id, due.session_id \
              ) \
-             SELECT version, snapshot FROM claimed \
+             SELECT version, snapshot::text AS snapshot FROM claimed \
              ORDER BY was_due, product_id, session_id",
         )
         .bind(to_pg(now))
