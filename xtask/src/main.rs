@@ -189,7 +189,7 @@ fn bench(args: &[String]) -> Result<()> {
 }
 
 /// True for benchmark parts that touch no database (`session core`,
-/// `session replay`): they run without PostgreSQL.
+/// `session replay`, `session adoption`): they run without PostgreSQL.
 fn in_memory_only(args: &[String]) -> bool {
     let parts: Vec<&str> = args
         .iter()
@@ -199,7 +199,9 @@ fn in_memory_only(args: &[String]) -> bool {
         .collect();
     args.first().map(String::as_str) == Some("session")
         && !parts.is_empty()
-        && parts.iter().all(|p| matches!(*p, "core" | "replay"))
+        && parts
+            .iter()
+            .all(|p| matches!(*p, "core" | "replay" | "adoption"))
 }
 
 /// The soak run (`crates/app/benches/soak.rs`) in release mode.

@@ -1,4 +1,4 @@
-//! Session machine benchmarks: `cargo xtask bench session [core|replay|pg|sweep] [--smoke]`.
+//! Session machine benchmarks: `cargo xtask bench session [core|replay|adoption|pg|sweep] [--smoke]`.
 //!
 //! - core: a fixed pseudo-random mix of events on one session in memory, ns
 //!   per event: through the state's own operations (a tick, then the event)
@@ -12,6 +12,10 @@
 //!   ns per step with and without the snapshot round trips, one snapshot
 //!   round trip (encode to JSON text, decode), and the ratios. The traces
 //!   are parsed and compiled to operations before any timing.
+//! - adoption: the adoption snapshots' round trip (encode to JSON text,
+//!   decode it) through the typed codec and, side by side in the same run,
+//!   through the value-tree codec it replaced, on realistic records (see
+//!   `adoption/mod.rs`); the results also as `report_row` rows.
 //! - pg: events per second through the service (`apply_event`, the executor
 //!   path the routes take: catalog, load, decide, commit) and the PostgreSQL
 //!   store with 16 concurrent clients, next to `pgbench -N -c 16` on the same
@@ -23,6 +27,7 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark reports on stdout
 
+mod adoption;
 mod common;
 mod replay;
 
@@ -370,7 +375,7 @@ fn main() {
     let picked: Vec<&str> = args
         .iter()
         .map(String::as_str)
-        .filter(|a| matches!(*a, "core" | "replay" | "pg" | "sweep"))
+        .filter(|a| matches!(*a, "core" | "replay" | "adoption" | "pg" | "sweep"))
         .collect();
     let wants = |name: &str| picked.is_empty() || picked.contains(&name);
     if wants("core") {
@@ -378,6 +383,10 @@ fn main() {
     }
     if wants("replay") {
         replay::bench_replay(if smoke { 2 } else { 15 });
+    }
+    if wants("adoption") {
+        let (rounds, n) = if smoke { (3, 200) } else { (21, 4_000) };
+        adoption::bench_adoption(rounds, n);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -21,8 +21,11 @@ pub mod prompts;
 pub mod runner;
 pub mod session_snapshot;
 pub mod snapshot;
-#[cfg(test)]
-mod snapshot_walk;
+// The value-tree codec the typed one replaced: the tests' oracle, and the
+// baseline of `cargo xtask bench session adoption`.
+#[cfg(any(test, feature = "tree-codec"))]
+#[doc(hidden)]
+pub mod snapshot_walk;
 pub mod tour;
 
 pub use apply::{AdoptionEffect, Detected, DetectedItem};

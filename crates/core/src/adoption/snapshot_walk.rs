@@ -1,8 +1,9 @@
-//! The adoption snapshots' first codec, kept to test the typed one: it
-//! encodes by building an ordered value tree and decodes by walking one,
-//! tracking each field's path by hand. The property tests hold the typed
-//! codec to it: the same text, the same state or the same error (path and
-//! message).
+//! The adoption snapshots' first codec, kept to test the typed one (and
+//! compiled outside the tests only with the `tree-codec` feature, for the
+//! benchmark that compares them): it encodes by building an ordered value
+//! tree and decodes by walking one, tracking each field's path by hand. The
+//! property tests hold the typed codec to it: the same text, the same state
+//! or the same error (path and message).
 
 use crate::Timestamp;
 
@@ -141,6 +142,7 @@ fn onboarding_value(o: &OnboardingState) -> V {
 }
 
 /// The old `WorkflowProgress::from_snapshot`.
+#[cfg(test)]
 pub(crate) fn decode_workflow_entry(
     v: &V,
     now: Timestamp,
@@ -152,7 +154,7 @@ pub(crate) fn decode_workflow_entry(
 }
 
 /// The old `UserAdoptionState::to_ordered_snapshot`.
-pub(crate) fn encode_state(state: &UserAdoptionState) -> V {
+pub fn encode_state(state: &UserAdoptionState) -> V {
     let metadata = serde_json::Value::Object(state.metadata.clone());
     obj(vec![
         ("_v", V::Number(SNAPSHOT_VERSION.into())),
@@ -196,7 +198,7 @@ pub(crate) fn encode_state(state: &UserAdoptionState) -> V {
 }
 
 /// The old `UserAdoptionState::from_ordered_snapshot`.
-pub(crate) fn decode_state(v: &V, now: Timestamp) -> Result<UserAdoptionState, DecodeError> {
+pub fn decode_state(v: &V, now: Timestamp) -> Result<UserAdoptionState, DecodeError> {
     let V::Object(_) = v else {
         return Err(wrong("$", "an object", v));
     };
@@ -566,8 +568,8 @@ fn decode_onboarding(o: &V, path: &str, now: Timestamp) -> Result<OnboardingStat
     })
 }
 
-/// The snapshot (the reference's key order).
-pub(crate) fn encode_session(snap: &SessionSnapshot) -> V {
+/// The old `SessionSnapshot::to_ordered_snapshot`.
+pub fn encode_session(snap: &SessionSnapshot) -> V {
     let num = |x: f64| serde_json::Number::from_f64(x).map_or(V::Null, V::Number);
     let strs = |xs: &[String]| V::Array(xs.iter().map(|x| V::String(x.clone())).collect());
     let pairs: Vec<(&str, V)> = vec![
@@ -617,7 +619,8 @@ pub(crate) fn encode_session(snap: &SessionSnapshot) -> V {
     V::Object(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
-pub(crate) fn decode_session(v: &V, now: Timestamp) -> Result<SessionSnapshot, DecodeError> {
+/// The old `SessionSnapshot::from_ordered_snapshot`.
+pub fn decode_session(v: &V, now: Timestamp) -> Result<SessionSnapshot, DecodeError> {
     if !matches!(v, V::Object(_)) {
         return Err(wrong("$", "an object", v));
     }
@@ -703,10 +706,7 @@ pub(crate) fn decode_session(v: &V, now: Timestamp) -> Result<SessionSnapshot, D
 }
 
 /// The old `UserAdoptionState::from_snapshot_str`.
-pub(crate) fn decode_state_str(
-    text: &str,
-    now: Timestamp,
-) -> Result<UserAdoptionState, DecodeError> {
+pub fn decode_state_str(text: &str, now: Timestamp) -> Result<UserAdoptionState, DecodeError> {
     let v = V::parse(text).map_err(|e| err("$", format!("not json: {e}")))?;
     decode_state(&v, now)
 }
