@@ -399,13 +399,15 @@ fn pgbench_script(batch: usize) -> anyhow::Result<(String, Vec<(&'static str, St
         sql::CLAIM,
         &[PGBENCH_WORKER, "now()", ":queue", ":batch", ":lease_ms"],
     )?;
-    let (ctes, update) = claim
-        .split_once(" UPDATE jobs j SET state = 1")
-        .context("the claim is CTEs, then the update")?;
+    let (ctes, select) = claim
+        .split_once(") SELECT u.*,")
+        .context("the claim is CTEs, then a select from the update")?;
+    let (_, join) = select
+        .split_once(" FROM u ")
+        .context("the claim's select reads the update")?;
     let claim = format!(
-        "{ctes}, u AS (UPDATE jobs j SET state = 1{update}) \
-         SELECT array_agg(id) AS ids, array_agg(lease_token) AS toks, \
-         array_agg({PGBENCH_WORKER}) AS ws, array_agg(product_id) AS ps FROM u \\gset"
+        "{ctes}) SELECT array_agg(u.id) AS ids, array_agg(u.lease_token) AS toks, \
+         array_agg({PGBENCH_WORKER}) AS ws, array_agg(u.product_id) AS ps FROM u {join} \\gset"
     );
     let complete = substitute(sql::COMPLETE, &[":ids", ":toks", "now()", ":ws", ":ps"])?;
     Ok((format!("{enqueue};\n{claim}\n{complete};\n"), vars))

@@ -158,6 +158,69 @@ impl MemoryTaskQueue {
     fn wake(&self) {
         wake(&self.notify);
     }
+
+    /// Completes `lease`'s task under the lock (see
+    /// [`TaskQueue::complete`]); the caller wakes the workers.
+    fn complete_locked(
+        &self,
+        st: &mut State,
+        lease: &Lease,
+        result: Value,
+        now: Timestamp,
+    ) -> PortResult<()> {
+        let dag = st.leased(lease)?.dag;
+        // (run, node, is a map, run still running), while the run is kept.
+        let node = dag.and_then(|(d, n)| {
+            st.dags.get(&d).map(|g| {
+                let is_map = g.nodes[n].map.is_some();
+                (d, n, is_map, g.state == DagState::Running)
+            })
+        });
+        if let Some((d, n, true, _)) = node
+            && !result.is_array()
+        {
+            return Err(PortError::invalid(format!(
+                "map node {:?} must return an array",
+                st.dags[&d].nodes[n].key
+            )));
+        }
+        if let Some((d, n, true, _)) = node
+            && let Some(items) = result.as_array()
+            && items.len() > self.config.dag_limits.max_nodes
+        {
+            return Err(PortError::invalid(format!(
+                "map node {:?} returned {} items; a map fans out to at most {}",
+                st.dags[&d].nodes[n].key,
+                items.len(),
+                self.config.dag_limits.max_nodes
+            )));
+        }
+        let job = st.leased(lease)?;
+        job.state = JobState::Completed;
+        job.finished_at = Some(now);
+        job.leased_by = None;
+        // A completed task never runs again: its payload goes.
+        job.payload = Value::Null;
+        match node {
+            Some((d, n, true, true)) => {
+                let items = result.as_array().cloned().unwrap_or_default();
+                // The map node itself is done; its children now wait for the
+                // combine node, which the expansion adds.
+                if let Some(dag) = st.dags.get_mut(&d) {
+                    dag.nodes[n].state = NodeState::Completed;
+                    dag.nodes[n].result = Some(result);
+                    dag.done += 1;
+                }
+                st.expand_map(d, n, &items, now);
+                if let Some(dag) = st.dags.get_mut(&d) {
+                    dag.nodes[n].compact();
+                }
+            }
+            Some((d, n, _, _)) => st.finish_node(d, n, result, now),
+            None => {}
+        }
+        Ok(())
+    }
 }
 
 impl State {
@@ -449,6 +512,32 @@ impl State {
         })
     }
 
+    /// Leases available job `id` to `worker` with a fresh token.
+    fn lease_job(&mut self, id: i64, worker: &WorkerId, lease: Duration, now: Timestamp) -> Lease {
+        self.last_token += 1;
+        let token = self.last_token;
+        let job = self.jobs.get_mut(&id).expect("an available job");
+        job.state = JobState::Running;
+        job.attempt += 1;
+        job.token = token;
+        job.leased_by = Some(*worker);
+        job.expires_at = now + job.timeout.unwrap_or(lease);
+        let job = self.jobs.get(&id).expect("an available job");
+        Lease {
+            task_id: TaskId(id),
+            token,
+            worker: *worker,
+            product_id: job.product_id.clone(),
+            kind: job.kind.clone(),
+            queue: job.queue.clone(),
+            payload: job.payload.clone(),
+            attempt: job.attempt,
+            max_attempts: job.max_attempts,
+            expires_at: job.expires_at,
+            dag: self.dag_task(job),
+        }
+    }
+
     fn dag_task(&self, job: &Job) -> Option<DagTask> {
         let (d, n) = job.dag?;
         let dag = self.dags.get(&d)?;
@@ -593,91 +682,68 @@ impl TaskQueue for MemoryTaskQueue {
             .collect();
         runnable.sort_unstable();
         runnable.truncate(max);
-        let mut leases = Vec::with_capacity(runnable.len());
-        for (_, _, id) in runnable {
-            st.last_token += 1;
-            let token = st.last_token;
-            let job = st.jobs.get_mut(&id).expect("listed above");
-            job.state = JobState::Running;
-            job.attempt += 1;
-            job.token = token;
-            job.leased_by = Some(*worker);
-            job.expires_at = now + job.timeout.unwrap_or(lease);
-            let job = st.jobs.get(&id).expect("listed above");
-            leases.push(Lease {
-                task_id: TaskId(id),
-                token,
-                worker: *worker,
-                product_id: job.product_id.clone(),
-                kind: job.kind.clone(),
-                queue: job.queue.clone(),
-                payload: job.payload.clone(),
-                attempt: job.attempt,
-                max_attempts: job.max_attempts,
-                expires_at: job.expires_at,
-                dag: st.dag_task(job),
-            });
-        }
-        Ok(leases)
+        Ok(runnable
+            .into_iter()
+            .map(|(_, _, id)| st.lease_job(id, worker, lease, now))
+            .collect())
     }
 
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
         let now = self.clock.now();
         let mut st = self.lock();
-        let dag = st.leased(lease)?.dag;
-        // (run, node, is a map, run still running), while the run is kept.
-        let node = dag.and_then(|(d, n)| {
-            st.dags.get(&d).map(|g| {
-                let is_map = g.nodes[n].map.is_some();
-                (d, n, is_map, g.state == DagState::Running)
-            })
-        });
-        if let Some((d, n, true, _)) = node
-            && !result.is_array()
-        {
-            return Err(PortError::invalid(format!(
-                "map node {:?} must return an array",
-                st.dags[&d].nodes[n].key
-            )));
-        }
-        if let Some((d, n, true, _)) = node
-            && let Some(items) = result.as_array()
-            && items.len() > self.config.dag_limits.max_nodes
-        {
-            return Err(PortError::invalid(format!(
-                "map node {:?} returned {} items; a map fans out to at most {}",
-                st.dags[&d].nodes[n].key,
-                items.len(),
-                self.config.dag_limits.max_nodes
-            )));
-        }
-        let job = st.leased(lease)?;
-        job.state = JobState::Completed;
-        job.finished_at = Some(now);
-        job.leased_by = None;
-        // A completed task never runs again: its payload goes.
-        job.payload = Value::Null;
-        match node {
-            Some((d, n, true, true)) => {
-                let items = result.as_array().cloned().unwrap_or_default();
-                // The map node itself is done; its children now wait for the
-                // combine node, which the expansion adds.
-                if let Some(dag) = st.dags.get_mut(&d) {
-                    dag.nodes[n].state = NodeState::Completed;
-                    dag.nodes[n].result = Some(result);
-                    dag.done += 1;
-                }
-                st.expand_map(d, n, &items, now);
-                if let Some(dag) = st.dags.get_mut(&d) {
-                    dag.nodes[n].compact();
-                }
-            }
-            Some((d, n, _, _)) => st.finish_node(d, n, result, now),
-            None => {}
-        }
+        self.complete_locked(&mut st, lease, result, now)?;
         drop(st);
         self.wake();
         Ok(())
+    }
+
+    async fn complete_and_claim(
+        &self,
+        lease: &Lease,
+        result: Value,
+        kinds: &[String],
+        max: usize,
+        lease_for: Duration,
+    ) -> PortResult<Vec<Lease>> {
+        let now = self.clock.now();
+        let mut st = self.lock();
+        let first_new = st.last_task + 1;
+        let is_map = st
+            .leased(lease)?
+            .dag
+            .and_then(|(d, n)| st.dags.get(&d).map(|g| g.nodes[n].map.is_some()))
+            .unwrap_or(false);
+        self.complete_locked(&mut st, lease, result, now)?;
+        // The children this completion freed (not a map's elements), best
+        // first.
+        let mut freed: Vec<(i16, Timestamp, i64)> = st
+            .jobs
+            .range(first_new..)
+            .filter(|(_, j)| {
+                !is_map
+                    && j.state == JobState::Available
+                    && j.queue == lease.queue
+                    && j.run_at <= now
+            })
+            .map(|(&id, j)| (j.priority, j.run_at, id))
+            .collect();
+        freed.sort_unstable();
+        let left = st.jobs.range(first_new..).count();
+        let taken: Vec<Lease> = freed
+            .into_iter()
+            .filter(|&(_, _, id)| kinds.contains(&st.jobs[&id].kind))
+            .take(max)
+            .map(|(_, _, id)| id)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|id| st.lease_job(id, &lease.worker, lease_for, now))
+            .collect();
+        drop(st);
+        // Other workers are woken only for the work left to them.
+        if left > taken.len() {
+            self.wake();
+        }
+        Ok(taken)
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {

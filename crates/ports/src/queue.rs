@@ -376,6 +376,27 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// changed) when a map node's result is not an array.
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()>;
 
+    /// Completes as [`TaskQueue::complete`] does and, in the same step,
+    /// claims for the lease's worker up to `max` of the tasks this
+    /// completion made runnable (the DAG children it freed) whose kind is
+    /// in `kinds`, as [`TaskQueue::claim`] would (fresh fencing tokens;
+    /// each attempt's deadline its task's timeout, or `lease`). The worker
+    /// runs them next without a claim of its own; freed tasks it does not
+    /// take stay available to every worker. Lease lost: error, nothing
+    /// changed and nothing claimed. The default completes and takes
+    /// nothing.
+    async fn complete_and_claim(
+        &self,
+        lease: &Lease,
+        result: Value,
+        kinds: &[String],
+        max: usize,
+        lease_for: Duration,
+    ) -> PortResult<Vec<Lease>> {
+        let _ = (kinds, max, lease_for);
+        self.complete(lease, result).await.map(|()| Vec::new())
+    }
+
     /// Completes several tasks, one outcome per item in order, as
     /// [`TaskQueue::complete`] would; adapters may record tasks outside any
     /// DAG with one statement. `Err` only when nothing could be recorded.

@@ -92,6 +92,30 @@ mod node {
     pub(super) const ROLE_COMBINE: i16 = 1;
 }
 
+/// The end of a claim statement, after its CTE `c` naming the jobs to
+/// claim (`product_id`, `id`): leases them to worker `$1` at time `$2` with
+/// fresh fencing tokens (deadline: the job's timeout, else `$5` ms) and
+/// returns them with their node's DAG context (its key, its element input
+/// or its parents' results in edge order), read in the same statement.
+macro_rules! claim_tail {
+    () => {
+        "u AS (UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
+     lease_token = nextval('job_lease_tokens'), leased_by = $1, \
+     lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
+     FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
+     RETURNING j.id, j.lease_token, j.product_id, j.queue, j.kind, j.args, j.attempt, \
+     j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at) \
+     SELECT u.*, n.dag_run_id, n.key AS node_key, n.input_from, n.input, \
+     n.map_spec IS NOT NULL AS is_map, \
+     CASE WHEN n.id IS NOT NULL AND n.input_from IS NULL THEN \
+     (SELECT coalesce(jsonb_agg(jsonb_build_array(p.key, p.result) ORDER BY e.position), \
+     '[]'::jsonb) FROM dag_edges e JOIN dag_nodes p \
+     ON p.product_id = e.product_id AND p.id = e.parent_id \
+     WHERE e.product_id = n.product_id AND e.child_id = n.id) END AS parents \
+     FROM u LEFT JOIN dag_nodes n ON n.product_id = u.product_id AND n.id = u.node_id"
+    };
+}
+
 /// The statements of a worker's loop, as this adapter sends them: for
 /// baselines that replay the same SQL with another client (the queue
 /// benchmark's pgbench script).
@@ -109,20 +133,18 @@ pub mod statements {
 
     /// Claims up to `$4` runnable tasks of queue `$3` for worker `$1` at
     /// time `$2`, each leased for its own timeout or `$5` ms, and counts as
-    /// the worker's heartbeat (written at most once a second). Commits
-    /// without waiting for its flush: see the module documentation.
-    pub const CLAIM: &str = "WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT $1, $2, $2 \
+    /// the worker's heartbeat (written at most once a second), with each
+    /// claimed node's DAG context. Commits without waiting for its flush:
+    /// see the module documentation.
+    pub const CLAIM: &str = concat!(
+        "WITH w AS (INSERT INTO workers (id, started_at, last_seen) SELECT $1, $2, $2 \
          FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit \
          ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen \
          WHERE workers.last_seen < EXCLUDED.last_seen - interval '1 second'), \
          c AS (SELECT product_id, id FROM jobs WHERE state = 0 AND queue = $3 \
-         AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) \
-         UPDATE jobs j SET state = 1, attempt = j.attempt + 1, \
-         lease_token = nextval('job_lease_tokens'), leased_by = $1, \
-         lease_expires_at = $2 + coalesce(j.timeout_ms, $5) * interval '1 millisecond' \
-         FROM c WHERE j.product_id = c.product_id AND j.id = c.id \
-         RETURNING j.id, j.lease_token, j.product_id, j.kind, j.args, j.attempt, \
-         j.max_attempts, j.lease_expires_at, j.node_id, j.priority, j.run_at";
+         AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED), ",
+        claim_tail!()
+    );
 
     /// Completes the running tasks `$1` (ids) leased with tokens `$2` by
     /// workers `$4` under products `$5` at time `$3`, fenced per task;
@@ -328,6 +350,17 @@ impl<'a> TaskRows<'a> {
             .bind(t.iter().map(|t| t.dedup_key.as_deref()).collect::<Vec<_>>())
             .bind(to_pg(self.now))
     }
+}
+
+/// What a completing worker takes of the tasks its completion frees (see
+/// [`TaskQueue::complete_and_claim`]).
+#[derive(Clone, Copy)]
+struct Take<'a> {
+    worker: &'a WorkerId,
+    queue: &'a str,
+    kinds: &'a [String],
+    max: usize,
+    lease: Duration,
 }
 
 impl PgTaskQueue {
@@ -602,7 +635,8 @@ impl PgTaskQueue {
         self.shared.hint_wanted.notify_one();
     }
 
-    /// One claim of up to `max` tasks (see [`TaskQueue::claim`]).
+    /// One claim of up to `max` tasks (see [`TaskQueue::claim`]): one
+    /// statement, the claimed nodes' DAG context included.
     async fn claim_now(
         &self,
         worker: &WorkerId,
@@ -622,65 +656,7 @@ impl PgTaskQueue {
             .await
             .map_err(pg_err("claim tasks"))?;
         conn.keep();
-        let mut leases = Vec::with_capacity(rows.len());
-        let mut order = Vec::with_capacity(rows.len());
-        for r in rows {
-            let decoded = (|| -> Result<_, sqlx::Error> {
-                let product: String = r.try_get("product_id")?;
-                let node: Option<i64> = r.try_get("node_id")?;
-                let lease = Lease {
-                    task_id: TaskId(r.try_get("id")?),
-                    token: r.try_get("lease_token")?,
-                    worker: *worker,
-                    product_id: ProductId::parse(product)
-                        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-                    kind: r.try_get("kind")?,
-                    queue: queue.to_owned(),
-                    payload: r.try_get("args")?,
-                    attempt: u32::try_from(r.try_get::<i32, _>("attempt")?).unwrap_or(0),
-                    max_attempts: u32::try_from(r.try_get::<i32, _>("max_attempts")?).unwrap_or(1),
-                    expires_at: from_pg(r.try_get("lease_expires_at")?),
-                    dag: None,
-                };
-                let key = (
-                    r.try_get::<i16, _>("priority")?,
-                    from_pg(r.try_get("run_at")?),
-                    lease.task_id,
-                );
-                Ok((lease, node, key))
-            })()
-            .map_err(pg_err("decode claimed tasks"))?;
-            order.push((decoded.2, leases.len(), decoded.1));
-            leases.push(decoded.0);
-        }
-        let nodes: Vec<(&str, i64)> = order
-            .iter()
-            .filter_map(|(_, i, node)| node.map(|n| (leases[*i].product_id.as_str(), n)))
-            .collect();
-        let contexts = self.dag_tasks(&nodes).await;
-        drop(nodes);
-        let mut contexts: HashMap<i64, DagTask> = match contexts {
-            Ok(c) => c.into_iter().collect(),
-            Err(e) => {
-                // Hand the claimed tasks back rather than leave them leased
-                // until their deadline; a failure here is best effort too.
-                for lease in &leases {
-                    let _ = self.release(lease).await;
-                }
-                return Err(e);
-            }
-        };
-        for (_, i, node) in &order {
-            if let Some(n) = node {
-                leases[*i].dag = contexts.remove(n);
-            }
-        }
-        order.sort_by_key(|(k, _, _)| *k);
-        let mut slots: Vec<Option<Lease>> = leases.into_iter().map(Some).collect();
-        Ok(order
-            .into_iter()
-            .filter_map(|(_, i, _)| slots[i].take())
-            .collect())
+        claimed_leases(rows, worker)
     }
 
     fn ensure_listener(&self) {
@@ -708,64 +684,6 @@ impl PgTaskQueue {
         });
     }
 
-    /// Fetches the DAG context of claimed node jobs, each `(product, node)`.
-    async fn dag_tasks(&self, nodes: &[(&str, i64)]) -> PortResult<Vec<(i64, DagTask)>> {
-        if nodes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query(
-            "SELECT n.id, n.dag_run_id, n.key, n.input_from, n.input, n.map_spec IS NOT NULL AS is_map, \
-             (SELECT coalesce(jsonb_agg(jsonb_build_array(p.key, p.result) ORDER BY e.position), \
-             '[]'::jsonb) FROM dag_edges e JOIN dag_nodes p \
-             ON p.product_id = e.product_id AND p.id = e.parent_id \
-             WHERE e.product_id = n.product_id AND e.child_id = n.id) AS parents \
-             FROM dag_nodes n JOIN UNNEST($1::text[], $2::int8[]) AS t(p, id) \
-             ON n.product_id = t.p AND n.id = t.id",
-        )
-        .bind(nodes.iter().map(|n| n.0).collect::<Vec<_>>())
-        .bind(nodes.iter().map(|n| n.1).collect::<Vec<_>>())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(pg_err("load dag inputs"))?;
-        rows.into_iter()
-            .map(|r| {
-                let from: Option<String> = r.try_get("input_from")?;
-                let inputs = match from {
-                    Some(from) => vec![NodeInput {
-                        from,
-                        value: r
-                            .try_get::<Option<Value>, _>("input")?
-                            .unwrap_or(Value::Null),
-                    }],
-                    None => {
-                        let parents: Value = r.try_get("parents")?;
-                        parents
-                            .as_array()
-                            .map(|ps| {
-                                ps.iter()
-                                    .map(|p| NodeInput {
-                                        from: p[0].as_str().unwrap_or_default().to_owned(),
-                                        value: p[1].clone(),
-                                    })
-                                    .collect()
-                            })
-                            .unwrap_or_default()
-                    }
-                };
-                Ok((
-                    r.try_get::<i64, _>("id")?,
-                    DagTask {
-                        dag_id: DagId(r.try_get("dag_run_id")?),
-                        node: r.try_get("key")?,
-                        inputs,
-                        is_map: r.try_get("is_map")?,
-                    },
-                ))
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(pg_err("decode dag inputs"))
-    }
-
     /// Completes DAG nodes of one run in one transaction that locks the run
     /// first; one outcome per item. A lost lease or a map node's non-array
     /// result refuses that item only.
@@ -774,22 +692,26 @@ impl PgTaskQueue {
         product: &ProductId,
         dag: DagId,
         items: &[(&Lease, &Value)],
-    ) -> PortResult<Vec<PortResult<()>>> {
+        take: Option<Take<'_>>,
+    ) -> PortResult<(Vec<PortResult<()>>, Vec<Lease>)> {
         let now = self.clock.now();
         let mut conn = self.conn().await?;
         let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
         match lock_run(&mut tx, product, dag).await {
             // No such run under the leases' product: no lease can hold.
             Err(e) if e.is_not_found() => {
-                return Ok(items
+                let lost = items
                     .iter()
                     .map(|(l, _)| Err(PortError::lease_lost(l)))
-                    .collect());
+                    .collect();
+                return Ok((lost, Vec::new()));
             }
             other => other?,
         };
         let mut out = Vec::with_capacity(items.len());
         let mut enqueued = false;
+        // Jobs the completions inserted for freed children.
+        let mut freed: Vec<i64> = Vec::new();
         for &(lease, result) in items {
             let is_map = lease.dag.as_ref().is_some_and(|d| d.is_map);
             if is_map && !result.is_array() {
@@ -827,17 +749,47 @@ impl PgTaskQueue {
                     enqueued |= expand_map(&mut tx, product, dag, node_id, key, items, now).await?;
                 }
             } else {
-                enqueued |=
-                    finish_node(&mut tx, product, dag, node_id, result.clone(), now).await?;
+                freed.extend(
+                    finish_node(&mut tx, product, dag, node_id, result.clone(), now).await?,
+                );
             }
             out.push(Ok(()));
         }
+        // The completing worker takes freed children itself, in this
+        // transaction: no claim of its own, no wait for a wake-up.
+        let mut taken = Vec::new();
+        if let Some(take) = take
+            && take.max > 0
+            && !freed.is_empty()
+        {
+            let sql = format!(
+                "WITH c AS (SELECT product_id, id FROM jobs WHERE product_id = $3 \
+                 AND id = ANY($4) AND state = 0 AND queue = $6 AND kind = ANY($7) \
+                 AND run_at <= $2 ORDER BY priority, run_at, id LIMIT $8 FOR UPDATE), \
+                 {CLAIM_TAIL}"
+            );
+            let rows = sqlx::query(&sql)
+                .bind(take.worker.0)
+                .bind(to_pg(now))
+                .bind(product.as_str())
+                .bind(&freed)
+                .bind(millis(take.lease))
+                .bind(take.queue)
+                .bind(take.kinds)
+                .bind(i64::try_from(take.max).unwrap_or(i64::MAX))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(pg_err("claim freed tasks"))?;
+            taken = claimed_leases(rows, take.worker)?;
+        }
+        // Other workers are woken only for the work left to them.
+        enqueued |= freed.len() > taken.len();
         tx.commit().await.map_err(pg_err("commit"))?;
         conn.keep();
         if enqueued {
             self.wake_workers();
         }
-        Ok(out)
+        Ok((out, taken))
     }
 
     /// Discards the running job `lease` names (fenced) in its own
@@ -897,6 +849,77 @@ impl PgTaskQueue {
         };
         decode().map_err(pg_err("decode dag status"))
     }
+}
+
+const CLAIM_TAIL: &str = claim_tail!();
+
+/// The leases of a statement ending in [`CLAIM_TAIL`], best first
+/// (priority, then `run_at`, then enqueue order).
+fn claimed_leases(rows: Vec<sqlx::postgres::PgRow>, worker: &WorkerId) -> PortResult<Vec<Lease>> {
+    let mut leases = Vec::with_capacity(rows.len());
+    for r in rows {
+        let decoded = (|| -> Result<_, sqlx::Error> {
+            let product: String = r.try_get("product_id")?;
+            let node: Option<i64> = r.try_get("node_id")?;
+            let dag = match node {
+                None => None,
+                Some(_) => {
+                    let from: Option<String> = r.try_get("input_from")?;
+                    let inputs = match from {
+                        Some(from) => vec![NodeInput {
+                            from,
+                            value: r
+                                .try_get::<Option<Value>, _>("input")?
+                                .unwrap_or(Value::Null),
+                        }],
+                        None => r
+                            .try_get::<Option<Value>, _>("parents")?
+                            .as_ref()
+                            .and_then(Value::as_array)
+                            .map(|ps| {
+                                ps.iter()
+                                    .map(|p| NodeInput {
+                                        from: p[0].as_str().unwrap_or_default().to_owned(),
+                                        value: p[1].clone(),
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                    };
+                    Some(DagTask {
+                        dag_id: DagId(r.try_get("dag_run_id")?),
+                        node: r.try_get("node_key")?,
+                        inputs,
+                        is_map: r.try_get("is_map")?,
+                    })
+                }
+            };
+            let lease = Lease {
+                task_id: TaskId(r.try_get("id")?),
+                token: r.try_get("lease_token")?,
+                worker: *worker,
+                product_id: ProductId::parse(product)
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                kind: r.try_get("kind")?,
+                queue: r.try_get("queue")?,
+                payload: r.try_get("args")?,
+                attempt: u32::try_from(r.try_get::<i32, _>("attempt")?).unwrap_or(0),
+                max_attempts: u32::try_from(r.try_get::<i32, _>("max_attempts")?).unwrap_or(1),
+                expires_at: from_pg(r.try_get("lease_expires_at")?),
+                dag,
+            };
+            let key = (
+                r.try_get::<i16, _>("priority")?,
+                from_pg(r.try_get("run_at")?),
+                lease.task_id,
+            );
+            Ok((key, lease))
+        })()
+        .map_err(pg_err("decode claimed tasks"))?;
+        leases.push(decoded);
+    }
+    leases.sort_by_key(|(k, _)| *k);
+    Ok(leases.into_iter().map(|(_, l)| l).collect())
 }
 
 /// Sends the wake-up hints `shared` asks for, one at a time, each a
@@ -1020,8 +1043,8 @@ async fn mark_done(
 
 /// Completes `node_id` with `result` and frees its children: one statement
 /// decrements their counters and enqueues those that reached zero; combine
-/// nodes that reached zero resolve in the same transaction. Says whether
-/// any job was enqueued.
+/// nodes that reached zero resolve in the same transaction. Returns the
+/// ids of the jobs enqueued.
 async fn finish_node(
     conn: &mut PgConnection,
     product: &ProductId,
@@ -1029,14 +1052,14 @@ async fn finish_node(
     node_id: i64,
     result: Value,
     now: Timestamp,
-) -> PortResult<bool> {
+) -> PortResult<Vec<i64>> {
     let mut work = vec![(node_id, result)];
-    let mut enqueued = false;
+    let mut enqueued = Vec::new();
     while let Some((n, result)) = work.pop() {
         if !mark_done(conn, product, dag, n, &result, true, now).await? {
             continue;
         }
-        let (jobs, combines): (i64, Vec<i64>) = sqlx::query_as(
+        let (jobs, combines): (Vec<i64>, Vec<i64>) = sqlx::query_as(
             "WITH d AS (UPDATE dag_nodes SET remaining_deps = remaining_deps - 1, \
              state = CASE WHEN remaining_deps = 1 AND role = 0 THEN $2 ELSE state END \
              WHERE product_id = $5 \
@@ -1049,8 +1072,8 @@ async fn finish_node(
              SELECT r.product_id, r.queue, d.kind, d.priority, $3, d.max_attempts, d.timeout_ms, \
              r.id, d.id, d.payload, $3 FROM d JOIN dag_runs r \
              ON r.product_id = $5 AND r.id = d.dag_run_id \
-             WHERE d.remaining_deps = 0 AND d.role = 0 ORDER BY d.id RETURNING 1) \
-             SELECT (SELECT count(*) FROM ins), \
+             WHERE d.remaining_deps = 0 AND d.role = 0 ORDER BY d.id RETURNING id) \
+             SELECT (SELECT coalesce(array_agg(id), '{}') FROM ins), \
              coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.remaining_deps = 0 \
              AND d.role = $4), '{}') FROM d",
         )
@@ -1062,7 +1085,7 @@ async fn finish_node(
         .fetch_one(&mut *conn)
         .await
         .map_err(pg_err("free child nodes"))?;
-        enqueued |= jobs > 0;
+        enqueued.extend(jobs);
         for child in combines {
             let list: Value = sqlx::query_scalar(
                 "SELECT coalesce(jsonb_agg(p.result ORDER BY e.position), '[]'::jsonb) \
@@ -1188,7 +1211,8 @@ async fn expand_map(
     .await
     .map_err(pg_err("grow dag total"))?;
     if items.is_empty() {
-        return finish_node(conn, product, dag, combine, json!([]), now).await;
+        let freed = finish_node(conn, product, dag, combine, json!([]), now).await?;
+        return Ok(!freed.is_empty());
     }
     enqueue_nodes(conn, product, &elements, now).await
 }
@@ -1333,11 +1357,10 @@ impl TaskQueue for PgTaskQueue {
     #[tracing::instrument(level = "debug", skip_all, fields(task_id = %lease.task_id))]
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()> {
         if let Some(dag) = &lease.dag {
-            return self
-                .complete_in_run(&lease.product_id, dag.dag_id, &[(lease, &result)])
-                .await?
-                .pop()
-                .unwrap_or(Ok(()));
+            let (mut out, _) = self
+                .complete_in_run(&lease.product_id, dag.dag_id, &[(lease, &result)], None)
+                .await?;
+            return out.pop().unwrap_or(Ok(()));
         }
         let now = self.clock.now();
         let mut conn = self.conn().await?;
@@ -1352,6 +1375,37 @@ impl TaskQueue for PgTaskQueue {
             }
             Err(e) => Err(e),
         }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(task_id = %lease.task_id))]
+    async fn complete_and_claim(
+        &self,
+        lease: &Lease,
+        result: Value,
+        kinds: &[String],
+        max: usize,
+        lease_for: Duration,
+    ) -> PortResult<Vec<Lease>> {
+        let Some(dag) = &lease.dag else {
+            return self.complete(lease, result).await.map(|()| Vec::new());
+        };
+        let take = Take {
+            worker: &lease.worker,
+            queue: &lease.queue,
+            kinds,
+            max,
+            lease: lease_for,
+        };
+        let (mut out, taken) = self
+            .complete_in_run(
+                &lease.product_id,
+                dag.dag_id,
+                &[(lease, &result)],
+                Some(take),
+            )
+            .await?;
+        out.pop().unwrap_or(Ok(()))?;
+        Ok(taken)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(tasks = done.len()))]
@@ -1400,8 +1454,8 @@ impl TaskQueue for PgTaskQueue {
                 })
                 .map(|(l, v)| (l, v))
                 .collect();
-            match self.complete_in_run(product, run, &items).await {
-                Ok(results) => {
+            match self.complete_in_run(product, run, &items, None).await {
+                Ok((results, _)) => {
                     for ((l, _), r) in items.iter().zip(results) {
                         dag_out.insert((l.task_id.0, l.token), r);
                     }

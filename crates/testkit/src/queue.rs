@@ -41,6 +41,7 @@ macro_rules! task_queue_suite {
                 complete_many_fences_each_item,
                 dead_letters_are_listed_for_the_operator,
                 dag_chain_passes_results_in_order,
+                complete_and_claim_takes_the_freed_children,
                 dag_fan_out_fan_in_joins_once_in_edge_order,
                 concurrent_branch_completions_fire_the_join_once,
                 random_dags_run_each_node_once_after_its_parents,
@@ -687,6 +688,75 @@ pub async fn dag_chain_passes_results_in_order(s: Subject) {
             ("c".to_owned(), NodeState::Completed, Some(json!("abc"))),
         ]
     );
+}
+
+/// A completion that also claims takes, for the completing worker, the
+/// children it freed of the kinds asked for (at most `max`, with fresh
+/// fencing tokens and their inputs); freed children it does not take stay
+/// claimable by any worker; a join is taken only by the completion that
+/// frees it; a lost lease completes nothing and takes nothing.
+pub async fn complete_and_claim_takes_the_freed_children(s: Subject) {
+    let dag = DagSpec::new(product())
+        .node(NodeSpec::new("a", "step", json!({"n": 1})))
+        .node(NodeSpec::new("b", "step", json!({"n": 2})))
+        .node(NodeSpec::new("c", "other", json!({"n": 3})))
+        .node(NodeSpec::new("d", "step", json!({"n": 4})))
+        .edge("a", "b")
+        .edge("a", "c")
+        .edge("b", "d")
+        .edge("c", "d");
+    let id = s.queue.enqueue_dag(&dag).await.expect("enqueue dag");
+    let a = claim_one(&s, 1).await.expect("root runnable");
+    let step = ["step".to_owned()];
+    let taken = s
+        .queue
+        .complete_and_claim(&a, json!("a"), &step, 1, LEASE)
+        .await
+        .expect("complete and claim");
+    assert_eq!(taken.len(), 1, "b is freed and of a kind asked for");
+    let b = &taken[0];
+    assert_eq!(node_key(b), "b");
+    assert_eq!(
+        (b.worker, b.attempt, b.payload.clone()),
+        (worker(1), 1, json!({"n": 2}))
+    );
+    assert_eq!(inputs(b), [("a".to_owned(), json!("a"))]);
+    assert_ne!(b.token, a.token);
+    let again = s
+        .queue
+        .complete_and_claim(&a, json!("a"), &step, 1, LEASE)
+        .await
+        .expect_err("a is completed");
+    assert!(again.is_lease_lost(), "{again}");
+    // `c` was not taken (another kind): any worker claims it.
+    let c = claim_one(&s, 2).await.expect("c left to the others");
+    assert_eq!(node_key(&c), "c");
+    assert!(claim_one(&s, 2).await.is_none(), "b is leased, d waits");
+    let none = s
+        .queue
+        .complete_and_claim(b, json!("ab"), &step, 1, LEASE)
+        .await
+        .expect("complete b");
+    assert!(none.is_empty(), "d still waits for c");
+    let joined = s
+        .queue
+        .complete_and_claim(&c, json!("ac"), &step, 1, LEASE)
+        .await
+        .expect("complete c");
+    assert_eq!(joined.len(), 1, "c's completion frees the join");
+    let d = &joined[0];
+    assert_eq!((node_key(d), d.worker), ("d".to_owned(), worker(2)));
+    assert_eq!(
+        inputs(d),
+        [("b".to_owned(), json!("ab")), ("c".to_owned(), json!("ac"))]
+    );
+    assert!(claim_one(&s, 3).await.is_none(), "d runs once");
+    s.queue
+        .complete(d, json!("abcd"))
+        .await
+        .expect("complete d");
+    let st = s.queue.dag_status(&product(), id).await.expect("status");
+    assert_eq!((st.state, st.done), (DagState::Completed, 4));
 }
 
 /// A fan-out runs in parallel; the join runs once, after all branches, with
