@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parlance_ports::{
@@ -74,6 +75,42 @@ pub struct StepReport {
     pub cancelled: usize,
     /// Results dropped because the lease was lost meanwhile.
     pub lost: usize,
+}
+
+/// The leases a running worker holds, shared with its running tasks (a
+/// task adds the children its completion claimed): what it gives back on
+/// shutdown.
+#[derive(Clone, Default)]
+struct Held {
+    leases: Arc<Mutex<HashMap<TaskId, Lease>>>,
+    /// Set once the worker stops claiming: a completion then takes no
+    /// more work.
+    stopping: Arc<AtomicBool>,
+    /// A completion that also claimed may have committed with its answer
+    /// lost: the tasks it claimed must be given back.
+    unsure: Arc<AtomicBool>,
+}
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, Lease>> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, lease: &Lease) {
+        self.lock().insert(lease.task_id, lease.clone());
+    }
+
+    fn remove(&self, id: TaskId) {
+        self.lock().remove(&id);
+    }
+
+    fn ids(&self) -> Vec<TaskId> {
+        self.lock().keys().copied().collect()
+    }
+
+    fn all(&self) -> Vec<Lease> {
+        self.lock().values().cloned().collect()
+    }
 }
 
 impl StepReport {
@@ -159,7 +196,7 @@ impl Worker {
         let mut set = JoinSet::new();
         for lease in leases {
             let this = self.clone();
-            set.spawn(async move { this.execute(lease).await });
+            set.spawn(async move { this.execute(lease, None).await.0 });
         }
         while let Some(done) = set.join_next().await {
             if let Ok(Some(finish)) = done {
@@ -185,21 +222,20 @@ impl Worker {
             "worker started"
         );
         let background = tokio::spawn(self.clone().background());
-        let mut running: JoinSet<(TaskId, Option<Finish>)> = JoinSet::new();
-        let mut held: HashMap<TaskId, Lease> = HashMap::new();
-        // A claim that failed may still have committed (its answer lost
-        // with the connection): before the next one, what this worker has
-        // leased but does not hold is given back.
-        let mut unsure = false;
+        let mut running: JoinSet<()> = JoinSet::new();
+        let held = Held::default();
         tokio::pin!(shutdown);
         loop {
             let free = self.config.slots.max(1).saturating_sub(running.len());
             let mut claimed = 0;
-            if unsure {
-                let ids: Vec<TaskId> = held.keys().copied().collect();
+            // A claim (or a completion that claimed) that failed may still
+            // have committed, its answer lost with the connection: before
+            // the next claim, what this worker has leased but does not hold
+            // is given back.
+            if held.unsure.swap(false, Ordering::SeqCst) {
+                let ids = held.ids();
                 match self.queue.release_unheld(&self.id, &ids).await {
                     Ok(n) => {
-                        unsure = false;
                         if n > 0 {
                             tracing::info!(
                                 released = n,
@@ -208,6 +244,7 @@ impl Worker {
                         }
                     }
                     Err(e) => {
+                        held.unsure.store(true, Ordering::SeqCst);
                         tracing::warn!(error = %e, "could not release unheld tasks; retrying")
                     }
                 }
@@ -217,16 +254,14 @@ impl Worker {
                     Ok(leases) => {
                         claimed = leases.len();
                         for lease in leases {
-                            held.insert(lease.task_id, lease.clone());
+                            held.insert(&lease);
                             let this = self.clone();
-                            running.spawn(async move {
-                                let id = lease.task_id;
-                                (id, this.execute(lease).await)
-                            });
+                            let held = held.clone();
+                            running.spawn(async move { this.execute_chain(lease, &held).await });
                         }
                     }
                     Err(e) => {
-                        unsure = true;
+                        held.unsure.store(true, Ordering::SeqCst);
                         tracing::warn!(error = %e, "claim failed; retrying after the poll");
                     }
                 }
@@ -235,30 +270,29 @@ impl Worker {
                 // Full batch: there may be more; loop once a slot frees.
                 tokio::select! {
                     () = &mut shutdown => break,
-                    Some(done) = running.join_next() => forget(&mut held, done),
+                    Some(_) = running.join_next() => {}
                 }
                 continue;
             }
             tokio::select! {
                 () = &mut shutdown => break,
-                Some(done) = running.join_next(), if !running.is_empty() => forget(&mut held, done),
+                Some(_) = running.join_next(), if !running.is_empty() => {}
                 () = self.queue.wait_for_work(&self.config.queue, self.config.poll_every), if free > 0 => {}
             }
         }
         tracing::info!(worker = %self.id, running = running.len(), "worker stopping");
+        held.stopping.store(true, Ordering::SeqCst);
         let grace = tokio::time::sleep(self.config.shutdown_grace);
         tokio::pin!(grace);
         while !running.is_empty() {
             tokio::select! {
                 () = &mut grace => break,
-                Some(done) = running.join_next() => forget(&mut held, done),
+                Some(_) = running.join_next() => {}
             }
         }
         running.abort_all();
-        while let Some(done) = running.join_next().await {
-            forget(&mut held, done);
-        }
-        for lease in held.values() {
+        while running.join_next().await.is_some() {}
+        for lease in &held.all() {
             match self.queue.release(lease).await {
                 Ok(()) => tracing::info!(task_id = %lease.task_id, "lease released"),
                 Err(e) if e.is_lease_lost() => {}
@@ -343,7 +377,7 @@ impl Worker {
     /// short outage does not leave the task leased until its deadline.
     /// `None` when recording failed for good for a reason other than a lost
     /// lease (the sweeper will return the task).
-    async fn execute(&self, lease: Lease) -> Option<Finish> {
+    async fn execute(&self, lease: Lease, held: Option<&Held>) -> (Option<Finish>, Vec<Lease>) {
         let span = tracing::info_span!(
             "task",
             task_id = %lease.task_id,
@@ -357,27 +391,36 @@ impl Worker {
             let deadline = tokio::time::Instant::now()
                 + lease.expires_at.saturating_duration_since(self.clock.now());
             let mut wait = RECORD_RETRY_FIRST;
+            // While the worker runs, a completion takes the next task it
+            // frees (one: this slot's) in the same transaction.
+            let take = held.is_some_and(|h| !h.stopping.load(Ordering::SeqCst));
             loop {
-                match self.record(&lease, &outcome).await {
-                    Ok(finish) => {
-                        tracing::debug!(?finish, "task finished");
-                        return Some(finish);
+                match self.record(&lease, &outcome, take).await {
+                    Ok((finish, next)) => {
+                        tracing::debug!(?finish, next = next.len(), "task finished");
+                        return (Some(finish), next);
                     }
                     Err(e) if e.is_lease_lost() => {
                         tracing::info!("lease lost; result dropped");
-                        return Some(Finish::Lost);
+                        return (Some(Finish::Lost), Vec::new());
                     }
                     Err(e)
                         if e.kind == ErrorKind::Unavailable
                             && tokio::time::Instant::now() + wait < deadline =>
                     {
+                        if take && let Some(h) = held {
+                            h.unsure.store(true, Ordering::SeqCst);
+                        }
                         tracing::warn!(error = %e, "could not record the task's outcome; trying again");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(RECORD_RETRY_MAX);
                     }
                     Err(e) => {
+                        if take && let Some(h) = held {
+                            h.unsure.store(true, Ordering::SeqCst);
+                        }
                         tracing::warn!(error = %e, "could not record the task's outcome");
-                        return None;
+                        return (None, Vec::new());
                     }
                 }
             }
@@ -386,23 +429,60 @@ impl Worker {
         .await
     }
 
-    /// Records one attempt's outcome: its result, or its failure.
+    /// Runs `first` and then, in the same slot, each task a completion
+    /// claimed for this worker, holding each lease in `held` while it runs.
+    async fn execute_chain(&self, first: Lease, held: &Held) {
+        let mut next = Some(first);
+        while let Some(lease) = next.take() {
+            let id = lease.task_id;
+            let (_, taken) = self.execute(lease, Some(held)).await;
+            let mut taken = taken.into_iter();
+            if let Some(lease) = taken.next() {
+                held.insert(&lease);
+                next = Some(lease);
+            }
+            // Only one is asked for; any other goes back at once.
+            for extra in taken {
+                if let Err(e) = self.queue.release(&extra).await {
+                    tracing::warn!(task_id = %extra.task_id, error = %e, "release failed");
+                }
+            }
+            held.remove(id);
+        }
+    }
+
+    /// Records one attempt's outcome: its result, or its failure. With
+    /// `take`, the completion also claims the next task it frees of a kind
+    /// this worker handles, returned to run next.
     async fn record(
         &self,
         lease: &Lease,
         outcome: &Result<serde_json::Value, TaskError>,
-    ) -> Result<Finish, PortError> {
-        match outcome {
-            Ok(result) => match self.queue.complete(lease, result.clone()).await {
-                Ok(()) => Ok(Finish::Completed),
-                // The queue refused the result itself (a map node that did
-                // not return a list): no retry can fix that.
-                Err(e) if e.kind == ErrorKind::Invalid => {
-                    self.fail(lease, &TaskError::permanent(e.message)).await
-                }
-                Err(e) => Err(e),
-            },
-            Err(err) => self.fail(lease, err).await,
+        take: bool,
+    ) -> Result<(Finish, Vec<Lease>), PortError> {
+        let completed = match outcome {
+            Ok(result) if take => {
+                let kinds = self.handlers.kinds();
+                self.queue
+                    .complete_and_claim(lease, result.clone(), &kinds, 1, self.config.lease)
+                    .await
+            }
+            Ok(result) => self
+                .queue
+                .complete(lease, result.clone())
+                .await
+                .map(|()| Vec::new()),
+            Err(err) => return self.fail(lease, err).await.map(|f| (f, Vec::new())),
+        };
+        match completed {
+            Ok(next) => Ok((Finish::Completed, next)),
+            // The queue refused the result itself (a map node that did not
+            // return a list): no retry can fix that.
+            Err(e) if e.kind == ErrorKind::Invalid => self
+                .fail(lease, &TaskError::permanent(e.message))
+                .await
+                .map(|f| (f, Vec::new())),
+            Err(e) => Err(e),
         }
     }
 
@@ -449,15 +529,6 @@ impl Worker {
                 budget.as_millis()
             ))),
         }
-    }
-}
-
-fn forget(
-    held: &mut HashMap<TaskId, Lease>,
-    done: Result<(TaskId, Option<Finish>), tokio::task::JoinError>,
-) {
-    if let Ok((id, _)) = done {
-        held.remove(&id);
     }
 }
 
