@@ -14,7 +14,7 @@ use parlance_core::queue::DagLimits;
 use parlance_core::{EntityKey, ProductId, Timestamp};
 use parlance_ports::{
     ChainProgress, Commit, Committed, FlowStore, MachineStore, PortError, PortResult, Stored,
-    TaskQueue,
+    TaskQueue, last_reply,
 };
 
 use crate::MemoryAuditLog;
@@ -198,6 +198,37 @@ impl FlowStore for MemoryFlowStore {
                 all[..len.min(all.len())].to_vec()
             })
             .ok_or_else(|| PortError::not_found(format!("no flow session {}", key.entity_id())))
+    }
+
+    async fn session_with_prefix(
+        &self,
+        key: &FlowKey,
+        len: u64,
+    ) -> PortResult<Option<(Stored<FlowSession>, Vec<DialogueElement>)>> {
+        let _settled = self.settled.read().await;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        Ok(self.records.lock().get(&record_key(key)).map(|s| {
+            let all = s.state.dialogue();
+            let session = Stored {
+                state: s.state.session().clone(),
+                version: s.version,
+            };
+            (session, all[..len.min(all.len())].to_vec())
+        }))
+    }
+
+    async fn session_with_reply(
+        &self,
+        key: &FlowKey,
+    ) -> PortResult<Option<(Stored<FlowSession>, Option<String>)>> {
+        let _settled = self.settled.read().await;
+        Ok(self.records.lock().get(&record_key(key)).map(|s| {
+            let session = Stored {
+                state: s.state.session().clone(),
+                version: s.version,
+            };
+            (session, last_reply(s.state.dialogue()))
+        }))
     }
 
     async fn task_done(

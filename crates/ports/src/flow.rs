@@ -13,7 +13,7 @@
 
 use async_trait::async_trait;
 use parlance_core::ProductId;
-use parlance_core::flow::{DialogueElement, Email, FlowKey, FlowSession, FlowSessionId};
+use parlance_core::flow::{Actor, DialogueElement, Email, FlowKey, FlowSession, FlowSessionId};
 use serde::Serialize;
 
 use crate::{PortResult, Stored};
@@ -55,6 +55,37 @@ pub trait FlowStore: Send + Sync + 'static {
     /// exist.
     async fn dialogue_prefix(&self, key: &FlowKey, len: u64) -> PortResult<Vec<DialogueElement>>;
 
+    /// The session with its version and the first `len` elements of its
+    /// dialogue, read together (one read where the adapter can): what a
+    /// worker needs to rebuild the render data a DAG was planned with.
+    /// `None` when the session does not exist.
+    async fn session_with_prefix(
+        &self,
+        key: &FlowKey,
+        len: u64,
+    ) -> PortResult<Option<(Stored<FlowSession>, Vec<DialogueElement>)>> {
+        let Some(session) = self.session(key).await? else {
+            return Ok(None);
+        };
+        let prefix = self.dialogue_prefix(key, len).await?;
+        Ok(Some((session, prefix)))
+    }
+
+    /// The session with its version and the text of the latest assistant
+    /// element of its dialogue (`None` when that element has no text or
+    /// there is none), read together (one read where the adapter can): what
+    /// a poll answers. `None` when the session does not exist.
+    async fn session_with_reply(
+        &self,
+        key: &FlowKey,
+    ) -> PortResult<Option<(Stored<FlowSession>, Option<String>)>> {
+        let Some(session) = self.session(key).await? else {
+            return Ok(None);
+        };
+        let dialogue = self.dialogue(key).await?;
+        Ok(Some((session, last_reply(&dialogue))))
+    }
+
     /// Records finished tasks of a chain (`done += done`, `total +=
     /// add_total`); `NotFound` when the chain does not exist. Workers call
     /// it as tasks finish, outside the session's compare-and-swap.
@@ -80,4 +111,13 @@ pub trait FlowStore: Send + Sync + 'static {
         email: &Email,
         limit: usize,
     ) -> PortResult<Vec<FlowSessionId>>;
+}
+
+/// The text of the latest assistant element of `dialogue`.
+pub fn last_reply(dialogue: &[DialogueElement]) -> Option<String> {
+    dialogue
+        .iter()
+        .rev()
+        .find(|e| e.actor == Actor::Assistant)
+        .and_then(|e| e.actor_text.clone())
 }

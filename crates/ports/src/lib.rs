@@ -36,7 +36,7 @@ pub use crisis::{
 };
 pub use embedding::{EmbeddingProvider, Embeddings, cosine};
 pub use error::{ErrorKind, PortError, PortResult};
-pub use flow::{ChainProgress, FlowStore};
+pub use flow::{ChainProgress, FlowStore, last_reply};
 pub use llm::{
     ChunkAccumulator, CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream,
     FinishReason, LlmClient, LlmError, LlmResult, Message, ResponseFormat, Role, ToolCall,

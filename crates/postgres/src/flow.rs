@@ -264,6 +264,20 @@ fn dialogue_of(row: &sqlx::postgres::PgRow) -> Result<Vec<DialogueElement>, sqlx
         .collect())
 }
 
+/// The session and version of a row with columns `version` and `data`.
+fn stored_session(row: &sqlx::postgres::PgRow) -> PortResult<Stored<FlowSession>> {
+    let version: i64 = row
+        .try_get("version")
+        .map_err(pg_err("decode flow session"))?;
+    Ok(Stored {
+        state: decode(
+            row.try_get::<&str, _>("data")
+                .map_err(pg_err("decode flow session"))?,
+        )?,
+        version: Version::from_i64(version),
+    })
+}
+
 /// A session row with its dialogue, oldest first, as arrays (one statement,
 /// one snapshot).
 const LOAD: &str = "SELECT s.version, s.data::text AS data, d.actors, d.events, d.texts, d.ats \
@@ -393,6 +407,54 @@ impl FlowStore for PgFlowStore {
         .map_err(pg_err("load flow dialogue"))?
         .ok_or_else(|| PortError::not_found("no such flow session"))?;
         dialogue_of(&row).map_err(pg_err("decode flow dialogue"))
+    }
+
+    async fn session_with_prefix(
+        &self,
+        key: &FlowKey,
+        len: u64,
+    ) -> PortResult<Option<(Stored<FlowSession>, Vec<DialogueElement>)>> {
+        let row = sqlx::query(
+            "SELECT s.version, s.data::text AS data, d.actors, d.events, d.texts, d.ats \
+             FROM flow_sessions s LEFT JOIN LATERAL (\
+             SELECT array_agg(actor ORDER BY seq) AS actors, array_agg(event ORDER BY seq) AS events, \
+             array_agg(actor_text ORDER BY seq) AS texts, array_agg(at ORDER BY seq) AS ats \
+             FROM flow_dialogue WHERE product_id = s.product_id AND session_id = s.session_id \
+             AND seq <= $3) d ON true \
+             WHERE s.product_id = $1 AND s.session_id = $2",
+        )
+        .bind(key.product_id.as_str())
+        .bind(key.session_id.as_str())
+        .bind(i64::try_from(len).unwrap_or(i64::MAX))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load flow session"))?;
+        let Some(row) = row else { return Ok(None) };
+        let session = stored_session(&row)?;
+        let dialogue = dialogue_of(&row).map_err(pg_err("decode flow dialogue"))?;
+        Ok(Some((session, dialogue)))
+    }
+
+    async fn session_with_reply(
+        &self,
+        key: &FlowKey,
+    ) -> PortResult<Option<(Stored<FlowSession>, Option<String>)>> {
+        // The latest assistant element: what `actor_from` reads as one.
+        let row = sqlx::query(
+            "SELECT s.version, s.data::text AS data, (SELECT d.actor_text FROM flow_dialogue d \
+             WHERE d.product_id = s.product_id AND d.session_id = s.session_id \
+             AND d.actor NOT IN ('system', 'user') ORDER BY d.seq DESC LIMIT 1) AS reply \
+             FROM flow_sessions s WHERE s.product_id = $1 AND s.session_id = $2",
+        )
+        .bind(key.product_id.as_str())
+        .bind(key.session_id.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load flow session"))?;
+        let Some(row) = row else { return Ok(None) };
+        let session = stored_session(&row)?;
+        let reply: Option<String> = row.try_get("reply").map_err(pg_err("decode flow reply"))?;
+        Ok(Some((session, reply)))
     }
 
     async fn task_done(

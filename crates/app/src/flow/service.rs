@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use parlance_core::ProductId;
 use parlance_core::flow::{
-    Actor, ClientEvent, DialogueElement, Email, Flow, FlowCommand, FlowContext, FlowEffect,
-    FlowKey, FlowRecord, FlowSession, FlowSessionId, RunnerOptions, TaskError, User, reason,
+    ClientEvent, Email, Flow, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord,
+    FlowSession, FlowSessionId, RunnerOptions, TaskError, User, reason,
 };
 use parlance_ports::{Clock, FlowStore, IdGen, LlmClient, MachineStore, Stored};
 use serde::Serialize;
@@ -379,8 +379,8 @@ impl FlowService {
         flow: &Arc<Flow>,
     ) -> Result<AiResponse, ServiceError<FlowRecord>> {
         let wait = self.poll_wait();
-        let mut stored = if wait.is_zero() {
-            self.session(key, flow).await?
+        let (mut stored, mut reply) = if wait.is_zero() {
+            self.session_with_reply(key, flow).await?
         } else {
             self.session_after_run(key, flow, wait).await?
         };
@@ -388,7 +388,7 @@ impl FlowService {
             && let Some(err) = self.runner.failure(&key.product_id, r).await
         {
             self.fail(key, flow, err).await?;
-            stored = self.session(key, flow).await?;
+            (stored, reply) = self.session_with_reply(key, flow).await?;
         }
         let s = &stored.state;
         let mut out = AiResponse {
@@ -409,20 +409,33 @@ impl FlowService {
                     });
                 }
             }
-            None => {
-                out.response = last_assistant(&self.store.dialogue(key).await?);
-            }
+            None => out.response = reply,
         }
         Ok(out)
     }
 
-    /// The session once its run has ended, or as it is after `wait`.
+    /// The session at `key`, if it runs `flow`, with its latest reply (one
+    /// read).
+    async fn session_with_reply(
+        &self,
+        key: &FlowKey,
+        flow: &Flow,
+    ) -> Result<(Stored<FlowSession>, Option<String>), ServiceError<FlowRecord>> {
+        self.store
+            .session_with_reply(key)
+            .await?
+            .filter(|(s, _)| s.state.flow == flow.name())
+            .ok_or(ServiceError::NotFound)
+    }
+
+    /// The session (with its latest reply) once its run has ended, or as
+    /// it is after `wait`.
     async fn session_after_run(
         &self,
         key: &FlowKey,
         flow: &Arc<Flow>,
         wait: Duration,
-    ) -> Result<Stored<FlowSession>, ServiceError<FlowRecord>> {
+    ) -> Result<(Stored<FlowSession>, Option<String>), ServiceError<FlowRecord>> {
         let deadline = tokio::time::Instant::now() + wait;
         let waiter = self.waiters.waiter(key);
         loop {
@@ -431,9 +444,9 @@ impl FlowService {
             let woken = waiter.notify().notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let stored = self.session(key, flow).await?;
+            let stored = self.session_with_reply(key, flow).await?;
             let now = tokio::time::Instant::now();
-            if stored.state.running.is_none() || now >= deadline {
+            if stored.0.state.running.is_none() || now >= deadline {
                 return Ok(stored);
             }
             let _ = tokio::time::timeout_at(deadline.min(now + RECHECK), woken).await;
@@ -590,13 +603,4 @@ fn respond(done: &Executed<FlowRecord>) -> Option<String> {
         FlowEffect::Respond(text) => Some(text.clone()),
         _ => None,
     })
-}
-
-/// The latest assistant text of a dialogue (what an idle poll answers).
-fn last_assistant(dialogue: &[DialogueElement]) -> Option<String> {
-    dialogue
-        .iter()
-        .rev()
-        .find(|e| e.actor == Actor::Assistant)
-        .and_then(|e| e.actor_text.clone())
 }

@@ -125,6 +125,20 @@ fn key(lease: &Lease, p: &Payload) -> FlowKey {
     FlowKey::new(lease.product_id.clone(), p.session_id.clone())
 }
 
+/// The session, if it still waits for this node's invocation; a cancelled
+/// or superseded run does no more work.
+fn waiting(session: FlowSession, p: &Payload) -> Result<FlowSession, TaskError> {
+    let ours = session
+        .running
+        .as_ref()
+        .is_some_and(|r| r.invocation_id == p.invocation_id);
+    if ours {
+        Ok(session)
+    } else {
+        Err(TaskError::permanent("the run was cancelled"))
+    }
+}
+
 fn inputs(lease: &Lease) -> Vec<&Value> {
     lease
         .dag
@@ -166,38 +180,35 @@ impl FlowTask {
             .session(&key(lease, p))
             .await
             .map_err(|e| TaskError::retryable(e.to_string()))?;
-        stored
-            .map(|s| s.state)
-            .filter(|s| {
-                s.running
-                    .as_ref()
-                    .is_some_and(|r| r.invocation_id == p.invocation_id)
-            })
-            .ok_or_else(|| TaskError::permanent("the run was cancelled"))
+        let stored = stored.ok_or_else(|| TaskError::permanent("the run was cancelled"))?;
+        waiting(stored.state, p)
     }
 
-    /// The render data the node's DAG was planned with: the session as it
-    /// is while it waits for this invocation, and the dialogue as it was
-    /// when the DAG was planned.
+    /// The render data the node's DAG was planned with, while the session
+    /// still waits for this invocation (else the run was cancelled): the
+    /// session as it is, and the dialogue as it was when the DAG was
+    /// planned, read together.
     async fn planned_context(
         &self,
         lease: &Lease,
         p: &Payload,
-        session: &FlowSession,
         flow: &Flow,
     ) -> Result<Value, TaskError> {
         let Some(cr) = p.context_ref else {
+            self.current_session(lease, p).await?;
             return Ok(p.context.clone());
         };
         let planned_at = cr
             .planned_at()
             .ok_or_else(|| TaskError::permanent("the planning time is out of range"))?;
-        let dialogue = self
+        let (stored, dialogue) = self
             .service
             .store()
-            .dialogue_prefix(&key(lease, p), cr.dialogue_len)
+            .session_with_prefix(&key(lease, p), cr.dialogue_len)
             .await
-            .map_err(|e| TaskError::retryable(e.to_string()))?;
+            .map_err(|e| TaskError::retryable(e.to_string()))?
+            .ok_or_else(|| TaskError::permanent("the run was cancelled"))?;
+        let session = waiting(stored.state, p)?;
         if dialogue.len() as u64 != cr.dialogue_len {
             return Err(TaskError::permanent(format!(
                 "the dialogue holds {} elements; the run was planned on {}",
@@ -205,7 +216,7 @@ impl FlowTask {
                 cr.dialogue_len
             )));
         }
-        Ok(flow.render_data(session, &dialogue, planned_at))
+        Ok(flow.render_data(&session, &dialogue, planned_at))
     }
 
     /// The node's flow.
@@ -239,10 +250,10 @@ impl FlowTask {
     }
 
     async fn invoke(&self, lease: &Lease, p: &Payload) -> Result<Value, TaskError> {
-        let session = self.current_session(lease, p).await?;
         let flow = self.flow(p)?;
         let data = if p.element && p.context_ref.is_none() {
             // An element of an older map: its input is its whole data.
+            self.current_session(lease, p).await?;
             first_input(lease)?.clone()
         } else {
             let net = if p.has_input || p.element {
@@ -250,7 +261,7 @@ impl FlowTask {
             } else {
                 None
             };
-            let base = self.planned_context(lease, p, &session, &flow).await?;
+            let base = self.planned_context(lease, p, &flow).await?;
             dag::task_context(&base, net.as_ref())
         };
         let rendered = flow
@@ -281,14 +292,13 @@ impl FlowTask {
     }
 
     async fn map(&self, lease: &Lease, p: &Payload) -> Result<Value, TaskError> {
-        let session = self.current_session(lease, p).await?;
         let flow = self.flow(p)?;
         let net = if p.has_input {
             Some(first_input(lease)?)
         } else {
             None
         };
-        let base = self.planned_context(lease, p, &session, &flow).await?;
+        let base = self.planned_context(lease, p, &flow).await?;
         let data = dag::task_context(&base, net);
         let items = match flow
             .eval(&p.over, &data)
