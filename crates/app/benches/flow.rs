@@ -379,11 +379,56 @@ fn reference(here: &Path, load: &Load) -> Vec<ClientRun> {
         .collect()
 }
 
-/// Medians over the runs of `product` since `since`, in ms: the invoke
+/// Medians over the runs of `product` since some time, in ms: the invoke
 /// node's wait for a worker and its run (to its fenced completion), the
 /// completion node's wait and its run (the session's commit included),
 /// and the whole, from the run's enqueue to the completion's end.
-async fn breakdown(pool: &sqlx::PgPool, product: &str, since: time::OffsetDateTime) -> String {
+struct Breakdown {
+    runs: i64,
+    invoke_wait: f64,
+    invoke_run: f64,
+    complete_wait: f64,
+    complete_run: f64,
+    whole: f64,
+}
+
+impl Breakdown {
+    fn line(&self) -> String {
+        format!(
+            "{} runs; medians: invoke waits {:.1} ms, runs {:.1} ms; completion waits {:.1} ms, \
+             runs {:.1} ms; enqueue -> completion done {:.1} ms",
+            self.runs,
+            self.invoke_wait,
+            self.invoke_run,
+            self.complete_wait,
+            self.complete_run,
+            self.whole
+        )
+    }
+
+    /// The breakdown's columns of a result row.
+    const COLUMNS: [&str; 6] = [
+        "runs",
+        "invoke wait ms",
+        "invoke run ms",
+        "completion wait ms",
+        "completion run ms",
+        "enqueue -> done ms",
+    ];
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.runs.to_string(),
+            format!("{:.1}", self.invoke_wait),
+            format!("{:.1}", self.invoke_run),
+            format!("{:.1}", self.complete_wait),
+            format!("{:.1}", self.complete_run),
+            format!("{:.1}", self.whole),
+        ]
+    }
+}
+
+async fn breakdown(pool: &sqlx::PgPool, product: &str, since: time::OffsetDateTime) -> Breakdown {
     let row = sqlx::query(
         "WITH j AS (SELECT dag_run_id, kind, created_at, finished_at, \
            lease_expires_at - coalesce(timeout_ms, 300000) * interval '1 millisecond' AS claimed_at \
@@ -413,16 +458,26 @@ async fn breakdown(pool: &sqlx::PgPool, product: &str, since: time::OffsetDateTi
             .flatten()
             .unwrap_or(f64::NAN)
     };
-    format!(
-        "{} runs; medians: invoke waits {:.1} ms, runs {:.1} ms; completion waits {:.1} ms, \
-         runs {:.1} ms; enqueue -> completion done {:.1} ms",
-        row.get::<i64, _>("n"),
-        f("i_wait"),
-        f("i_run"),
-        f("c_wait"),
-        f("c_run"),
-        f("whole")
-    )
+    Breakdown {
+        runs: row.get::<i64, _>("n"),
+        invoke_wait: f("i_wait"),
+        invoke_run: f("i_run"),
+        complete_wait: f("c_wait"),
+        complete_run: f("c_run"),
+        whole: f("whole"),
+    }
+}
+
+/// A figure with one decimal, or `-` when there is none.
+fn fig(x: Option<f64>) -> String {
+    x.filter(|x| x.is_finite())
+        .map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"))
+}
+
+/// A figure with two decimals, or `-` when there is none.
+fn fig2(x: Option<f64>) -> String {
+    x.filter(|x| x.is_finite())
+        .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"))
 }
 
 /// Transactions committed in this database so far.
@@ -496,22 +551,35 @@ async fn over_http(pool: &sqlx::PgPool, load: &Load, with_reference: bool, in_pr
             r.cpu_ms_per_rt.unwrap_or(f64::NAN),
             r.load
         );
-        println!("  breakdown: {}", breakdown(pool, "default", since).await);
+        let parts = breakdown(pool, "default", since).await;
+        println!("  breakdown: {}", parts.line());
         let window =
             load.duration.parse::<f64>().unwrap_or(1.0) + load.warmup.parse::<f64>().unwrap_or(0.0);
+        let rts = all_rts * window / load.duration.parse::<f64>().unwrap_or(1.0);
+        let per_rt = xacts as f64 / rts;
         println!(
             "  database transactions (statements outside a transaction count one each) per round trip: \
-             {:.1} (warm-up and drain included: {xacts} over ~{:.0} round trips)",
-            xacts as f64 / (all_rts * window / load.duration.parse::<f64>().unwrap_or(1.0)),
-            all_rts * window / load.duration.parse::<f64>().unwrap_or(1.0),
+             {per_rt:.1} (warm-up and drain included: {xacts} over ~{rts:.0} round trips)",
+        );
+        let mut columns = vec!["clients"];
+        columns.extend(Breakdown::COLUMNS);
+        columns.push("transactions per round trip");
+        let mut cells = vec![n.to_string()];
+        cells.extend(parts.cells());
+        cells.push(format!("{per_rt:.1}"));
+        common::report_row(
+            "flow: parlance serve round trip breakdown",
+            &columns,
+            &cells,
         );
         ours.push(r);
     }
     drop(serve);
-    if !with_reference {
-        return;
-    }
-    let theirs = reference(&here, load);
+    let theirs = if with_reference {
+        reference(&here, load)
+    } else {
+        Vec::new()
+    };
     for (n, t) in load.clients.iter().zip(&theirs) {
         println!(
             "genie-flow 0.12.0 + Celery, {n} client(s): {:.1} round trips/s, median {:.1} ms, \
@@ -525,19 +593,58 @@ async fn over_http(pool: &sqlx::PgPool, load: &Load, with_reference: bool, in_pr
             t.load
         );
     }
-    println!(
-        "| clients | parlance rt/s | genie-flow rt/s | ratio (goal >= 4) | parlance median ms | genie-flow median ms |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for ((n, o), t) in load.clients.iter().zip(&ours).zip(&theirs) {
+    if with_reference {
         println!(
-            "| {n} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
-            o.rt_per_s,
-            t.rt_per_s,
-            o.rt_per_s / t.rt_per_s,
-            o.median_ms,
-            t.median_ms
+            "| clients | parlance rt/s | genie-flow rt/s | ratio (goal >= 4) | parlance median ms | genie-flow median ms |"
         );
+        println!("|---|---|---|---|---|---|");
+        for ((n, o), t) in load.clients.iter().zip(&ours).zip(&theirs) {
+            println!(
+                "| {n} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} |",
+                o.rt_per_s,
+                t.rt_per_s,
+                o.rt_per_s / t.rt_per_s,
+                o.median_ms,
+                t.median_ms
+            );
+        }
+    }
+    let columns = [
+        "clients",
+        "parlance serve rt/s",
+        "genie-flow + Celery rt/s",
+        "ratio (goal >= 4)",
+        "parlance median / p95 ms",
+        "genie-flow median / p95 ms",
+        "polls per round trip (ours / theirs)",
+        "server CPU ms per round trip (ours / theirs)",
+        "failed (ours / theirs)",
+        "load (ours / theirs)",
+    ];
+    for (i, (n, o)) in load.clients.iter().zip(&ours).enumerate() {
+        let t = theirs.get(i);
+        let theirs_or = |f: &dyn Fn(&ClientRun) -> String| t.map_or_else(|| "-".to_owned(), f);
+        let cells = [
+            n.to_string(),
+            fig(Some(o.rt_per_s)),
+            theirs_or(&|t| fig(Some(t.rt_per_s))),
+            theirs_or(&|t| fig2(Some(o.rt_per_s / t.rt_per_s))),
+            format!("{} / {}", fig(Some(o.median_ms)), fig(Some(o.p95_ms))),
+            theirs_or(&|t| format!("{} / {}", fig(Some(t.median_ms)), fig(Some(t.p95_ms)))),
+            format!(
+                "{} / {}",
+                fig2(Some(o.polls_per_rt)),
+                theirs_or(&|t| fig2(Some(t.polls_per_rt)))
+            ),
+            format!(
+                "{} / {}",
+                fig2(o.cpu_ms_per_rt),
+                theirs_or(&|t| fig2(t.cpu_ms_per_rt))
+            ),
+            format!("{} / {}", o.errors, theirs_or(&|t| t.errors.to_string())),
+            format!("{} / {}", o.load, theirs_or(&|t| t.load.clone())),
+        ];
+        common::report_row("flow: over HTTP, side by side", &columns, &cells);
     }
     if let Some(o) = ours.last() {
         println!(
@@ -546,6 +653,21 @@ async fn over_http(pool: &sqlx::PgPool, load: &Load, with_reference: bool, in_pr
             o.rt_per_s,
             in_process,
             o.rt_per_s / in_process
+        );
+        common::report_row(
+            "flow: over HTTP against in process",
+            &[
+                "clients",
+                "parlance serve rt/s",
+                "in-process rt/s",
+                "ratio (goal >= 0.8)",
+            ],
+            &[
+                load.clients[1].to_string(),
+                fig(Some(o.rt_per_s)),
+                fig(Some(in_process)),
+                fig2(Some(o.rt_per_s / in_process)),
+            ],
         );
     }
 }
@@ -560,10 +682,10 @@ async fn main() {
         warmup: if quick { "1" } else { "3" },
         clients: [1, 16],
     };
+    let start = loadavg();
     println!(
-        "flow bench: {} (load average at start {})",
+        "flow bench: {} (load average at start {start})",
         if quick { "quick" } else { "full" },
-        loadavg()
     );
     let Some(pool) = parlance_postgres::testing::test_pool().await else {
         println!("flow bench: DATABASE_URL is not set; nothing measured");
@@ -578,9 +700,18 @@ async fn main() {
     let p = ProductId::parse("bench").expect("product");
 
     let (n, took) = user_events(svc.clone(), p.clone()).await;
+    let events_per_s = n as f64 / took.as_secs_f64();
     println!(
-        "user events (user->user, {SESSIONS} sessions): {n} in {took:.2?} = {:.0}/s",
-        n as f64 / took.as_secs_f64()
+        "user events (user->user, {SESSIONS} sessions): {n} in {took:.2?} = {events_per_s:.0}/s"
+    );
+    let in_process_columns = ["measure", "value"];
+    common::report_row(
+        "flow: in process",
+        &in_process_columns,
+        &[
+            format!("user events/s (user -> user, {SESSIONS} sessions)"),
+            format!("{events_per_s:.0}"),
+        ],
     );
     let since = time::OffsetDateTime::now_utc();
     let (n, took) = round_trips(svc.clone(), p.clone()).await;
@@ -589,7 +720,26 @@ async fn main() {
         "invoker round trips in process (user->invoker->user, template invoker, {SESSIONS} sessions, \
          polling every 1 ms): {n} in {took:.2?} = {in_process:.0}/s"
     );
-    println!("  breakdown: {}", breakdown(&pool, "bench", since).await);
+    let parts = breakdown(&pool, "bench", since).await;
+    println!("  breakdown: {}", parts.line());
+    common::report_row(
+        "flow: in process",
+        &in_process_columns,
+        &[
+            format!(
+                "invoker round trips/s (template invoker, {SESSIONS} sessions, polling every 1 ms)"
+            ),
+            format!("{in_process:.0}"),
+        ],
+    );
+    common::report_row(
+        "flow: in process",
+        &in_process_columns,
+        &[
+            "in process: enqueue -> completion done, median ms".to_owned(),
+            format!("{:.1}", parts.whole),
+        ],
+    );
 
     let chat = flow(&svc, "chat");
     let key = session(&svc, &p, &chat).await;
@@ -604,11 +754,25 @@ async fn main() {
                 "bytes written by turn {turn}: {bytes} (session row + {} dialogue rows)",
                 new_len - len
             );
+            common::report_row(
+                "flow: in process",
+                &in_process_columns,
+                &[
+                    format!("bytes written by turn {turn} of one session"),
+                    bytes.to_string(),
+                ],
+            );
         }
         len = new_len;
     }
     worker.stop().await;
 
     over_http(&pool, &load, with_reference, in_process).await;
-    println!("load average at the end {}", loadavg());
+    let end = loadavg();
+    println!("load average at the end {end}");
+    common::report_row(
+        "flow: load averages",
+        &["at start", "at end"],
+        &[start, end],
+    );
 }
