@@ -3,7 +3,8 @@
 //!
 //! Claims are one statement: a batched `FOR UPDATE SKIP LOCKED` select over
 //! the partial claim index feeding an `UPDATE … RETURNING` that hands out
-//! fresh fencing tokens. A claim commits without waiting for its WAL flush
+//! fresh fencing tokens, with the claimed nodes' DAG context (key, element
+//! input or parents' results) joined in the same statement. A claim commits without waiting for its WAL flush
 //! (`synchronous_commit = off` for that transaction only): a claim lost in a
 //! server crash leaves its task `available` and the task simply runs again,
 //! while enqueues and completions stay synchronous, and a completion's flush
@@ -15,8 +16,10 @@
 //! one transaction that first locks the run row, then applies the fenced
 //! update, stores the result, decrements the children's remaining-dependency
 //! counters and inserts jobs for the children that reached zero, so a join
-//! fires exactly once. Every operation that touches a run locks the run row
-//! before any of its jobs, which keeps lock order acyclic. Time comes from the
+//! fires exactly once; `complete_and_claim` leases some of those jobs to
+//! the completing worker in the same transaction, as the claim would.
+//! Every operation that touches a run locks the run row before any of its
+//! jobs, which keeps lock order acyclic. Time comes from the
 //! injected clock (bound as a parameter), never from `now()`.
 //!
 //! Wake-ups are hints; polling is the truth. After a commit that made tasks
