@@ -9,6 +9,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a command-line tool
 
 mod api;
+mod bench_all;
 mod pg;
 mod py;
 mod run;
@@ -40,6 +41,11 @@ commands:
                 against PostgreSQL found or started as for ci (`session core`
                 and `session replay` need none; replay makes a venv with the
                 reference SDK under target/)
+  bench all [--from-log FILE]
+                every benchmark but soak, one after the other after one release
+                build, the output logged under target/bench-all/; then the tables
+                they print are written into docs/performance.md (between the
+                bench-all markers). --from-log renders a saved log, running nothing
   api-test [--minutes N] [--backend memory|postgres] [--with-client]
          schemathesis against `parlance serve` on its /openapi.json: every operation,
          positive and negative data, stateful links; N minutes (default 2) split
@@ -166,26 +172,58 @@ fn report_skips(log: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs one benchmark (or all with no name) in release mode with a database.
+/// Runs one benchmark (or all with no name) in release mode with a database;
+/// `bench all` is [`bench_all::bench_all`].
 fn bench(args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) == Some("all") {
+        return bench_all::bench_all(&args[1..]);
+    }
     let db = if in_memory_only(args) {
         None
     } else {
         pg::provide()?
     };
-    let mut cmd = cargo(["bench", "--package", "parlance-app", "--locked"]);
-    if let Some(name) = args.first() {
-        cmd = cmd.args(["--bench", name]);
+    if db.is_none() && !in_memory_only(args) {
+        bail!("benchmarks need PostgreSQL: set DATABASE_URL or run a server at 127.0.0.1:5432");
     }
-    cmd = cmd.arg("--").args(args.iter().skip(1));
-    cmd = match &db {
-        Some(db) => cmd.env("DATABASE_URL", db.url()),
-        None if in_memory_only(args) => cmd,
-        None => {
-            bail!("benchmarks need PostgreSQL: set DATABASE_URL or run a server at 127.0.0.1:5432")
-        }
+    let url = db.as_ref().map(pg::Db::url);
+    let cmd = match args.split_first() {
+        Some((name, rest)) => bench_cmd(name, rest, url),
+        None => with_url(
+            cargo(["bench", "--package", "parlance-app", "--locked"]),
+            url,
+        ),
     };
-    cmd.run()
+    // The lines `bench all --from-log` reads around the benchmark's rows.
+    let command = match args.split_first() {
+        Some((name, rest)) => bench_all::xtask_command(name, rest),
+        None => "cargo xtask bench".to_owned(),
+    };
+    println!("{}", bench_all::start_line(&command));
+    let result = cmd.run();
+    let outcome = match &result {
+        Ok(()) => "ok".to_owned(),
+        Err(e) => format!("failed: {e:#}"),
+    };
+    println!("{}", bench_all::end_line(&command, &outcome));
+    result
+}
+
+/// `cargo bench` of the benchmark `name` with its arguments, on the
+/// database at `url` when there is one.
+fn bench_cmd(name: &str, args: &[String], url: Option<&str>) -> Cmd {
+    let cmd = cargo(["bench", "--package", "parlance-app", "--locked"])
+        .args(["--bench", name])
+        .arg("--")
+        .args(args);
+    with_url(cmd, url)
+}
+
+fn with_url(cmd: Cmd, url: Option<&str>) -> Cmd {
+    match url {
+        Some(url) => cmd.env("DATABASE_URL", url),
+        None => cmd,
+    }
 }
 
 /// True for benchmark parts that touch no database (`session core`,

@@ -72,6 +72,11 @@ impl Cmd {
         self
     }
 
+    /// The command and the line it is shown as, to run it another way.
+    pub(crate) fn into_parts(self) -> (Command, String) {
+        (self.inner, self.shown)
+    }
+
     /// Runs to completion, failing on a non-zero exit.
     pub(crate) fn run(mut self) -> Result<()> {
         println!("$ {}", self.shown);
