@@ -8,7 +8,9 @@
 //!   the sweeper (firings per second), and the time to find nothing due with
 //!   10,000 and with 1,000,000 instances stored (it must not grow).
 //!
-//! `--smoke` shrinks every size, to check the benchmark itself runs.
+//! `--smoke` shrinks every size, to check the benchmark itself runs. Each
+//! part also prints its table as `@bench-row` lines (`common::report_row`)
+//! for `cargo xtask bench all`.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark reports on stdout
 
@@ -30,7 +32,7 @@ use parlance_core::{Machine as _, ProductId, Timestamp};
 use parlance_ports::ManualClock;
 use parlance_postgres::PgPool;
 
-use crate::common::{Rng, drop_database, pgbench};
+use crate::common::{Rng, drop_database, pgbench, report_row};
 
 fn t0() -> Timestamp {
     Timestamp::from_secs(1_767_225_600).expect("in range")
@@ -131,13 +133,38 @@ async fn bench_pg(clients: usize, per_client: u64, secs: u64) {
     let ours = n as f64 / run_for.as_secs_f64();
     println!("pg: {clients} clients, {secs} s: {n} commands, {ours:.0} commands/s");
     drop_database(pool).await;
-    match pgbench(clients, secs).await {
-        Ok(tps) => println!(
-            "pgbench -N -c {clients} -j 2 -T {secs}: {tps:.0} tps; ratio ours/pgbench = {:.2}",
-            ours / tps
-        ),
-        Err(e) => println!("pgbench: not run: {e}"),
-    }
+    let (theirs, ratio) = match pgbench(clients, secs).await {
+        Ok(tps) => {
+            println!(
+                "pgbench -N -c {clients} -j 2 -T {secs}: {tps:.0} tps; ratio ours/pgbench = {:.2}",
+                ours / tps
+            );
+            (format!("{tps:.0}"), format!("{:.2}", ours / tps))
+        }
+        Err(e) => {
+            println!("pgbench: not run: {e}");
+            ("not run".to_owned(), "-".to_owned())
+        }
+    };
+    report_row(
+        "conversation pg",
+        &[
+            "clients",
+            "seconds",
+            "commands",
+            "parlance commands/s",
+            "pgbench -N tps",
+            "ratio parlance / pgbench",
+        ],
+        &[
+            clients.to_string(),
+            secs.to_string(),
+            n.to_string(),
+            format!("{ours:.0}"),
+            theirs,
+            ratio,
+        ],
+    );
 }
 
 /// Stores `total` instances waiting for a reply, `due` of them with a
@@ -233,17 +260,38 @@ async fn timers_case(total: u64, due: u64) -> Option<(Duration, Duration)> {
 }
 
 async fn bench_timers(due: u64, big: u64) {
-    let Some((_, small_idle)) = timers_case(due, due).await else {
+    let Some((small_fire, small_idle)) = timers_case(due, due).await else {
         println!("timers: skipped, DATABASE_URL is not set");
         return;
     };
-    let Some((_, big_idle)) = timers_case(big, due).await else {
+    let Some((big_fire, big_idle)) = timers_case(big, due).await else {
         return;
     };
     println!(
         "timers: nothing-due lookup with {big} stored / with {due} stored = {:.2}",
         big_idle.as_secs_f64() / small_idle.as_secs_f64()
     );
+    for (stored, fire, idle) in [(due, small_fire, small_idle), (big, big_fire, big_idle)] {
+        report_row(
+            "conversation timers",
+            &[
+                "stored",
+                "due",
+                "fired in s",
+                "firings/s",
+                "nothing due: median ms",
+                "nothing due: ratio to smallest",
+            ],
+            &[
+                stored.to_string(),
+                due.to_string(),
+                format!("{:.2}", fire.as_secs_f64()),
+                format!("{:.0}", due as f64 / fire.as_secs_f64()),
+                format!("{:.3}", idle.as_secs_f64() * 1e3),
+                format!("{:.2}", idle.as_secs_f64() / small_idle.as_secs_f64()),
+            ],
+        );
+    }
 }
 
 fn main() {

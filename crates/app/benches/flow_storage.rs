@@ -16,8 +16,12 @@
 //!   serialised. Per-row bookkeeping (keys, states, times) is not counted.
 //!
 //! Run with `cargo xtask bench flow-storage` (release, `DATABASE_URL` set).
+//! Each adapter's figures are also printed as a `@bench-row` line
+//! (`common::report_row`) for `cargo xtask bench all`.
 
 #![allow(clippy::print_stdout, missing_docs)]
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -187,6 +191,27 @@ fn report(adapter: &str, (first, last): (i64, i64)) {
         "{adapter}: bytes stored by event 1: {first} ({:.2}x the input); by event {EVENTS}: {last} ({:.2}x)",
         ratio(first),
         ratio(last)
+    );
+    let by_last = format!("bytes stored by event {EVENTS}");
+    let last_ratio = format!("event {EVENTS} / input");
+    common::report_row(
+        "flow storage",
+        &[
+            "adapter",
+            "input bytes",
+            "bytes stored by event 1",
+            "event 1 / input",
+            &by_last,
+            &last_ratio,
+        ],
+        &[
+            adapter.to_owned(),
+            INPUT_BYTES.to_string(),
+            first.to_string(),
+            format!("{:.2}x", ratio(first)),
+            last.to_string(),
+            format!("{:.2}x", ratio(last)),
+        ],
     );
 }
 

@@ -23,7 +23,9 @@
 //! - sweep: the time to sweep 10,000 due sessions stored among 1,000,000,
 //!   against 10,000 among 10,000 (the deadline index, not a scan).
 //!
-//! `--smoke` shrinks every size, to check the benchmark itself runs.
+//! `--smoke` shrinks every size, to check the benchmark itself runs. Each
+//! part also prints its table as `@bench-row` lines (`common::report_row`)
+//! for `cargo xtask bench all`.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a benchmark reports on stdout
 
@@ -46,7 +48,7 @@ use parlance_core::session::{
 use parlance_core::{Machine, ProductId, Timestamp};
 use parlance_ports::ManualClock;
 
-use crate::common::{Rng, drop_database, pgbench};
+use crate::common::{Rng, drop_database, pgbench, report_row};
 
 /// One event of the mix, as the core and the service see it.
 #[derive(Clone)]
@@ -156,6 +158,28 @@ fn rounds<T>(
     (rounds[0], rounds[rounds.len() / 2])
 }
 
+const CORE_COLUMNS: &[&str] = &[
+    "path",
+    "events",
+    "best ns/event",
+    "median ns/event",
+    "M events/s (median)",
+];
+
+fn core_row(path: &str, events: usize, best: f64, median: f64) {
+    report_row(
+        "session core",
+        CORE_COLUMNS,
+        &[
+            path.to_owned(),
+            events.to_string(),
+            format!("{best:.1}"),
+            format!("{median:.1}"),
+            format!("{:.1}", 1_000.0 / median),
+        ],
+    );
+}
+
 fn bench_core(events: usize) {
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     let script: Vec<(Ev, i64)> = (0..events)
@@ -185,6 +209,7 @@ fn bench_core(events: usize) {
         "core: {events} events (tick + event), ns/event best {best:.1}, median {median:.1}; {:.1} M events/s (median)",
         1_000.0 / median
     );
+    core_row("state operations (tick + event)", events, best, median);
     // The same mix through the protocol: `decide` also builds the audit
     // transitions, the report and the next deadline the service stores.
     let commands: Vec<(SessionCommand, i64)> = script
@@ -200,6 +225,12 @@ fn bench_core(events: usize) {
     println!(
         "core: {events} events (decide: tick + event, audit, deadline), ns/event best {best:.1}, median {median:.1}; {:.1} M events/s (median)",
         1_000.0 / median
+    );
+    core_row(
+        "decide (tick + event, audit, deadline)",
+        events,
+        best,
+        median,
     );
 }
 
@@ -257,18 +288,53 @@ async fn bench_pg(clients: usize, secs: u64) {
     );
     drop_database(pool).await;
 
-    match pgbench(clients, secs).await {
-        Ok(tps) => println!(
-            "pgbench -N -c {clients} -j 2 -T {secs}: {tps:.0} tps; ratio ours/pgbench = {:.2}",
-            ours / tps
-        ),
-        Err(e) => println!("pgbench: not run: {e}"),
-    }
+    let (theirs, ratio) = match pgbench(clients, secs).await {
+        Ok(tps) => {
+            println!(
+                "pgbench -N -c {clients} -j 2 -T {secs}: {tps:.0} tps; ratio ours/pgbench = {:.2}",
+                ours / tps
+            );
+            (format!("{tps:.0}"), format!("{:.2}", ours / tps))
+        }
+        Err(e) => {
+            println!("pgbench: not run: {e}");
+            ("not run".to_owned(), "-".to_owned())
+        }
+    };
+    report_row(
+        "session pg",
+        &[
+            "clients",
+            "seconds",
+            "events",
+            "refused",
+            "parlance events/s",
+            "pgbench -N tps",
+            "ratio parlance / pgbench",
+        ],
+        &[
+            clients.to_string(),
+            secs.to_string(),
+            n.to_string(),
+            refused.load(Ordering::Relaxed).to_string(),
+            format!("{ours:.0}"),
+            theirs,
+            ratio,
+        ],
+    );
+}
+
+/// One sweep measured: the time to sweep, the time loading took, and the
+/// access path of the claim query.
+struct Swept {
+    took: Duration,
+    load: Duration,
+    plan: String,
 }
 
 /// Stores `total` sessions of which `due` are past their deadline, then
 /// times sweeping them all.
-async fn sweep_case(total: usize, due: usize) -> Option<(Duration, Duration)> {
+async fn sweep_case(total: usize, due: usize) -> Option<Swept> {
     let pool = parlance_postgres::testing::test_pool().await?;
     let clock = Arc::new(ManualClock::at(t0()));
     let mut components = Components::postgres(pool.clone(), ApiKeys::new());
@@ -331,7 +397,8 @@ async fn sweep_case(total: usize, due: usize) -> Option<(Duration, Duration)> {
         .iter()
         .find(|l| l.contains("Index"))
         .or_else(|| plan.iter().find(|l| l.contains("Scan")))
-        .map_or("?", |l| l.trim_start_matches([' ', '-', '>']));
+        .map_or("?", |l| l.trim_start_matches([' ', '-', '>']))
+        .to_owned();
     println!("sweep: {total} stored, claim plan: {access}");
     clock.set(t0().plus_seconds(100.0));
     let start = Instant::now();
@@ -347,17 +414,22 @@ async fn sweep_case(total: usize, due: usize) -> Option<(Duration, Duration)> {
     let took = start.elapsed();
     assert_eq!(swept, due, "swept exactly the due sessions");
     drop_database(pool).await;
-    Some((took, load_time))
+    Some(Swept {
+        took,
+        load: load_time,
+        plan: access,
+    })
 }
 
 async fn bench_sweep(due: usize, big: usize) {
-    let Some((small, _)) = sweep_case(due, due).await else {
+    let Some(small_case) = sweep_case(due, due).await else {
         println!("sweep: skipped, DATABASE_URL is not set");
         return;
     };
-    let Some((large, load)) = sweep_case(big, due).await else {
+    let Some(large_case) = sweep_case(big, due).await else {
         return;
     };
+    let (small, large, load) = (small_case.took, large_case.took, large_case.load);
     println!(
         "sweep: {due} due among {due}: {:.2} s ({:.0} us/session); {due} due among {big}: {:.2} s \
          (loading took {:.0} s); ratio {:.2}",
@@ -367,6 +439,29 @@ async fn bench_sweep(due: usize, big: usize) {
         load.as_secs_f64(),
         large.as_secs_f64() / small.as_secs_f64()
     );
+    for (stored, case) in [(due, &small_case), (big, &large_case)] {
+        report_row(
+            "session sweep",
+            &[
+                "due",
+                "stored",
+                "claim plan",
+                "sweep s",
+                "us/session",
+                "loading s",
+                "ratio to due among due",
+            ],
+            &[
+                due.to_string(),
+                stored.to_string(),
+                case.plan.clone(),
+                format!("{:.2}", case.took.as_secs_f64()),
+                format!("{:.0}", case.took.as_secs_f64() * 1e6 / due as f64),
+                format!("{:.0}", case.load.as_secs_f64()),
+                format!("{:.2}", case.took.as_secs_f64() / small.as_secs_f64()),
+            ],
+        );
+    }
 }
 
 fn main() {

@@ -341,26 +341,49 @@ pub(crate) fn bench_replay(rounds: usize) {
         path.display(),
         r.version
     );
-    let line = |what: &str, ours: f64, theirs: f64, unit: &str| {
+    let reference_column = format!("autoplay-sdk {}", r.version);
+    let line = |what: &str, n: usize, ours: f64, theirs: f64, unit: &str| {
         println!(
             "replay: {what}: parlance-core {ours:.1} {unit}, autoplay-sdk {theirs:.1} {unit}; ratio {:.1}x",
             theirs / ours
         );
+        crate::common::report_row(
+            "session replay",
+            &[
+                "measure",
+                "count",
+                "unit",
+                "parlance-core",
+                &reference_column,
+                "ratio autoplay-sdk / parlance-core",
+            ],
+            &[
+                what.to_owned(),
+                n.to_string(),
+                unit.to_owned(),
+                format!("{ours:.1}"),
+                format!("{theirs:.1}"),
+                format!("{:.1}x", theirs / ours),
+            ],
+        );
     };
     line(
         "whole traces",
+        steps,
         ns_per(ours_full, steps),
         ns_per(r.best_s, r.steps),
         "ns/step",
     );
     line(
         "without the snapshot round trips",
+        steps_lean,
         ns_per(ours_lean, steps_lean),
         ns_per(r.best_s_lean, r.steps_lean),
         "ns/step",
     );
     line(
         "one snapshot round trip",
+        trips,
         ns_per(ours_trip, trips),
         ns_per(r.best_s_roundtrips, r.roundtrips),
         "ns",
