@@ -177,8 +177,11 @@ fn run_all() -> Result<()> {
     );
 
     // One release build of every benchmark first, so none of them is timed
-    // beside the compiler.
-    let mut build = run::cargo(["bench", "--package", "parlance-app", "--locked", "--no-run"]);
+    // beside the compiler. It sees the `DATABASE_URL` the benches get: the
+    // sqlx macros read it, so a build without it is rebuilt by the first
+    // bench.
+    let mut build = run::cargo(["bench", "--package", "parlance-app", "--locked", "--no-run"])
+        .env("DATABASE_URL", db.url());
     for (name, _) in BENCHES {
         build = build.args(["--bench", name]);
     }
