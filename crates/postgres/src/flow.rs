@@ -58,6 +58,30 @@ impl PgFlowStore {
             queue: Some(queue),
         }
     }
+
+    /// The session's row with its first `len` dialogue elements as arrays,
+    /// in one statement; `None` when there is no such session.
+    async fn with_prefix(
+        &self,
+        key: &FlowKey,
+        len: u64,
+    ) -> PortResult<Option<sqlx::postgres::PgRow>> {
+        sqlx::query(
+            "SELECT s.version, s.data::text AS data, d.actors, d.events, d.texts, d.ats \
+             FROM flow_sessions s LEFT JOIN LATERAL (\
+             SELECT array_agg(actor ORDER BY seq) AS actors, array_agg(event ORDER BY seq) AS events, \
+             array_agg(actor_text ORDER BY seq) AS texts, array_agg(at ORDER BY seq) AS ats \
+             FROM flow_dialogue WHERE product_id = s.product_id AND session_id = s.session_id \
+             AND seq <= $3) d ON true \
+             WHERE s.product_id = $1 AND s.session_id = $2",
+        )
+        .bind(key.product_id.as_str())
+        .bind(key.session_id.as_str())
+        .bind(i64::try_from(len).unwrap_or(i64::MAX))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(pg_err("load flow session"))
+    }
 }
 
 /// The session as JSON text, stored in a `json` column (not `jsonb`, which
@@ -391,21 +415,10 @@ impl FlowStore for PgFlowStore {
     }
 
     async fn dialogue_prefix(&self, key: &FlowKey, len: u64) -> PortResult<Vec<DialogueElement>> {
-        let row = sqlx::query(
-            "SELECT d.actors, d.events, d.texts, d.ats FROM flow_sessions s LEFT JOIN LATERAL (\
-             SELECT array_agg(actor ORDER BY seq) AS actors, array_agg(event ORDER BY seq) AS events, \
-             array_agg(actor_text ORDER BY seq) AS texts, array_agg(at ORDER BY seq) AS ats \
-             FROM flow_dialogue WHERE product_id = s.product_id AND session_id = s.session_id \
-             AND seq <= $3) d ON true \
-             WHERE s.product_id = $1 AND s.session_id = $2",
-        )
-        .bind(key.product_id.as_str())
-        .bind(key.session_id.as_str())
-        .bind(i64::try_from(len).unwrap_or(i64::MAX))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(pg_err("load flow dialogue"))?
-        .ok_or_else(|| PortError::not_found("no such flow session"))?;
+        let row = self
+            .with_prefix(key, len)
+            .await?
+            .ok_or_else(|| PortError::not_found("no such flow session"))?;
         dialogue_of(&row).map_err(pg_err("decode flow dialogue"))
     }
 
@@ -414,22 +427,9 @@ impl FlowStore for PgFlowStore {
         key: &FlowKey,
         len: u64,
     ) -> PortResult<Option<(Stored<FlowSession>, Vec<DialogueElement>)>> {
-        let row = sqlx::query(
-            "SELECT s.version, s.data::text AS data, d.actors, d.events, d.texts, d.ats \
-             FROM flow_sessions s LEFT JOIN LATERAL (\
-             SELECT array_agg(actor ORDER BY seq) AS actors, array_agg(event ORDER BY seq) AS events, \
-             array_agg(actor_text ORDER BY seq) AS texts, array_agg(at ORDER BY seq) AS ats \
-             FROM flow_dialogue WHERE product_id = s.product_id AND session_id = s.session_id \
-             AND seq <= $3) d ON true \
-             WHERE s.product_id = $1 AND s.session_id = $2",
-        )
-        .bind(key.product_id.as_str())
-        .bind(key.session_id.as_str())
-        .bind(i64::try_from(len).unwrap_or(i64::MAX))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(pg_err("load flow session"))?;
-        let Some(row) = row else { return Ok(None) };
+        let Some(row) = self.with_prefix(key, len).await? else {
+            return Ok(None);
+        };
         let session = stored_session(&row)?;
         let dialogue = dialogue_of(&row).map_err(pg_err("decode flow dialogue"))?;
         Ok(Some((session, dialogue)))
