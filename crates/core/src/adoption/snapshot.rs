@@ -14,7 +14,7 @@
 //! one that is not a valid [`UserId`]. (Strict JSON cannot carry NaN or
 //! infinities at all.) Decoding never panics.
 //!
-//! Both directions are typed (see [`super::codec`]): the snapshot is written
+//! Both directions are typed (see the `codec` module): the snapshot is written
 //! straight from the state, fixed keys as bytes and values by serde_json,
 //! and read in one pass from the text (or from a value) into the fields it
 //! needs, with no value tree in between. The fields are checked in a fixed
