@@ -88,6 +88,13 @@ pub enum GraphError {
         /// What it chose.
         to: &'static str,
     },
+    /// A stored step (an interrupted turn's) names a stage this graph no
+    /// longer has, or a step it cannot take.
+    #[error("the stored step names {stage}, which this graph does not have")]
+    NotInGraph {
+        /// The stage as stored.
+        stage: String,
+    },
     /// The turn took more steps than allowed.
     #[error("turn exceeded its limit of {limit} steps")]
     StepLimit {
@@ -260,6 +267,13 @@ pub struct Step {
     join: Option<&'static str>,
 }
 
+impl Step {
+    /// The stage that follows this step when it is a fan-out.
+    pub fn join(&self) -> Option<&'static str> {
+        self.join
+    }
+}
+
 impl<S> Graph<S> {
     /// A builder for a graph named `name`.
     pub fn builder(name: &'static str) -> GraphBuilder<S> {
@@ -296,6 +310,65 @@ impl<S> Graph<S> {
                 join: None,
             }),
         }
+    }
+
+    /// The run of an interrupted turn, positioned before the step it stopped
+    /// in: step `number`, of the stored `stages` (in merge order) and
+    /// `join`, mapped back to this graph's stages.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphError::NotInGraph`] when a stored name is not a stage of this
+    /// graph, when the step is empty or numbered 0, or when a step of
+    /// several stages is not one of the graph's fan-outs.
+    pub fn resume_at(
+        &self,
+        number: usize,
+        stages: &[String],
+        join: Option<&str>,
+    ) -> Result<GraphRun<'_, S>, GraphError> {
+        let find = |name: &str| {
+            self.stages
+                .iter()
+                .copied()
+                .find(|s| *s == name)
+                .ok_or_else(|| GraphError::NotInGraph {
+                    stage: name.to_owned(),
+                })
+        };
+        let mapped = stages
+            .iter()
+            .map(|s| find(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let join = join
+            .map(|j| if j == END { Ok(END) } else { find(j) })
+            .transpose()?;
+        let empty = || GraphError::NotInGraph {
+            stage: String::new(),
+        };
+        if number == 0 || mapped.is_empty() {
+            return Err(empty());
+        }
+        if mapped.len() > 1 || join.is_some() {
+            // Only a fan-out of this graph runs several stages as one step.
+            let fanned = self.edges.values().any(|n| match n {
+                Next::Fanout { stages, join: j } => *stages == mapped && Some(*j) == join,
+                _ => false,
+            });
+            if !fanned {
+                return Err(GraphError::NotInGraph {
+                    stage: stages.join(", "),
+                });
+            }
+        }
+        Ok(GraphRun {
+            graph: self,
+            next: Some(Step {
+                number,
+                stages: mapped,
+                join,
+            }),
+        })
     }
 
     /// What follows `step`, given the state after its deltas were applied:

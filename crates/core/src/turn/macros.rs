@@ -44,8 +44,12 @@
 /// itself, and follows every write to the source), `merge` (the type implements
 /// [`Merge`](crate::turn::Merge); the slot is an `Option`) and `last` (the
 /// slot is an `Option`; two writers in one step are an error). Reducer
-/// fields must be serde-serializable and `Default`; turn-scoped fields
-/// `Default`. `as "name"` sets the schema name (dotted leaves of a group).
+/// fields must be serde-serializable and `Default`. Input, loaded and
+/// turn-scoped fields must be `Default`, `Serialize` and `Deserialize`: an
+/// interrupted turn keeps them as JSON
+/// ([`TurnState::suspend`](crate::turn::TurnState::suspend)) until it is
+/// resumed ([`TurnState::resume_from`](crate::turn::TurnState::resume_from)).
+/// `as "name"` sets the schema name (dotted leaves of a group).
 #[macro_export]
 macro_rules! turn_state {
     (
@@ -203,6 +207,34 @@ macro_rules! turn_state {
 
             fn book(&self) -> &$crate::turn::TurnBook {
                 &self.__book
+            }
+
+            fn suspend(
+                &self,
+            ) -> ::std::result::Result<$crate::turn::__SuspendedValue, $crate::turn::TurnError> {
+                let mut into = $crate::turn::__Suspended::new();
+                let _ = &mut into;
+                $( $crate::turn::__suspend_field(&mut into, $crate::__turn_wire!($ifield $(, $iwire)?), &self.$ifield)?; )*
+                $( $crate::turn::__suspend_field(&mut into, $crate::__turn_wire!($lfield $(, $lwire)?), &self.$lfield)?; )*
+                $( $crate::turn::__suspend_field(&mut into, $crate::__turn_wire!($tfield $(, $twire)?), &self.$tfield)?; )*
+                ::std::result::Result::Ok($crate::turn::__SuspendedValue::Object(into))
+            }
+
+            fn resume_from(
+                checkpoint: &$crate::turn::Checkpoint,
+                suspended: &$crate::turn::__SuspendedValue,
+            ) -> ::std::result::Result<Self, $crate::turn::TurnError> {
+                let mut book = $crate::turn::TurnBook::new(checkpoint.version);
+                let _ = &mut book;
+                ::std::result::Result::Ok(Self {
+                    $( $ifield: $crate::turn::__unsuspend_field(suspended, $crate::__turn_wire!($ifield $(, $iwire)?))?, )*
+                    $( $lfield: $crate::turn::__unsuspend_field(suspended, $crate::__turn_wire!($lfield $(, $lwire)?))?, )*
+                    $( $rfield: $crate::__turn_restore!(
+                        $rred $(($rsrc, $rn))?, checkpoint, $crate::__turn_wire!($rfield $(, $rwire)?), &mut book
+                    )?, )*
+                    $( $tfield: $crate::turn::__unsuspend_field(suspended, $crate::__turn_wire!($tfield $(, $twire)?))?, )*
+                    __book: book,
+                })
             }
 
             fn load_window() -> $crate::turn::LoadWindow {

@@ -44,7 +44,11 @@ use serde::de::DeserializeOwned;
 
 use crate::NotAllowed;
 
-pub use checkpoint::{Checkpoint, CheckpointDelta, LoadWindow, OwnerId, ThreadId, ThreadKey};
+pub use checkpoint::{
+    Checkpoint, CheckpointDelta, CheckpointMeta, CheckpointRef, CheckpointSource,
+    DEFAULT_SNAPSHOT_EVERY, INTERRUPT_KEY, LoadWindow, OwnerId, PendingInterrupt, ThreadId,
+    ThreadKey, fold_objects, keeps_snapshot,
+};
 pub use graph::{END, Graph, GraphBuilder, GraphError, GraphRun, Next, RouteFn, Step};
 pub use memory::{
     EpisodicEntry, MemoryEntry, MemoryFilter, MemoryHit, MemoryId, MemoryKind, MemoryRecord,
@@ -54,7 +58,10 @@ pub use memory::{
     retrieve_from, tokenize,
 };
 pub use schema::{FieldSpec, Lifecycle, Reducer, Schema};
-pub use thread::{OPEN, STALE_TURN, TABLE, TurnCommand, TurnEffect, TurnKey};
+pub use thread::{
+    INTERRUPT_PENDING, NO_INTERRUPT, OPEN, RESERVED_KEY, STALE_TURN, TABLE, TurnCommand,
+    TurnEffect, TurnKey,
+};
 
 /// The stage name under which [`begin_turn`] applies the opening delta.
 pub const OPENING_STAGE: &str = "begin_turn";
@@ -193,6 +200,21 @@ pub trait TurnState: Sized {
     /// The runtime's bookkeeping.
     fn book(&self) -> &TurnBook;
 
+    /// The fields that are not persisted (input, loaded and turn-scoped),
+    /// as a JSON object keyed by schema name: what an interrupted turn
+    /// keeps in its [`PendingInterrupt::suspended`] to go on from later.
+    fn suspend(&self) -> Result<serde_json::Value, TurnError>;
+
+    /// The state of an interrupted turn, to resume it: reducer fields from
+    /// `checkpoint` (the one that holds the interrupt, so the resumed turn's
+    /// delta holds only what it gains after it), every other field from
+    /// `suspended` ([`TurnState::suspend`]); a field `suspended` lacks is
+    /// at its default.
+    fn resume_from(
+        checkpoint: &Checkpoint,
+        suspended: &serde_json::Value,
+    ) -> Result<Self, TurnError>;
+
     /// What a checkpoint load needs: the last entries of each `window`
     /// field's source, every other list whole.
     fn load_window() -> LoadWindow;
@@ -216,6 +238,14 @@ pub trait TurnView: TurnState {
 
     /// The output view of a finished turn.
     fn output(&self) -> Self::Output;
+
+    /// The output view of a turn a stage stopped to wait for a person,
+    /// asking `payload`: by default the state's output as it stood before
+    /// the interrupted step.
+    fn interrupted(&self, payload: &serde_json::Value) -> Self::Output {
+        let _ = payload;
+        self.output()
+    }
 
     /// Records a stage's wall time (milliseconds) in the state's diagnostics.
     fn record_stage_time(&mut self, stage: &'static str, millis: f64) {
@@ -359,6 +389,40 @@ pub fn __sync_window<E: Clone>(target: &mut Vec<E>, written: &[E], last: usize) 
 pub fn __widen_window(window: &mut LoadWindow, source: &'static str, last: usize) {
     let entry = window.tails.entry(source.to_owned()).or_insert(last);
     *entry = (*entry).max(last);
+}
+
+#[doc(hidden)]
+pub type __Suspended = serde_json::Map<String, serde_json::Value>;
+
+#[doc(hidden)]
+pub type __SuspendedValue = serde_json::Value;
+
+#[doc(hidden)]
+pub fn __suspend_field<T: Serialize>(
+    into: &mut __Suspended,
+    field: &'static str,
+    value: &T,
+) -> Result<(), TurnError> {
+    let v = serde_json::to_value(value).map_err(|err| TurnError::Encode {
+        field,
+        message: err.to_string(),
+    })?;
+    into.insert(field.to_owned(), v);
+    Ok(())
+}
+
+#[doc(hidden)]
+pub fn __unsuspend_field<T: DeserializeOwned + Default>(
+    suspended: &serde_json::Value,
+    field: &'static str,
+) -> Result<T, TurnError> {
+    match suspended.get(field) {
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| TurnError::Decode {
+            field,
+            message: e.to_string(),
+        }),
+        None => Ok(T::default()),
+    }
 }
 
 #[doc(hidden)]

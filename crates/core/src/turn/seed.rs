@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{TurnState, TurnView, WorkingMemoryEntry};
+use super::{MemoryId, TurnState, TurnView, WorkingMemoryEntry};
 use crate::merge_by_some;
 
 /// Transport surface of a turn.
@@ -79,7 +79,10 @@ merge_by_some!(SessionMemory {
 /// Turn-count continuity.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionProgress {
-    /// Turns so far, this one included; derived from the checkpoint version.
+    /// Turns so far, this one included: the previous turn's count plus
+    /// one (the checkpoint version plus one on a thread without a count).
+    /// A resumed turn is the turn it resumes, though it writes a checkpoint
+    /// of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_count: Option<u64>,
     /// Whether the opening check-in happened.
@@ -179,7 +182,7 @@ crate::turn_state! {
             history: Vec<Message> => window(transcript, 40), by ["begin_turn", "finalize_turn"];
             /// Summary, active concerns, open loops, current goal.
             session_memory: SessionMemory => merge, by ["turn memory context"];
-            /// Turn count (from the checkpoint version) and sibling flags.
+            /// Turn count (one more than the previous turn's, so a resume is no turn of its own) and sibling flags.
             session_progress: SessionProgress => merge, by ["begin_turn"];
             /// Active exercise identifier, e.g. `grounding_5_4_3_2_1`.
             exercise_type: Option<String> as "exercise_state.exercise_type" => last, by ["guided exercise flow", "crisis resource lookup"];
@@ -187,12 +190,14 @@ crate::turn_state! {
             exercise_step: Option<u32> as "exercise_state.exercise_step" => last, by ["guided exercise flow", "crisis resource lookup"];
             /// Approach pinned at exercise start.
             exercise_therapeutic_approach: Option<String> as "exercise_state.exercise_therapeutic_approach" => last, by ["guided exercise flow", "turn triage", "crisis resource lookup"];
-            /// A destructive memory action awaiting confirmation on the next turn.
-            pending_action: Option<Value> as "memory_control.pending_action" => last, by ["memory-control service", "turn triage", "crisis resource lookup", "safety check"];
+            /// A destructive memory action awaiting confirmation on the next turn, as threads stored before confirmations became interrupts hold it; the next turn clears it and never acts on it.
+            pending_action: Option<Value> as "memory_control.pending_action" => last, by ["turn triage", "crisis resource lookup", "safety check"];
         }
         turn_scoped {
             /// Detected memory command (kind, args).
             memory_action: Option<Value> as "memory_control.action" => last, by ["turn triage"];
+            /// Memory entries a confirmed deletion removes, in the turn's commit.
+            forget: Vec<MemoryId> as "memory_control.forget" => last, by ["memory control"];
             /// Level 0-3, confidence, reason, needs_crisis_response, needs_clarification.
             crisis: CrisisAssessment => last, by ["crisis gate"];
             /// Classifier provenance.
@@ -255,6 +260,13 @@ pub struct SupportOutput {
     /// This turn's diagnostics.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub diagnostics: Diagnostics,
+    /// Set when the turn stopped to wait for the person's answer (resume
+    /// the thread with it): what the stage asks. For a memory deletion:
+    /// `question` (also the `response_text`), `kind`, `topic`, `ids` and
+    /// `summary` of what would be deleted, and the `accepted` answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub interrupt: Option<Value>,
 }
 
 /// What kind of answer a turn gave, from its route.
@@ -306,7 +318,12 @@ impl TurnView for SupportState {
         SupportDelta {
             transcript: vec![user],
             session_progress: Some(SessionProgress {
-                turn_count: Some(self.book().base_version + 1),
+                turn_count: Some(
+                    self.session_progress
+                        .turn_count
+                        .unwrap_or(self.book().base_version)
+                        + 1,
+                ),
                 checked_in: None,
             }),
             ..SupportDelta::default()
@@ -343,7 +360,19 @@ impl TurnView for SupportState {
             therapeutic_approach: self.therapeutic_approach.clone(),
             should_persist_memory: self.should_persist_memory,
             diagnostics: self.diagnostics.clone(),
+            interrupt: None,
         }
+    }
+
+    /// The output before the interrupted step, answering with the
+    /// payload's `question` (when it has one) and carrying the payload.
+    fn interrupted(&self, payload: &Value) -> SupportOutput {
+        let mut out = self.output();
+        if let Some(q) = payload.get("question").and_then(Value::as_str) {
+            out.response_text = q.to_owned();
+        }
+        out.interrupt = Some(payload.clone());
+        out
     }
 
     fn record_stage_time(&mut self, stage: &'static str, millis: f64) {

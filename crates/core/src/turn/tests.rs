@@ -89,7 +89,7 @@ fn schema_lists_every_leaf_field_once_with_its_lifecycle() {
     assert_eq!(schema.with_lifecycle(Lifecycle::Input).count(), 5);
     assert_eq!(schema.with_lifecycle(Lifecycle::Loaded).count(), 3);
     assert_eq!(schema.with_lifecycle(Lifecycle::Reducer).count(), 8);
-    assert_eq!(schema.with_lifecycle(Lifecycle::TurnScoped).count(), 14);
+    assert_eq!(schema.with_lifecycle(Lifecycle::TurnScoped).count(), 15);
 }
 
 #[test]
@@ -401,9 +401,9 @@ fn graphs_enforce_the_step_limit_and_declared_routes() {
     assert_eq!(dangling.unwrap_err(), GraphError::NoEdge { stage: "b" });
 }
 
-#[test]
-fn working_memory_renders_as_the_seed_shows() {
-    let entries = vec![
+/// Entries of every kind the formatter renders, as the seed shows them.
+fn sample_working_memory() -> Vec<WorkingMemoryEntry> {
+    vec![
         WorkingMemoryEntry::Entry(MemoryEntry::Semantic(SemanticEntry {
             category: "relationship".to_owned(),
             subject: "User".to_owned(),
@@ -433,7 +433,12 @@ fn working_memory_renders_as_the_seed_shows() {
             approach_context: None,
         })),
         WorkingMemoryEntry::Legacy("User mentioned a sister in Leeds".to_owned()),
-    ];
+    ]
+}
+
+#[test]
+fn working_memory_renders_as_the_seed_shows() {
+    let entries = sample_working_memory();
     let text = format_working_memory_entries(&entries);
     assert_eq!(
         text.lines().next(),
@@ -448,6 +453,39 @@ fn working_memory_renders_as_the_seed_shows() {
     let back: Vec<WorkingMemoryEntry> =
         serde_json::from_value(serde_json::to_value(&entries).unwrap()).unwrap();
     assert_eq!(back, entries);
+}
+
+/// The body of the first ```` ```lang ```` block after `heading` in `page`,
+/// before the next heading of the same level.
+fn fenced_block<'p>(page: &'p str, heading: &str, lang: &str) -> Option<&'p str> {
+    let start = page.find(&format!("\n{heading}\n"))? + heading.len() + 2;
+    let level = heading.split(' ').next()?;
+    let section = &page[start..];
+    let section = section
+        .find(&format!("\n{level} "))
+        .map_or(section, |end| &section[..end]);
+    let body = section.split_once(&format!("\n```{lang}\n"))?.1;
+    body.split_once("```").map(|(body, _)| body)
+}
+
+#[test]
+fn the_machine_page_shows_the_generated_graph_and_working_memory() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/machines/turn.md");
+    let page = std::fs::read_to_string(&path).expect("docs/machines/turn.md exists");
+    assert_eq!(
+        fenced_block(&page, "## Graphs", "mermaid"),
+        Some(graph().to_mermaid().as_str()),
+        "paste the generated diagram (`graph().to_mermaid()`) under \"## Graphs\" in {}",
+        path.display()
+    );
+    let entries = sample_working_memory();
+    let rendered = format!("{}\n", format_working_memory_entries(&entries));
+    assert_eq!(
+        fenced_block(&page, "## Working memory and retrieval", "text"),
+        Some(rendered.as_str()),
+        "paste the formatter's output under \"## Working memory and retrieval\" in {}",
+        path.display()
+    );
 }
 
 #[test]
@@ -646,4 +684,106 @@ proptest! {
         cp.apply(&d2);
         prop_assert_eq!(cp.version, 2);
     }
+}
+
+#[test]
+fn a_suspended_turn_resumes_with_its_fields_and_only_new_gains() {
+    let mut s: SupportState = begin_turn(
+        &Checkpoint::default(),
+        input("forget my boss"),
+        SupportLoaded {
+            procedural_rules: vec!["be brief".to_owned()],
+            ..SupportLoaded::default()
+        },
+    )
+    .unwrap();
+    s.apply(vec![(
+        "turn_dispatch",
+        SupportDelta {
+            route: Some(Some(Route::MemoryControl)),
+            memory_action: Some(Some(json!({"kind": "forget", "topic": "boss"}))),
+            ..SupportDelta::default()
+        },
+    )])
+    .unwrap();
+    let suspended = s.suspend().unwrap();
+    assert_eq!(suspended["message"], "forget my boss");
+    assert_eq!(
+        suspended["procedural_profile.procedural_rules"][0],
+        "be brief"
+    );
+    assert_eq!(suspended["memory_control.action"]["topic"], "boss");
+    assert!(
+        suspended.get("transcript").is_none(),
+        "reducer fields stay in the checkpoint"
+    );
+    // What the turn gained up to the interrupt is committed.
+    let mut cp = Checkpoint::default();
+    cp.apply(&s.checkpoint_delta().unwrap());
+    assert_eq!(cp.lists["transcript"].len(), 1);
+
+    let mut r = SupportState::resume_from(&cp, &suspended).unwrap();
+    assert_eq!(r.message, "forget my boss");
+    assert_eq!(r.route, Some(Route::MemoryControl));
+    assert_eq!(r.procedural_rules, ["be brief"]);
+    assert_eq!(r.history.len(), 1, "the window follows the checkpoint");
+    assert_eq!(r.book().base_version, 1);
+    assert!(
+        r.checkpoint_delta().unwrap().is_empty(),
+        "nothing gained yet"
+    );
+    r.apply(vec![(
+        "finalize_turn",
+        SupportDelta {
+            transcript: vec![assistant("done")],
+            ..SupportDelta::default()
+        },
+    )])
+    .unwrap();
+    let delta = r.checkpoint_delta().unwrap();
+    assert_eq!(delta.appends["transcript"].len(), 1, "only the new entry");
+
+    // A field the suspended JSON lacks is at its default; a bad one names
+    // itself.
+    let bare = SupportState::resume_from(&cp, &json!({})).unwrap();
+    assert_eq!(bare.message, "");
+    let err = SupportState::resume_from(&cp, &json!({"route": 7})).unwrap_err();
+    assert!(
+        matches!(err, TurnError::Decode { field: "route", .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_run_resumes_at_a_stored_step_of_the_graph() {
+    let g = graph();
+    let s: SupportState =
+        begin_turn(&Checkpoint::default(), input("x"), SupportLoaded::default()).unwrap();
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let mut run = g
+        .resume_at(3, &names(&["memory", "style"]), Some("finalize_turn"))
+        .unwrap();
+    let step = run.current().unwrap().clone();
+    assert_eq!((step.number, step.join()), (3, Some("finalize_turn")));
+    assert_eq!(step.stages, ["memory", "style"]);
+    run.advance(&s).unwrap();
+    assert_eq!(run.current().unwrap().stages, ["finalize_turn"]);
+    assert_eq!(run.current().unwrap().number, 4);
+
+    let run = g.resume_at(2, &names(&["reply"]), None).unwrap();
+    assert_eq!(run.current().unwrap().stages, ["reply"]);
+
+    // A stage the graph no longer has, or a step it cannot take: an error.
+    assert_eq!(
+        g.resume_at(2, &names(&["retired"]), None).unwrap_err(),
+        GraphError::NotInGraph {
+            stage: "retired".to_owned()
+        }
+    );
+    assert!(
+        g.resume_at(3, &names(&["memory", "reply"]), Some("finalize_turn"))
+            .is_err()
+    );
+    assert!(g.resume_at(0, &names(&["reply"]), None).is_err());
+    assert!(g.resume_at(2, &[], None).is_err());
 }

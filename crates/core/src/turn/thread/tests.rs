@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::super::seed::{Channel, SupportInput, SupportLoaded, SupportState};
 use super::super::{TurnState as _, begin_turn, finish_turn};
 use super::*;
+use crate::turn::CheckpointSource;
 
 fn now() -> Timestamp {
     Timestamp::from_secs(1_700_000_000).unwrap()
@@ -30,6 +31,13 @@ fn delta(appends: &[(&str, &[Value])], objects: &[(&str, Value)]) -> CheckpointD
             .iter()
             .map(|(f, v)| ((*f).to_owned(), v.clone()))
             .collect(),
+    }
+}
+
+fn turn_write(delta: CheckpointDelta) -> TurnEffect {
+    TurnEffect::Write {
+        delta,
+        source: CheckpointSource::Turn,
     }
 }
 
@@ -72,7 +80,7 @@ fn a_commit_applies_the_delta_and_asks_to_write_only_it() {
         ["hi", "hello", "sleep?", "badly", "again", "yes"]
     );
     assert_eq!(cp.objects["session_progress"], json!({"turn_count": 3}));
-    assert_eq!(decision.effects, [TurnEffect::Write(d)]);
+    assert_eq!(decision.effects, [turn_write(d)]);
     assert!(decision.changed);
     assert!(decision.transitions.is_empty(), "a turn is not audited");
     assert!(decision.tasks.is_empty());
@@ -85,10 +93,7 @@ fn an_empty_turn_still_counts() {
     let decision = check(&mut cp, &TurnCommand::commit(2, CheckpointDelta::default())).unwrap();
     assert_eq!(cp.version, 3);
     assert!(decision.changed);
-    assert_eq!(
-        decision.effects,
-        [TurnEffect::Write(CheckpointDelta::default())]
-    );
+    assert_eq!(decision.effects, [turn_write(CheckpointDelta::default())]);
 }
 
 #[test]
@@ -156,7 +161,7 @@ fn the_first_turn_creates_the_thread_and_no_other_does() {
     assert_eq!(cp.version, 1);
     assert_eq!(cp.lists["transcript"], [json!("hi")]);
     assert_eq!(cp.objects["x"], json!(1));
-    assert_eq!(decision.effects, [TurnEffect::Write(d.clone())]);
+    assert_eq!(decision.effects, [turn_write(d.clone())]);
     assert!(decision.changed);
     assert!(decision.transitions.is_empty());
     let created = Checkpoint::create(&key, &(), &TurnCommand::commit(1, d), now()).unwrap();
@@ -257,7 +262,7 @@ fn typed_turns_commit_through_the_machine() {
     assert_eq!(cp.objects["session_progress"]["turn_count"], json!(2));
     // Each decision writes only its own turn's entry.
     for (d, text) in [(d1, "one"), (d2, "two")] {
-        let [TurnEffect::Write(w)] = d.effects.as_slice() else {
+        let [TurnEffect::Write { delta: w, .. }] = d.effects.as_slice() else {
             panic!("one write expected: {:?}", d.effects);
         };
         assert_eq!(w.appends["transcript"].len(), 1);
@@ -351,7 +356,7 @@ proptest! {
                     }
                     prop_assert!(decision.changed);
                     prop_assert!(decision.tasks.is_empty());
-                    prop_assert_eq!(decision.effects, vec![TurnEffect::Write(delta)]);
+                    prop_assert_eq!(decision.effects, vec![turn_write(delta)]);
                 }
                 Err(e) => {
                     prop_assert_eq!(&cp, &before);
@@ -398,5 +403,171 @@ proptest! {
         let on_whole = full.decide(&(), &command, now());
         prop_assert_eq!(&on_window, &on_whole);
         prop_assert_eq!(seen.windowed(&window), full.windowed(&window));
+    }
+}
+
+fn pending(stage: &str) -> PendingInterrupt {
+    PendingInterrupt {
+        stage: stage.to_owned(),
+        step: 3,
+        stages: vec![stage.to_owned()],
+        join: None,
+        payload: json!({"question": "Should I delete it?"}),
+        suspended: json!({"message": "forget it"}),
+    }
+}
+
+#[test]
+fn an_interrupted_turn_commits_what_it_gained_and_waits() {
+    let mut cp = two_turns();
+    let d = delta(&[("transcript", &[json!("forget it")])], &[]);
+    let decision = check(
+        &mut cp,
+        &TurnCommand::interrupt(2, d.clone(), pending("memory_control")),
+    )
+    .unwrap();
+    assert_eq!(cp.version, 3);
+    assert_eq!(cp.pending_interrupt(), Some(pending("memory_control")));
+    assert!(cp.is_interrupted());
+    let [TurnEffect::Write { delta: w, source }] = decision.effects.as_slice() else {
+        panic!("one write: {:?}", decision.effects);
+    };
+    assert_eq!(*source, CheckpointSource::Turn);
+    assert_eq!(w.appends, d.appends);
+    assert!(w.objects.contains_key(crate::turn::INTERRUPT_KEY));
+    assert_eq!(
+        cp.field_objects()
+            .map(|(k, _)| k.as_str())
+            .collect::<Vec<_>>(),
+        ["session_progress"],
+        "the interrupt is not a field"
+    );
+
+    // No new turn while it waits, on any version.
+    let err = check(&mut cp, &TurnCommand::commit(3, CheckpointDelta::default())).unwrap_err();
+    assert_eq!(err.not_allowed().unwrap().reason, Some(INTERRUPT_PENDING));
+    let err = check(
+        &mut cp,
+        &TurnCommand::interrupt(3, CheckpointDelta::default(), pending("x")),
+    )
+    .unwrap_err();
+    assert_eq!(err.not_allowed().unwrap().reason, Some(INTERRUPT_PENDING));
+
+    // A resume on another version is stale; on this one it clears the wait.
+    let err = check(
+        &mut cp,
+        &TurnCommand::resume(2, CheckpointDelta::default(), None),
+    )
+    .unwrap_err();
+    assert_eq!(err.not_allowed().unwrap().reason, Some(STALE_TURN));
+    let rest = delta(&[("transcript", &[json!("deleted")])], &[]);
+    let decision = check(&mut cp, &TurnCommand::resume(3, rest, None)).unwrap();
+    let [TurnEffect::Write { source, .. }] = decision.effects.as_slice() else {
+        panic!("one write");
+    };
+    assert_eq!(*source, CheckpointSource::Resume);
+    assert_eq!(cp.version, 4);
+    assert!(!cp.is_interrupted());
+    assert_eq!(cp.pending_interrupt(), None);
+    assert_eq!(cp.lists["transcript"].len(), 6);
+
+    // Answered: a second resume finds nothing to resume.
+    let err = check(
+        &mut cp,
+        &TurnCommand::resume(4, CheckpointDelta::default(), None),
+    )
+    .unwrap_err();
+    assert_eq!(err.not_allowed().unwrap().reason, Some(NO_INTERRUPT));
+    check(&mut cp, &TurnCommand::commit(4, CheckpointDelta::default())).unwrap();
+}
+
+#[test]
+fn a_resumed_turn_may_stop_again() {
+    let mut cp = two_turns();
+    check(
+        &mut cp,
+        &TurnCommand::interrupt(2, CheckpointDelta::default(), pending("first")),
+    )
+    .unwrap();
+    check(
+        &mut cp,
+        &TurnCommand::resume(3, CheckpointDelta::default(), Some(pending("second"))),
+    )
+    .unwrap();
+    assert_eq!(cp.pending_interrupt().unwrap().stage, "second");
+}
+
+#[test]
+fn an_update_is_a_checkpoint_of_its_own_and_cannot_touch_the_runtimes_keys() {
+    let mut cp = two_turns();
+    let patch = delta(&[], &[("session_progress", json!({"turn_count": 9}))]);
+    let decision = check(&mut cp, &TurnCommand::update(None, patch.clone())).unwrap();
+    assert_eq!(
+        decision.effects,
+        [TurnEffect::Write {
+            delta: patch.clone(),
+            source: CheckpointSource::Update
+        }]
+    );
+    assert_eq!(cp.version, 3);
+    let err = check(&mut cp, &TurnCommand::update(Some(2), patch.clone())).unwrap_err();
+    assert_eq!(err.not_allowed().unwrap().reason, Some(STALE_TURN));
+    check(&mut cp, &TurnCommand::update(Some(3), patch)).unwrap();
+    let forged = delta(&[], &[(crate::turn::INTERRUPT_KEY, json!(null))]);
+    let err = check(&mut cp, &TurnCommand::update(None, forged)).unwrap_err();
+    assert_eq!(err.not_allowed().unwrap().reason, Some(RESERVED_KEY));
+    // Neither an update nor a resume creates a thread.
+    let key = TurnKey::whole(thread_key());
+    for command in [
+        TurnCommand::update(None, CheckpointDelta::default()),
+        TurnCommand::resume(0, CheckpointDelta::default(), None),
+    ] {
+        assert_eq!(
+            Checkpoint::create(&key, &(), &command, now()).unwrap(),
+            None
+        );
+    }
+}
+
+#[test]
+fn objects_at_a_checkpoint_fold_from_the_nearest_copy() {
+    let snapshot: std::collections::BTreeMap<String, Value> =
+        [("a".to_owned(), json!(1)), ("b".to_owned(), json!(1))].into();
+    let p1 = [("a".to_owned(), json!(2))].into();
+    let p2 = [("c".to_owned(), json!(3)), ("a".to_owned(), json!(4))].into();
+    let folded = crate::turn::fold_objects(snapshot, [&p1, &p2]);
+    assert_eq!(
+        folded,
+        [
+            ("a".to_owned(), json!(4)),
+            ("b".to_owned(), json!(1)),
+            ("c".to_owned(), json!(3))
+        ]
+        .into()
+    );
+    assert!(crate::turn::keeps_snapshot(1, 32));
+    assert!(!crate::turn::keeps_snapshot(31, 32));
+    assert!(crate::turn::keeps_snapshot(64, 32));
+    assert!(crate::turn::keeps_snapshot(7, 1));
+}
+
+#[test]
+fn no_delta_writes_the_runtimes_keys() {
+    let forged = delta(&[], &[(crate::turn::INTERRUPT_KEY, json!({"stage": "x"}))]);
+    let listed = delta(&[("__notes", &[json!(1)])], &[]);
+    for d in [forged, listed] {
+        let mut cp = two_turns();
+        let err = check(&mut cp, &TurnCommand::commit(2, d.clone())).unwrap_err();
+        assert_eq!(err.not_allowed().unwrap().reason, Some(RESERVED_KEY));
+        check(
+            &mut cp,
+            &TurnCommand::interrupt(2, CheckpointDelta::default(), pending("s")),
+        )
+        .unwrap();
+        let err = check(&mut cp, &TurnCommand::resume(3, d.clone(), None)).unwrap_err();
+        assert_eq!(err.not_allowed().unwrap().reason, Some(RESERVED_KEY));
+        let key = TurnKey::whole(thread_key());
+        let err = Checkpoint::create(&key, &(), &TurnCommand::commit(0, d), now()).unwrap_err();
+        assert_eq!(err.not_allowed().unwrap().reason, Some(RESERVED_KEY));
     }
 }
