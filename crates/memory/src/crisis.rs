@@ -10,7 +10,14 @@ use parlance_ports::{CrisisLog, CrisisLogEntry, CrisisLogRecord, PortResult};
 /// An append-only crisis log held in memory.
 #[derive(Debug, Default)]
 pub struct MemoryCrisisLog {
-    records: Mutex<Vec<CrisisLogRecord>>,
+    log: Mutex<Log>,
+}
+
+/// The records, and the last `seq` given (never reused, even once erased).
+#[derive(Debug, Default)]
+struct Log {
+    last: i64,
+    records: Vec<CrisisLogRecord>,
 }
 
 impl MemoryCrisisLog {
@@ -23,13 +30,13 @@ impl MemoryCrisisLog {
 impl MemoryCrisisLog {
     /// Appends `entries` in order; returns the last `seq` (0 for none).
     pub(crate) fn append(&self, entries: impl IntoIterator<Item = CrisisLogEntry>) -> i64 {
-        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        let mut seq = records.last().map_or(0, |r| r.seq);
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         for entry in entries {
-            seq += 1;
-            records.push(CrisisLogRecord { seq, entry });
+            log.last += 1;
+            let seq = log.last;
+            log.records.push(CrisisLogRecord { seq, entry });
         }
-        seq
+        log.last
     }
 }
 
@@ -46,9 +53,10 @@ impl CrisisLog for MemoryCrisisLog {
         after_seq: Option<i64>,
         limit: usize,
     ) -> PortResult<Vec<CrisisLogRecord>> {
-        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         let after = after_seq.unwrap_or(i64::MIN);
-        Ok(records
+        Ok(log
+            .records
             .iter()
             .filter(|r| {
                 r.seq > after && r.entry.product_id == *product_id && r.entry.owner == *owner
@@ -56,5 +64,13 @@ impl CrisisLog for MemoryCrisisLog {
             .take(limit)
             .cloned()
             .collect())
+    }
+
+    async fn erase_owner(&self, product_id: &ProductId, owner: &OwnerId) -> PortResult<usize> {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let before = log.records.len();
+        log.records
+            .retain(|r| !(r.entry.product_id == *product_id && r.entry.owner == *owner));
+        Ok(before - log.records.len())
     }
 }

@@ -29,7 +29,7 @@ pub use conversation::MemoryConversationStore;
 pub use crisis::MemoryCrisisLog;
 pub use embedding::HashingEmbedder;
 pub use flow::MemoryFlowStore;
-pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When};
+pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When, text_pieces};
 pub use queue::MemoryTaskQueue;
 pub use records::Records;
 pub use session::{MemorySessionStore, MemoryTourCatalogs};

@@ -12,6 +12,8 @@
 //!   ([`fill_schema`]): conservative by construction;
 //! - `{}` for JSON-object mode;
 //! - otherwise a short text that quotes the last user message.
+//!
+//! Streamed, an answer's text arrives a word at a time ([`text_pieces`]).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -20,8 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use parlance_core::find_json_values;
 use parlance_ports::{
-    CompletionRequest, CompletionResponse, FinishReason, LlmClient, LlmError, LlmResult,
-    ResponseFormat, ToolCall, ToolChoice, Usage,
+    CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream, FinishReason,
+    LlmClient, LlmError, LlmResult, ResponseFormat, ToolCall, ToolChoice, Usage, chunks_of,
 };
 use serde_json::{Map, Value, json};
 
@@ -308,6 +310,59 @@ impl LlmClient for OfflineLlm {
             None => self.fallback(request),
         }
     }
+
+    /// The whole answer ([`LlmClient::complete`]) replayed as a stream, its
+    /// text split into several pieces ([`text_pieces`]) as a served model
+    /// streams it.
+    async fn stream(&self, request: &CompletionRequest) -> LlmResult<CompletionStream> {
+        let response = self.complete(request).await?;
+        let chunks: Vec<LlmResult<CompletionChunk>> = chunks_of(&response)
+            .into_iter()
+            .flat_map(|chunk| match chunk {
+                CompletionChunk::Content { text } => text_pieces(&text)
+                    .into_iter()
+                    .map(|text| CompletionChunk::Content { text })
+                    .collect(),
+                other => vec![other],
+            })
+            .map(Ok)
+            .collect();
+        Ok(Box::pin(futures::stream::iter(chunks)))
+    }
+}
+
+/// The most characters one streamed piece of text carries.
+const PIECE_CHARS: usize = 24;
+
+/// `text` in the pieces a stream of it carries: each word with the
+/// whitespace after it (the first with any before it), a longer one cut
+/// every 24 characters (compact JSON has few spaces), so the
+/// pieces concatenate to `text`.
+pub fn text_pieces(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    let mut current = String::new();
+    let mut in_space = false;
+    for c in text.chars() {
+        let space = c.is_whitespace();
+        if !space && in_space && current.chars().any(|c| !c.is_whitespace()) {
+            words.push(std::mem::take(&mut current));
+        }
+        in_space = space;
+        current.push(c);
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    let mut pieces = Vec::with_capacity(words.len());
+    for word in words {
+        let chars: Vec<char> = word.chars().collect();
+        pieces.extend(
+            chars
+                .chunks(PIECE_CHARS)
+                .map(|c| c.iter().collect::<String>()),
+        );
+    }
+    pieces
 }
 
 /// The text fallback: one line quoting the start of the last user message.
@@ -591,10 +646,48 @@ fn number_in(schema: &Map<String, Value>, wanted: Option<f64>, integer: bool) ->
 
 #[cfg(test)]
 mod tests {
-    use parlance_ports::{Message, ToolDefinition};
+    use parlance_ports::{ChunkAccumulator, Message, ToolDefinition};
     use proptest::prelude::*;
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_streamed_answer_arrives_in_pieces_that_make_the_whole() {
+        use futures::StreamExt as _;
+        let llm = OfflineLlm::new();
+        let request = CompletionRequest::new(vec![Message::user("tell me about the sea")]);
+        let whole = llm.complete(&request).await.unwrap();
+        let chunks: Vec<CompletionChunk> = llm
+            .stream(&request)
+            .await
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+            .await;
+        let texts = chunks
+            .iter()
+            .filter(|c| matches!(c, CompletionChunk::Content { .. }))
+            .count();
+        assert!(texts > 1, "{chunks:?}");
+        let mut folded = ChunkAccumulator::new();
+        for c in chunks {
+            folded.push(c);
+        }
+        let folded = folded.finish();
+        assert_eq!(folded.content, whole.content);
+        assert_eq!(folded.usage, whole.usage);
+    }
+
+    proptest! {
+        #[test]
+        fn text_pieces_concatenate_to_the_text(text in "[ a-z\\n]{0,80}") {
+            let pieces = text_pieces(&text);
+            prop_assert_eq!(pieces.concat(), text.clone());
+            prop_assert!(pieces.iter().all(|p| !p.is_empty()));
+            prop_assert!(pieces.iter().all(|p| p.chars().count() <= PIECE_CHARS));
+            prop_assert!(pieces.len() >= text.split_whitespace().count());
+        }
+    }
 
     fn judge_schema() -> Value {
         json!({

@@ -130,4 +130,7 @@ pub trait CrisisLog: Send + Sync + 'static {
         after_seq: Option<i64>,
         limit: usize,
     ) -> PortResult<Vec<CrisisLogRecord>>;
+
+    /// Deletes every record of the owner; returns how many.
+    async fn erase_owner(&self, product_id: &ProductId, owner: &OwnerId) -> PortResult<usize>;
 }

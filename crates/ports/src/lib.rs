@@ -49,4 +49,7 @@ pub use queue::{
 };
 pub use session::{CLAIM_LEASE, SessionStore, TourCatalogStore};
 pub use store::{Commit, Committed, MachineStore, Stored, Version, audit_entries, audit_entry};
-pub use turn::MemoryStore;
+pub use turn::{
+    Checkpointer, FORGET_MEMORY_DELTA, HistoryPage, MemoryStore, ThreadCursor, ThreadPage,
+    ThreadSummary, carry_forgotten, split_forgotten,
+};

@@ -67,6 +67,16 @@ impl CrisisLog for PgCrisisLog {
             .map_err(pg_err("record crisis assessment"))
     }
 
+    async fn erase_owner(&self, product_id: &ProductId, owner: &OwnerId) -> PortResult<usize> {
+        let done = sqlx::query("DELETE FROM crisis_log WHERE product_id = $1 AND owner_id = $2")
+            .bind(product_id.as_str())
+            .bind(owner.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(pg_err("erase crisis assessments"))?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
     async fn list(
         &self,
         product_id: &ProductId,

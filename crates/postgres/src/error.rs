@@ -73,7 +73,7 @@ pub fn port_error(what: &str, err: sqlx::Error) -> PortError {
 }
 
 /// `map_err` helper: `.map_err(pg_err("load session"))`.
-pub fn pg_err(what: &'static str) -> impl Fn(sqlx::Error) -> PortError {
+pub fn pg_err(what: &'static str) -> impl Fn(sqlx::Error) -> PortError + Copy {
     move |e| port_error(what, e)
 }
 

@@ -1,31 +1,38 @@
-//! Turn threads (`turn_thread`, `turn_list_entry`) and the memory store
-//! (`memory_entry`, `memory_profile`, `memory_session`).
+//! Turn threads (`turn_thread`, `turn_list_entry`, `turn_checkpoint`) and
+//! the memory store (`memory_entry`, `memory_profile`, `memory_session`).
 //!
 //! A thread commits in one statement: the `turn_thread` row inserted (a new
 //! thread) or bumped with a compare-and-swap on its version, its objects
-//! patched with `||`, and the turn's list entries inserted, one row each, all
-//! from the decision's [`TurnEffect::Write`] delta. Nothing already stored is
+//! patched with `||`, the turn's list entries inserted, one row each, and the
+//! checkpoint's `turn_checkpoint` row (its objects patch, with a full copy of
+//! the objects at version 1 and every `snapshot_every`th), all from the
+//! decision's [`TurnEffect::Write`] delta. Nothing already stored is
 //! rewritten, so a commit writes the same bytes however long the thread is.
 //! A decision that carries audit entries writes them in the same
 //! transaction (a thread's decisions carry none today), and so do the
 //! crisis-log entries a turn carries in its delta
 //! ([`CRISIS_LOG_DELTA`](parlance_ports::CRISIS_LOG_DELTA)): they are
-//! inserted into `crisis_log` only when the thread row is written. A turn
-//! carrying neither is one autocommitted statement.
+//! inserted into `crisis_log` only when the thread row is written, and the
+//! owner's memory entries a turn deletes
+//! ([`FORGET_MEMORY_DELTA`](parlance_ports::FORGET_MEMORY_DELTA)): they are
+//! deleted from `memory_entry` only then. A turn carrying none of these is
+//! one autocommitted statement.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
-use parlance_core::ProductId;
 use parlance_core::turn::{
-    Checkpoint, CheckpointDelta, MemoryEntry, MemoryFilter, MemoryId, MemoryKind, MemoryRecord,
-    OwnerId, ProceduralProfile, QueryEmbedding, RETRIEVE_CANDIDATES, Retrieved, ThreadId,
-    TurnEffect, TurnKey, retrieve_from, tokenize,
+    Checkpoint, CheckpointDelta, CheckpointMeta, CheckpointRef, CheckpointSource,
+    DEFAULT_SNAPSHOT_EVERY, MemoryEntry, MemoryFilter, MemoryId, MemoryKind, MemoryRecord, OwnerId,
+    ProceduralProfile, QueryEmbedding, RETRIEVE_CANDIDATES, Retrieved, ThreadId, ThreadKey,
+    TurnEffect, TurnKey, fold_objects, retrieve_from, tokenize,
 };
+use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{
-    Commit, Committed, MachineStore, MemoryStore, PortError, PortResult, Stored, Version,
-    audit_entries, split_crisis_entries,
+    Checkpointer, Commit, Committed, HistoryPage, MachineStore, MemoryStore, PortError, PortResult,
+    Stored, ThreadPage, ThreadSummary, Version, audit_entries, split_crisis_entries,
+    split_forgotten,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::PgRow;
@@ -37,21 +44,335 @@ use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
 /// Turn threads stored in PostgreSQL: list entries append-only, one row
-/// each; objects as one jsonb per thread; a version per thread.
+/// each; objects as one jsonb per thread; a version per thread; one history
+/// row per checkpoint.
 #[derive(Debug, Clone)]
 pub struct PgCheckpointStore {
     pool: PgPool,
+    snapshot_every: u64,
 }
 
 impl PgCheckpointStore {
-    /// A thread store on `pool` (migrated).
+    /// A thread store on `pool` (migrated), keeping a copy of a thread's
+    /// objects every [`DEFAULT_SNAPSHOT_EVERY`] checkpoints.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+        }
+    }
+
+    /// Keeps a copy of a thread's objects every `every` checkpoints (at
+    /// least 1): reading an older state folds at most that many patches.
+    pub fn with_snapshot_every(mut self, every: u64) -> Self {
+        self.snapshot_every = every.max(1);
+        self
+    }
+}
+
+/// Binds a thread's key as `$1`, `$2`, `$3`.
+macro_rules! bind_thread {
+    ($q:expr, $t:expr) => {
+        $q.bind($t.product_id.as_str())
+            .bind($t.owner.as_str())
+            .bind($t.thread.as_str())
+    };
+}
+
+/// The state of a thread as of checkpoint `$4`: the target checkpoint's
+/// row (part 0, none when it does not exist), the nearest copy of the
+/// objects at or before it (part 1), the patches after that copy up to it
+/// (part 2), then every list entry up to it (part 3).
+const LOAD_AT: &str = "\
+    WITH snap AS ( \
+        SELECT version, snapshot FROM turn_checkpoint \
+        WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+          AND version <= $4 AND snapshot IS NOT NULL \
+        ORDER BY version DESC LIMIT 1 \
+    ) \
+    SELECT 0 AS part, NULL::text AS field, NULL::jsonb AS value, version, 0 AS idx \
+    FROM turn_checkpoint \
+    WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version = $4 \
+    UNION ALL \
+    SELECT 1, NULL, snapshot, version, 0 FROM snap \
+    UNION ALL \
+    SELECT 2, NULL, c.patch, c.version, 0 \
+    FROM snap JOIN turn_checkpoint c \
+      ON c.product_id = $1 AND c.owner_id = $2 AND c.thread_id = $3 \
+     AND c.version > snap.version AND c.version <= $4 \
+    UNION ALL \
+    SELECT 3, e.field, e.entry, e.version, e.idx FROM turn_list_entry e \
+    WHERE e.product_id = $1 AND e.owner_id = $2 AND e.thread_id = $3 AND e.version <= $4 \
+    ORDER BY part, field, version, idx";
+
+const HISTORY: &str = "\
+    SELECT version, at, source, interrupted, forked_owner, forked_thread, forked_version \
+    FROM turn_checkpoint \
+    WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+      AND ($4::bigint IS NULL OR version < $4) \
+    ORDER BY version DESC LIMIT $5";
+
+const THREADS: &str = "\
+    SELECT thread_id, version, updated_at, \
+        coalesce(jsonb_typeof(objects -> '__interrupt'), 'null') <> 'null' AS interrupted \
+    FROM turn_thread \
+    WHERE product_id = $1 AND owner_id = $2 \
+      AND ($3::timestamptz IS NULL \
+           OR updated_at < $3 OR (updated_at = $3 AND thread_id COLLATE \"C\" > $4)) \
+    ORDER BY updated_at DESC, thread_id COLLATE \"C\" LIMIT $5";
+
+/// Deletes a thread's row, waiting for a commit in flight on it (which
+/// holds the row) to finish; a commit after it finds no row and writes
+/// nothing. Answers whether there was one.
+const DELETE_THREAD: &str = "\
+    DELETE FROM turn_thread WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3";
+
+/// Deletes a thread's list entries and history. Run after
+/// [`DELETE_THREAD`] in the same transaction, in a statement of its own:
+/// its snapshot then holds the rows of every commit the row's deletion
+/// waited for, which one statement's single snapshot would miss.
+const DELETE_THREAD_ROWS: &str = "\
+    WITH entries AS ( \
+        DELETE FROM turn_list_entry WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+    ) \
+    DELETE FROM turn_checkpoint WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3";
+
+fn meta_of(thread: &ThreadKey, row: &PgRow) -> PortResult<CheckpointMeta> {
+    let decode = pg_err("decode checkpoint history");
+    let version = Version::from_i64(row.try_get("version").map_err(decode)?).0;
+    let source: String = row.try_get("source").map_err(decode)?;
+    let forked_owner: Option<String> = row.try_get("forked_owner").map_err(decode)?;
+    let forked_thread: Option<String> = row.try_get("forked_thread").map_err(decode)?;
+    let forked_version: Option<i64> = row.try_get("forked_version").map_err(decode)?;
+    let forked_from = match (forked_owner, forked_thread, forked_version) {
+        (Some(o), Some(t), Some(v)) => Some(CheckpointRef {
+            owner: OwnerId::parse(o)
+                .map_err(|e| PortError::other(format!("stored owner id: {e}")))?,
+            thread: ThreadId::parse(t)
+                .map_err(|e| PortError::other(format!("stored thread id: {e}")))?,
+            version: Version::from_i64(v).0,
+        }),
+        _ => None,
+    };
+    Ok(CheckpointMeta {
+        version,
+        parent: CheckpointMeta::parent_of(thread, version, forked_from),
+        at: from_pg(row.try_get("at").map_err(decode)?),
+        source: CheckpointSource::parse(&source)
+            .ok_or_else(|| PortError::other(format!("stored checkpoint source {source:?}")))?,
+        interrupted: row.try_get("interrupted").map_err(decode)?,
+    })
+}
+
+/// Entries as `jsonb_to_recordset` reads them: field, index in its
+/// version, entry.
+fn entry_rows<'a>(lists: impl IntoIterator<Item = (&'a String, &'a Vec<Value>)>) -> Value {
+    Value::Array(
+        lists
+            .into_iter()
+            .flat_map(|(field, list)| {
+                list.iter()
+                    .enumerate()
+                    .map(move |(i, e)| json!({"field": field, "idx": i, "entry": e}))
+            })
+            .collect(),
+    )
+}
+
+#[async_trait]
+impl Checkpointer for PgCheckpointStore {
+    async fn history(
+        &self,
+        thread: &ThreadKey,
+        page: HistoryPage,
+    ) -> PortResult<Vec<CheckpointMeta>> {
+        let rows = bind_thread!(sqlx::query(HISTORY), thread)
+            .bind(page.before.map(|b| i64::try_from(b).unwrap_or(i64::MAX)))
+            .bind(i64::try_from(page.limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("list checkpoints"))?;
+        rows.iter().map(|row| meta_of(thread, row)).collect()
+    }
+
+    async fn load_at(&self, thread: &ThreadKey, version: u64) -> PortResult<Option<Checkpoint>> {
+        let Ok(at) = i64::try_from(version) else {
+            return Ok(None);
+        };
+        let rows = bind_thread!(sqlx::query(LOAD_AT), thread)
+            .bind(at)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("load checkpoint"))?;
+        let decode = pg_err("decode checkpoint");
+        let mut found = false;
+        let mut snapshot = BTreeMap::new();
+        let mut patches = Vec::new();
+        let mut checkpoint = Checkpoint {
+            version,
+            ..Checkpoint::default()
+        };
+        for row in rows {
+            let part: i32 = row.try_get("part").map_err(decode)?;
+            match part {
+                0 => found = true,
+                1 | 2 => {
+                    let Value::Object(map) = row.try_get("value").map_err(decode)? else {
+                        return Err(PortError::other("a stored checkpoint patch is no object"));
+                    };
+                    let map: BTreeMap<String, Value> = map.into_iter().collect();
+                    if part == 1 {
+                        snapshot = map;
+                    } else {
+                        patches.push(map);
+                    }
+                }
+                _ => {
+                    let field: String = row.try_get("field").map_err(decode)?;
+                    let entry: Value = row.try_get("value").map_err(decode)?;
+                    checkpoint.lists.entry(field).or_default().push(entry);
+                }
+            }
+        }
+        if !found {
+            return Ok(None);
+        }
+        checkpoint.objects = fold_objects(snapshot, &patches);
+        Ok(Some(checkpoint))
+    }
+
+    async fn fork(
+        &self,
+        from: &ThreadKey,
+        version: u64,
+        to: &ThreadKey,
+        now: Timestamp,
+    ) -> PortResult<CheckpointMeta> {
+        if from.product_id != to.product_id {
+            return Err(PortError::invalid("a thread forks within its product"));
+        }
+        let Some(state) = self.load_at(from, version).await? else {
+            return Err(PortError::not_found(format!(
+                "thread {} has no checkpoint {version}",
+                from.thread
+            )));
+        };
+        let objects = Value::Object(
+            state
+                .objects
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        );
+        let interrupted = state.is_interrupted();
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin fork"))?;
+        let created = bind_thread!(
+            sqlx::query(
+                "INSERT INTO turn_thread (product_id, owner_id, thread_id, version, objects, updated_at) \
+                 VALUES ($1, $2, $3, 1, $4::jsonb, $5) ON CONFLICT DO NOTHING",
+            ),
+            to
+        )
+        .bind(&objects)
+        .bind(to_pg(now))
+        .execute(&mut *tx)
+        .await
+        .map_err(pg_err("fork thread"))?;
+        if created.rows_affected() == 0 {
+            return Err(PortError::conflict(format!("thread {} exists", to.thread)));
+        }
+        bind_thread!(
+            sqlx::query(
+                "INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
+                 SELECT $1, $2, $3, e.field, 1, e.idx, e.entry \
+                 FROM jsonb_to_recordset($4::jsonb) AS e(field text, idx integer, entry jsonb)",
+            ),
+            to
+        )
+        .bind(entry_rows(&state.lists))
+        .execute(&mut *tx)
+        .await
+        .map_err(pg_err("fork thread's lists"))?;
+        bind_thread!(
+            sqlx::query(
+                "INSERT INTO turn_checkpoint (product_id, owner_id, thread_id, version, at, source, \
+                     interrupted, patch, snapshot, forked_owner, forked_thread, forked_version) \
+                 VALUES ($1, $2, $3, 1, $4, 'fork', $5, $6::jsonb, $6::jsonb, $7, $8, $9)",
+            ),
+            to
+        )
+        .bind(to_pg(now))
+        .bind(interrupted)
+        .bind(&objects)
+        .bind(from.owner.as_str())
+        .bind(from.thread.as_str())
+        .bind(i64::try_from(version).unwrap_or(i64::MAX))
+        .execute(&mut *tx)
+        .await
+        .map_err(pg_err("fork thread's history"))?;
+        tx.commit().await.map_err(pg_err("fork thread"))?;
+        Ok(CheckpointMeta {
+            version: 1,
+            parent: Some(CheckpointRef {
+                owner: from.owner.clone(),
+                thread: from.thread.clone(),
+                version,
+            }),
+            at: now,
+            source: CheckpointSource::Fork,
+            interrupted,
+        })
+    }
+
+    async fn delete_thread(&self, thread: &ThreadKey) -> PortResult<bool> {
+        let mut tx = self.pool.begin().await.map_err(pg_err("begin delete"))?;
+        let deleted = bind_thread!(sqlx::query(DELETE_THREAD), thread)
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_err("delete thread"))?;
+        bind_thread!(sqlx::query(DELETE_THREAD_ROWS), thread)
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_err("delete thread's rows"))?;
+        tx.commit().await.map_err(pg_err("delete thread"))?;
+        Ok(deleted.rows_affected() > 0)
+    }
+
+    async fn threads(
+        &self,
+        product_id: &ProductId,
+        owner: &OwnerId,
+        page: &ThreadPage,
+    ) -> PortResult<Vec<ThreadSummary>> {
+        let rows = sqlx::query(THREADS)
+            .bind(product_id.as_str())
+            .bind(owner.as_str())
+            .bind(page.after.as_ref().map(|c| to_pg(c.updated_at)))
+            .bind(page.after.as_ref().map(|c| c.thread.as_str()))
+            .bind(i64::try_from(page.limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("list threads"))?;
+        let decode = pg_err("decode thread");
+        rows.iter()
+            .map(|row| {
+                let thread: String = row.try_get("thread_id").map_err(decode)?;
+                Ok(ThreadSummary {
+                    thread: ThreadId::parse(thread)
+                        .map_err(|e| PortError::other(format!("stored thread id: {e}")))?,
+                    version: Version::from_i64(row.try_get("version").map_err(decode)?).0,
+                    updated_at: from_pg(row.try_get("updated_at").map_err(decode)?),
+                    interrupted: row.try_get("interrupted").map_err(decode)?,
+                })
+            })
+            .collect()
     }
 }
 
 /// The end of both commit statements: inserts the list entries (`$5`) of
 /// the thread row `t` the statement's head wrote, at its new version, and
+/// the checkpoint's history row (written at `$6` by source `$7`, with a
+/// copy of all objects when its version is 1 or a multiple of `$8`), and
 /// answers that version (no row when the head wrote nothing).
 macro_rules! commit_tail {
     () => {
@@ -59,6 +380,13 @@ macro_rules! commit_tail {
             INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
             SELECT $1, $2, $3, e.field, t.version, e.idx, e.entry \
             FROM t, jsonb_to_recordset($5::jsonb) AS e(field text, idx integer, entry jsonb) \
+        ), hist AS ( \
+            INSERT INTO turn_checkpoint \
+                (product_id, owner_id, thread_id, version, at, source, interrupted, patch, snapshot) \
+            SELECT $1, $2, $3, t.version, $6, $7, \
+                coalesce(jsonb_typeof(t.objects -> '__interrupt'), 'null') <> 'null', $4::jsonb, \
+                CASE WHEN t.version = 1 OR t.version % $8 = 0 THEN t.objects END \
+            FROM t \
         ) \
         SELECT t.version FROM t"
     };
@@ -68,38 +396,43 @@ macro_rules! commit_tail {
 /// `$5`; no row when the thread exists.
 const CREATE_THREAD: &str = concat!(
     "WITH t AS ( \
-        INSERT INTO turn_thread (product_id, owner_id, thread_id, version, objects) \
-        VALUES ($1, $2, $3, 1, $4::jsonb) \
-        ON CONFLICT DO NOTHING RETURNING version \
+        INSERT INTO turn_thread (product_id, owner_id, thread_id, version, objects, updated_at) \
+        VALUES ($1, $2, $3, 1, $4::jsonb, $6) \
+        ON CONFLICT DO NOTHING RETURNING version, objects \
     )",
     commit_tail!()
 );
 
-/// Commits a turn on a thread still at version `$6`: the version bumped,
+/// Commits a turn on a thread still at version `$9`: the version bumped,
 /// the objects patched with `$4`, the entries `$5` added; no row when the
 /// thread moved or is gone.
 const COMMIT_TURN: &str = concat!(
     "WITH t AS ( \
         UPDATE turn_thread SET version = version + 1, objects = objects || $4::jsonb, \
-            updated_at = now() \
-        WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version = $6 \
-        RETURNING version \
+            updated_at = $6 \
+        WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version = $9 \
+        RETURNING version, objects \
     )",
     commit_tail!()
 );
 
-/// The decision's writes as one delta: its [`TurnEffect::Write`] deltas in
-/// order (one, from [`Checkpoint`]'s decisions, borrowed as is).
-fn delta_of<'a>(c: &Commit<'a, Checkpoint>) -> Cow<'a, CheckpointDelta> {
+/// The decision's writes as one delta, and what wrote the checkpoint: its
+/// [`TurnEffect::Write`]s in order (one, from [`Checkpoint`]'s decisions,
+/// borrowed as is).
+fn delta_of<'a>(c: &Commit<'a, Checkpoint>) -> (Cow<'a, CheckpointDelta>, CheckpointSource) {
     match c.decision.effects.as_slice() {
-        [TurnEffect::Write(only)] => Cow::Borrowed(only),
-        effects => Cow::Owned(
-            effects
-                .iter()
-                .fold(CheckpointDelta::default(), |acc, TurnEffect::Write(d)| {
-                    acc.then(d)
-                }),
-        ),
+        [TurnEffect::Write { delta, source }] => (Cow::Borrowed(delta), *source),
+        effects => {
+            let mut source = CheckpointSource::Turn;
+            let delta = effects.iter().fold(
+                CheckpointDelta::default(),
+                |acc, TurnEffect::Write { delta, source: s }| {
+                    source = *s;
+                    acc.then(delta)
+                },
+            );
+            (Cow::Owned(delta), source)
+        }
     }
 }
 
@@ -177,8 +510,9 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
             return Err(PortError::invalid("a turn thread enqueues no tasks"));
         }
         let thread = &c.key.thread;
-        let whole = delta_of(&c);
+        let (whole, source) = delta_of(&c);
         let (delta, crisis) = split_crisis_entries(thread, &whole)?;
+        let (delta, forget) = split_forgotten(&delta)?;
         let objects = Value::Object(
             delta
                 .objects
@@ -186,17 +520,7 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         );
-        let entries = Value::Array(
-            delta
-                .appends
-                .iter()
-                .flat_map(|(field, list)| {
-                    list.iter()
-                        .enumerate()
-                        .map(move |(i, e)| json!({"field": field, "idx": i, "entry": e}))
-                })
-                .collect(),
-        );
+        let entries = entry_rows(&delta.appends);
         let statement = match c.expected {
             None => sqlx::query_scalar::<_, i64>(CREATE_THREAD),
             Some(_) => sqlx::query_scalar::<_, i64>(COMMIT_TURN),
@@ -205,13 +529,16 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
         .bind(thread.owner.as_str())
         .bind(thread.thread.as_str())
         .bind(&objects)
-        .bind(&entries);
+        .bind(&entries)
+        .bind(to_pg(c.now))
+        .bind(source.as_str())
+        .bind(i64::try_from(self.snapshot_every).unwrap_or(i64::MAX));
         let statement = match c.expected {
             None => statement,
             Some(v) => statement.bind(v.as_i64()),
         };
         let audit = audit_entries::<Checkpoint>(c.key, c.decision, c.now);
-        let version: Option<i64> = if audit.is_empty() && crisis.is_empty() {
+        let version: Option<i64> = if audit.is_empty() && crisis.is_empty() && forget.is_empty() {
             // The hot path: one autocommitted statement.
             statement
                 .fetch_optional(&self.pool)
@@ -231,6 +558,19 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
                     insert_entry(&mut *tx, entry)
                         .await
                         .map_err(pg_err("record the turn's crisis assessment"))?;
+                }
+                if !forget.is_empty() {
+                    let ids: Vec<uuid::Uuid> = forget.iter().map(|id| id.as_uuid()).collect();
+                    sqlx::query(
+                        "DELETE FROM memory_entry \
+                         WHERE product_id = $1 AND owner_id = $2 AND id = ANY($3)",
+                    )
+                    .bind(thread.product_id.as_str())
+                    .bind(thread.owner.as_str())
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(pg_err("forget the turn's memory entries"))?;
                 }
                 tx.commit().await.map_err(pg_err("commit turn"))?;
             }
@@ -310,6 +650,25 @@ impl MemoryStore for PgMemoryStore {
         .await
         .map_err(pg_err("add memory entry"))?;
         Ok(())
+    }
+
+    async fn erase_owner(&self, product_id: &ProductId, owner: &OwnerId) -> PortResult<usize> {
+        let gone: i64 = sqlx::query_scalar(
+            "WITH p AS ( \
+                DELETE FROM memory_profile WHERE product_id = $1 AND owner_id = $2 \
+             ), s AS ( \
+                DELETE FROM memory_session WHERE product_id = $1 AND owner_id = $2 \
+             ), e AS ( \
+                DELETE FROM memory_entry WHERE product_id = $1 AND owner_id = $2 RETURNING 1 \
+             ) \
+             SELECT count(*) FROM e",
+        )
+        .bind(product_id.as_str())
+        .bind(owner.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(pg_err("erase memory"))?;
+        Ok(usize::try_from(gone).unwrap_or(usize::MAX))
     }
 
     async fn list(

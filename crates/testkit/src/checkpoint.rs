@@ -1,7 +1,10 @@
-//! Contract suite for the turn thread's store, `MachineStore<Checkpoint>`:
-//! what the generic storage suite ([`crate::store`]) cannot know about a
-//! thread (lists appended, objects replaced, load windows, racing turns, a
-//! commit that writes its delta and never the decided state).
+//! Contract suite for the turn thread's store, `MachineStore<Checkpoint>`
+//! with its history ([`Checkpointer`]): what the generic storage suite
+//! ([`crate::store`]) cannot know about a thread (lists appended, objects
+//! replaced, load windows, racing turns, a commit that writes its delta and
+//! never the decided state), and each thread's history: its checkpoints,
+//! the state as of each, forks, operator updates, interrupts, deletion and
+//! the listing of an owner's threads.
 //!
 //! [`Subject`] is also the thread's [`StoreFixture`], so an adapter runs
 //! both suites on one factory:
@@ -19,12 +22,16 @@ use parlance_core::turn::{
 };
 use parlance_core::{Decision, Machine, ProductId, Timestamp, Transition};
 use parlance_ports::{
-    AuditLog, CRISIS_LOG_DELTA, Commit, Committed, CrisisLog, CrisisLogEntry, ErrorKind,
-    MachineStore, PortResult, TaskQueue, TaskSpec, Version, carry_crisis_entries,
+    AuditLog, CRISIS_LOG_DELTA, Checkpointer, Commit, Committed, CrisisLog, CrisisLogEntry,
+    ErrorKind, MachineStore, PortResult, TaskQueue, TaskSpec, Version, carry_crisis_entries,
 };
 use serde_json::{Value, json};
 
 use crate::store::StoreFixture;
+
+mod history;
+
+pub use history::*;
 
 /// Runs every case of this suite against the subject the factory builds.
 #[macro_export]
@@ -46,6 +53,16 @@ macro_rules! checkpoint_store_suite {
                 crisis_entries_commit_with_the_turn_and_never_reach_the_thread,
                 a_lost_commit_leaves_no_crisis_entry_and_its_retry_one,
                 a_crisis_entry_of_another_thread_is_refused,
+                history_lists_every_checkpoint_newest_first,
+                load_at_equals_the_state_after_every_commit,
+                a_fork_starts_a_thread_of_its_own,
+                racing_forks_to_one_thread_one_wins,
+                an_update_commits_as_a_checkpoint_of_its_own,
+                an_interrupt_holds_the_thread_until_one_resume_lands,
+                racing_turns_leave_a_history_without_gaps,
+                deleting_a_thread_leaves_nothing_of_it,
+                a_thread_deleted_while_turns_race_leaves_nothing_behind,
+                threads_are_listed_newest_first_and_paged,
             ]
         }
     };
@@ -57,7 +74,7 @@ macro_rules! checkpoint_store_suite {
 #[derive(Clone)]
 pub struct Subject {
     /// The store under test.
-    pub store: Arc<dyn MachineStore<Checkpoint>>,
+    pub store: Arc<dyn Checkpointer>,
     /// The audit log its commits write to.
     pub audit: Arc<dyn AuditLog>,
     /// The crisis log its commits write the entries turns carry to.
@@ -70,7 +87,7 @@ impl StoreFixture for Subject {
     type M = Checkpoint;
 
     fn store(&self) -> Arc<dyn MachineStore<Checkpoint>> {
-        self.store.clone()
+        self.store.clone() as Arc<dyn MachineStore<Checkpoint>>
     }
 
     fn audit(&self) -> Arc<dyn AuditLog> {

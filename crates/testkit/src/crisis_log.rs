@@ -23,6 +23,7 @@ macro_rules! crisis_log_suite {
                 list_pages_after_seq_and_limits,
                 values_round_trip_exactly,
                 concurrent_records_lose_nothing,
+                erasing_an_owner_removes_only_theirs_and_never_reuses_a_seq,
             ]
         }
     };
@@ -164,4 +165,52 @@ pub async fn concurrent_records_lose_nothing(log: Subject) {
     turns.sort_unstable();
     assert_eq!(turns, (1..=20).collect::<Vec<_>>());
     assert!(got.windows(2).all(|w| w[0].seq < w[1].seq));
+}
+
+/// Erasing an owner removes that owner's records in that product and no
+/// other, answering how many went; a record made afterwards gets a `seq`
+/// above every one given before, even those erased.
+pub async fn erasing_an_owner_removes_only_theirs_and_never_reuses_a_seq(log: Subject) {
+    let mut given = Vec::new();
+    for (p, o, t) in [("p", "v", 1), ("q", "u", 1), ("p", "u", 1), ("p", "u", 2)] {
+        given.push(log.record(&entry(p, o, t, 2)).await.expect("record"));
+    }
+    // The newest records are the erased owner's.
+    given.push(log.record(&entry("p", "u", 3, 2)).await.expect("record"));
+    let list = |p: &'static str, o: &'static str| {
+        let log = log.clone();
+        async move {
+            log.list(&product(p), &owner(o), None, 100)
+                .await
+                .expect("list")
+        }
+    };
+    let (v_before, q_before) = (list("p", "v").await, list("q", "u").await);
+    assert_eq!(
+        log.erase_owner(&product("p"), &owner("u"))
+            .await
+            .expect("erase"),
+        3
+    );
+    assert_eq!(list("p", "u").await, []);
+    assert_eq!(list("p", "v").await, v_before);
+    assert_eq!(list("q", "u").await, q_before);
+    assert_eq!(
+        log.erase_owner(&product("p"), &owner("u"))
+            .await
+            .expect("erase again"),
+        0
+    );
+    let highest = given.iter().copied().max().expect("some were given");
+    let next = log.record(&entry("p", "u", 4, 1)).await.expect("record");
+    assert!(next > highest, "seq {next} after {given:?}");
+    let later = log.record(&entry("p", "v", 2, 1)).await.expect("record");
+    assert!(later > next, "seq {later} after {next}");
+    let got = list("p", "u").await;
+    assert_eq!(
+        got.iter()
+            .map(|r| (r.seq, r.entry.turn))
+            .collect::<Vec<_>>(),
+        [(next, 4)]
+    );
 }

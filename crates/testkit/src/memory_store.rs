@@ -30,6 +30,7 @@ macro_rules! memory_store_suite {
                 token_recall_ranks_the_corpus,
                 hybrid_retrieval_fuses_by_reciprocal_rank,
                 an_embedding_failure_falls_back_to_token_recall,
+                erasing_an_owner_removes_everything_of_theirs_only,
             ]
         }
     };
@@ -429,4 +430,61 @@ pub async fn an_embedding_failure_falls_back_to_token_recall(store: Subject) {
         .expect("retrieve");
     assert_eq!(got.path, RetrievalPath::TokenRecallAfterEmbedError);
     assert_eq!(ids(got.hits.into_iter().map(|h| h.record)), [1, 6]);
+}
+
+/// Erasing an owner removes every entry, the procedural profile and every
+/// session memory of that owner in that product, answering how many entries
+/// went; other owners and other products keep theirs.
+pub async fn erasing_an_owner_removes_everything_of_theirs_only(store: Subject) {
+    let (p, q) = (product("p"), product("q"));
+    let (u1, u2) = (owner("u1"), owner("u2"));
+    seed(&store).await;
+    let theirs = record(7, "u2", semantic("health", "HAS", "a cold", None), None);
+    store.add(&p, &theirs).await.expect("add");
+    let elsewhere = record(8, "u1", episodic("another product", &["x"]), None);
+    store.add(&q, &elsewhere).await.expect("add");
+    let profile = ProceduralProfile {
+        procedural_rules: vec!["be brief".to_owned()],
+        proactive_recall_enabled: true,
+    };
+    let (s1, s2) = (
+        ThreadId::parse("s1").expect("thread id"),
+        ThreadId::parse("s2").expect("thread id"),
+    );
+    for (pr, o) in [(&p, &u1), (&p, &u2), (&q, &u1)] {
+        store.put_profile(pr, o, &profile).await.expect("put");
+        for s in [&s1, &s2] {
+            store
+                .put_session_memory(pr, o, s, &json!({"of": o.as_str()}))
+                .await
+                .expect("put");
+        }
+    }
+    assert_eq!(store.erase_owner(&p, &u1).await.expect("erase"), 6);
+    assert_eq!(store.list(&p, &u1, None).await.expect("list"), []);
+    assert_eq!(
+        store.profile(&p, &u1).await.expect("profile"),
+        ProceduralProfile::default()
+    );
+    for s in [&s1, &s2] {
+        assert_eq!(store.session_memory(&p, &u1, s).await.expect("get"), None);
+    }
+    // Nothing of anyone else's went.
+    assert_eq!(store.list(&p, &u2, None).await.expect("list"), [theirs]);
+    assert_eq!(store.list(&q, &u1, None).await.expect("list"), [elsewhere]);
+    for (pr, o) in [(&p, &u2), (&q, &u1)] {
+        assert_eq!(store.profile(pr, o).await.expect("profile"), profile);
+        for s in [&s1, &s2] {
+            assert_eq!(
+                store.session_memory(pr, o, s).await.expect("get"),
+                Some(json!({"of": o.as_str()}))
+            );
+        }
+    }
+    let recalled = store
+        .retrieve(&p, &u1, "boss work", 5, QueryEmbedding::Absent)
+        .await
+        .expect("retrieve");
+    assert!(recalled.hits.is_empty(), "{recalled:?}");
+    assert_eq!(store.erase_owner(&p, &u1).await.expect("erase again"), 0);
 }

@@ -143,8 +143,13 @@ mod checkpoint {
     use parlance_testkit::checkpoint::Subject;
 
     fn subject() -> Subject {
+        subject_copying_every(parlance_core::turn::DEFAULT_SNAPSHOT_EVERY)
+    }
+
+    /// A store keeping a copy of a thread's objects every `k` checkpoints.
+    fn subject_copying_every(k: u64) -> Subject {
         let audit = Arc::new(MemoryAuditLog::new());
-        let store = MemoryCheckpointStore::new(audit.clone());
+        let store = MemoryCheckpointStore::new(audit.clone()).with_snapshot_every(k);
         Subject {
             crisis_log: store.crisis_log(),
             store: Arc::new(store),
@@ -158,6 +163,20 @@ mod checkpoint {
 
     parlance_testkit::machine_store_suite!(async { Some(subject()) });
     parlance_testkit::checkpoint_store_suite!(async { Some(subject()) });
+
+    /// The history cases again, with a copy of the objects every third
+    /// checkpoint.
+    mod copying_every_3 {
+        parlance_testkit::contract_tests! {
+            factory = async { Some(super::subject_copying_every(3)) };
+            suite = parlance_testkit::checkpoint;
+            cases = [
+                load_at_equals_the_state_after_every_commit,
+                a_fork_starts_a_thread_of_its_own,
+                racing_turns_leave_a_history_without_gaps,
+            ]
+        }
+    }
 }
 
 mod memory_store {

@@ -49,8 +49,13 @@ mod checkpoint {
     use parlance_testkit::checkpoint::Subject;
 
     fn subject(pool: PgPool) -> Subject {
-        Subject {
-            store: Arc::new(PgCheckpointStore::new(pool.clone())),
+        subject_copying_every(parlance_core::turn::DEFAULT_SNAPSHOT_EVERY)(pool)
+    }
+
+    /// A store keeping a copy of a thread's objects every `k` checkpoints.
+    fn subject_copying_every(k: u64) -> impl Fn(PgPool) -> Subject {
+        move |pool| Subject {
+            store: Arc::new(PgCheckpointStore::new(pool.clone()).with_snapshot_every(k)),
             audit: Arc::new(PgAuditLog::new(pool.clone())),
             crisis_log: Arc::new(PgCrisisLog::new(pool.clone())),
             queue: Arc::new(PgTaskQueue::new(
@@ -63,6 +68,223 @@ mod checkpoint {
 
     parlance_testkit::machine_store_suite!(async { test_pool().await.map(subject) });
     parlance_testkit::checkpoint_store_suite!(async { test_pool().await.map(subject) });
+
+    /// The history cases again, with a copy of the objects every third
+    /// checkpoint.
+    mod copying_every_3 {
+        use parlance_postgres::testing::test_pool;
+
+        parlance_testkit::contract_tests! {
+            factory = async { test_pool().await.map(super::subject_copying_every(3)) };
+            suite = parlance_testkit::checkpoint;
+            cases = [
+                load_at_equals_the_state_after_every_commit,
+                a_fork_starts_a_thread_of_its_own,
+                racing_turns_leave_a_history_without_gaps,
+            ]
+        }
+    }
+
+    fn thread(name: &str) -> parlance_core::turn::ThreadKey {
+        use parlance_core::ProductId;
+        use parlance_core::turn::{OwnerId, ThreadId, ThreadKey};
+        ThreadKey {
+            product_id: ProductId::parse("p").unwrap(),
+            owner: OwnerId::parse("u").unwrap(),
+            thread: ThreadId::parse(name).unwrap(),
+        }
+    }
+
+    /// Commits `count` turns on the thread at `k` as it stands, each
+    /// replacing one of a few objects and adding a list entry.
+    async fn turns(store: &PgCheckpointStore, k: &parlance_core::turn::ThreadKey, count: u64) {
+        use parlance_core::turn::{Checkpoint, CheckpointDelta, TurnCommand, TurnKey};
+        use parlance_core::{Machine as _, Timestamp};
+        use parlance_ports::{Commit, MachineStore as _};
+        use serde_json::json;
+
+        let now = Timestamp::from_secs(1_767_225_600).unwrap();
+        let key = TurnKey::whole(k.clone());
+        for _ in 0..count {
+            let loaded = store.load(&key).await.unwrap();
+            let base = loaded.as_ref().map_or(0, |s| s.version.0);
+            let n = base + 1;
+            let mut delta = CheckpointDelta::default();
+            delta
+                .objects
+                .insert(format!("k{}", n % 3), json!({"turn": n}));
+            delta
+                .appends
+                .insert("history".to_owned(), vec![json!(format!("m{n}"))]);
+            let command = TurnCommand::commit(base, delta);
+            let (state, decision) = match loaded {
+                Some(stored) => {
+                    let mut state = stored.state;
+                    let decision = state.decide(&(), &command, now).unwrap();
+                    (state, decision)
+                }
+                None => Checkpoint::create(&key, &(), &command, now)
+                    .unwrap()
+                    .unwrap(),
+            };
+            store
+                .commit(Commit {
+                    key: &key,
+                    expected: loaded_version(base),
+                    command: &command,
+                    state: &state,
+                    decision: &decision,
+                    now,
+                })
+                .await
+                .unwrap();
+        }
+    }
+
+    fn loaded_version(base: u64) -> Option<parlance_ports::Version> {
+        (base > 0).then_some(parlance_ports::Version(base))
+    }
+
+    /// The versions of `k`'s checkpoints whose `snapshot` is not null, each
+    /// checked to hold the whole objects as of it.
+    async fn copies(
+        pool: &PgPool,
+        store: &PgCheckpointStore,
+        k: &parlance_core::turn::ThreadKey,
+    ) -> Vec<u64> {
+        use parlance_ports::Checkpointer as _;
+        use sqlx::Row as _;
+
+        let rows = sqlx::query(
+            "SELECT version, snapshot FROM turn_checkpoint \
+             WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+               AND snapshot IS NOT NULL ORDER BY version",
+        )
+        .bind(k.product_id.as_str())
+        .bind(k.owner.as_str())
+        .bind(k.thread.as_str())
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let mut versions = Vec::new();
+        for row in rows {
+            let version = u64::try_from(row.get::<i64, _>("version")).unwrap();
+            let snapshot: serde_json::Value = row.get("snapshot");
+            let state = store.load_at(k, version).await.unwrap().unwrap();
+            assert_eq!(
+                snapshot,
+                serde_json::to_value(&state.objects).unwrap(),
+                "the copy at {version}"
+            );
+            versions.push(version);
+        }
+        versions
+    }
+
+    /// A copy of the objects is kept at the first checkpoint and at every
+    /// `k`th, and only there: the state as of any checkpoint folds fewer
+    /// than `k` patches onto its copy.
+    #[tokio::test]
+    async fn a_copy_is_kept_at_the_first_checkpoint_and_every_kth() {
+        use parlance_core::Timestamp;
+        use parlance_ports::Checkpointer as _;
+
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let store = PgCheckpointStore::new(pool.clone());
+        let t = thread("default");
+        turns(&store, &t, 70).await;
+        assert_eq!(copies(&pool, &store, &t).await, [1, 32, 64]);
+
+        let store = store.with_snapshot_every(5);
+        let t = thread("five");
+        turns(&store, &t, 23).await;
+        assert_eq!(copies(&pool, &store, &t).await, [1, 5, 10, 15, 20]);
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM turn_checkpoint WHERE thread_id = 'five' AND patch IS NOT NULL",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(rows, 23, "one history row per checkpoint");
+
+        // A fork's first checkpoint keeps one, and its own count starts there.
+        let forked = thread("forked");
+        store
+            .fork(&t, 7, &forked, Timestamp::UNIX_EPOCH)
+            .await
+            .unwrap();
+        turns(&store, &forked, 5).await;
+        assert_eq!(copies(&pool, &store, &forked).await, [1, 5]);
+    }
+
+    /// A thread deleted while a commit on it is in flight: the delete waits
+    /// for the commit and removes its rows too, so nothing of the thread is
+    /// left, and the thread begun again reaches past that commit's version.
+    #[tokio::test]
+    async fn a_delete_leaves_no_row_of_a_commit_in_flight() {
+        use parlance_ports::Checkpointer as _;
+
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let store = PgCheckpointStore::new(pool.clone());
+        let t = thread("t");
+        turns(&store, &t, 2).await;
+        // A commit of version 3 holding the thread's row, as the commit
+        // statement writes it, not yet committed.
+        let mut tx = pool.begin().await.unwrap();
+        for statement in [
+            "UPDATE turn_thread SET version = 3, objects = objects || '{\"x\": 3}' \
+             WHERE product_id = 'p' AND owner_id = 'u' AND thread_id = 't' AND version = 2",
+            "INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
+             VALUES ('p', 'u', 't', 'history', 3, 0, '\"m3\"')",
+            "INSERT INTO turn_checkpoint (product_id, owner_id, thread_id, version, at, source, \
+                 interrupted, patch) \
+             VALUES ('p', 'u', 't', 3, now(), 'turn', false, '{\"x\": 3}')",
+        ] {
+            sqlx::query(statement).execute(&mut *tx).await.unwrap();
+        }
+        let deleting = tokio::spawn({
+            let store = store.clone();
+            let t = t.clone();
+            async move { store.delete_thread(&t).await }
+        });
+        // Until the delete waits on the commit's lock.
+        let mut waited = 0;
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            waited += 1;
+            assert!(waited < 500, "the delete never waited on the commit");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tx.commit().await.unwrap();
+        assert!(deleting.await.unwrap().unwrap());
+        for table in ["turn_thread", "turn_list_entry", "turn_checkpoint"] {
+            let left: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {table} WHERE thread_id = 't'"
+            ))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(left, 0, "rows left in {table}");
+        }
+        turns(&store, &t, 4).await;
+        assert_eq!(
+            store.load_at(&t, 3).await.unwrap().unwrap().lists["history"].len(),
+            3
+        );
+    }
 
     /// A turn writes the same bytes however long its thread is: the rows of
     /// the 100th turn are as large as the first's, and the rows of earlier
