@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from parlance_client import (
     BadRequest,
     Client,
+    Conflict,
     Invalid,
     LimitExceeded,
     MethodNotAllowed,
@@ -273,6 +274,30 @@ def test_agent_sync(client):
         client.agent.turn("", user_id=owner, session_id=thread)
 
 
+def test_agent_asks_before_deleting_and_resumes_with_the_answer(client):
+    owner, thread = new_id("owner"), new_id("thread")
+    client.agent.remember(owner, {
+            "type": "semantic",
+            "category": "relationship",
+            "subject": "boss",
+            "predicate": "WORRIES_ABOUT",
+            "object": "boss",
+            "evidence_quote": "my boss is terrible",
+        })
+    asked = client.agent.turn("Please forget what I said about my boss", user_id=owner, session_id=thread)
+    assert asked.interrupt is not None and asked.interrupt["question"] == asked.response_text
+    assert client.agent.thread(thread, user_id=owner).interrupt == asked.interrupt
+    with pytest.raises(NotAllowed) as refused:
+        client.agent.turn("hello again", user_id=owner, session_id=thread)
+    assert refused.value.reason == "interrupt_pending"
+    done = client.agent.resume(thread, True, user_id=owner)
+    assert done.interrupt is None
+    assert client.agent.memory(owner).entries == []
+    with pytest.raises(NotAllowed) as again:
+        client.agent.resume(thread, True, user_id=owner)
+    assert again.value.reason == "no_interrupt"
+
+
 def test_agent_async(make_async_client):
     async def go():
         async with make_async_client() as client:
@@ -308,6 +333,43 @@ def test_agent_typed_input_and_crisis_log(client):
     # A value outside a closed set is the service's to refuse, as a typed problem.
     with pytest.raises(Invalid):
         client.agent.turn("hello", user_id=owner, session_id=thread, channel="FAX")
+
+
+def test_agent_threads_history_fork_update_delete_erase(client):
+    owner, thread = new_id("owner"), new_id("thread")
+    client.agent.turn("hello", user_id=owner, session_id=thread)
+    client.agent.turn("thanks", user_id=owner, session_id=thread)
+    listed = documented(client.agent.threads(owner))
+    assert [t.thread_id for t in listed.threads] == [thread] and listed.next_cursor is None
+    history = documented(client.agent.history(thread, user_id=owner))
+    assert [c.version for c in history.checkpoints] == [2, 1]
+    assert history.checkpoints[0].parent.version == 1 and history.checkpoints[1].parent is None
+    first = documented(client.agent.checkpoint(thread, 1, user_id=owner))
+    assert first.version == 1 and len(first.transcript) == 2
+    fork = new_id("fork")
+    meta = documented(client.agent.fork(thread, 1, fork, user_id=owner))
+    assert meta.source == "fork" and meta.parent.thread_id == thread
+    with pytest.raises(Conflict):
+        client.agent.fork(thread, 1, fork, user_id=owner)
+    updated = documented(client.agent.update_state(
+        thread, user_id=owner, expected_version=2, objects={"session_memory": {"summary": "noted"}}
+    ))
+    assert updated.version == 3
+    with pytest.raises(NotAllowed) as stale:
+        client.agent.update_state(thread, user_id=owner, expected_version=2, objects={})
+    assert stale.value.reason == "stale_turn"
+    with pytest.raises(Invalid) as bad:
+        client.agent.update_state(thread, user_id=owner, objects={"no_such_field": 1})
+    assert bad.value.field == "objects.no_such_field"
+    client.agent.delete_thread(thread, user_id=owner)
+    with pytest.raises(NotFound):
+        client.agent.history(thread, user_id=owner)
+    assert client.agent.thread(fork, user_id=owner).version == 1
+    client.agent.remember(owner, m.EpisodicEntry(summary="talked about work", primary_themes=["work"]))
+    erased = documented(client.agent.erase(owner))
+    assert erased.entries_deleted == 1 and erased.crisis_records_deleted == 0
+    assert client.agent.memory(owner).entries == []
+    assert len(client.agent.crisis_log(owner).records) == 2, "the crisis log is kept"
 
 
 # Flows ------------------------------------------------------------------

@@ -1,25 +1,35 @@
-//! Turn runtime throughput on PostgreSQL, side by side with LangGraph's
-//! PostgreSQL checkpointer in one run.
+//! Turn runtime throughput and history reads on PostgreSQL, side by side
+//! with LangGraph's PostgreSQL checkpointer in one run.
 //!
 //! Ours: a three-stage graph with no LLM over the seed-shaped state, 1
 //! thread x 200 turns and 16 threads x 50 turns, each turn committed through
-//! the executor on the PostgreSQL thread store, with the bytes written at
-//! turn 1 and turn 200 (the turn's delta as JSON,
-//! `CheckpointDelta::encoded_len`: the list entries and objects the commit
-//! writes) and the tables' growth on disk per turn.
+//! the executor on the PostgreSQL thread store, with the JSON payload a turn
+//! writes at turn 1 and turn 200 (its list entries, its objects patch into
+//! the thread's head row and again as its history row's patch, and the
+//! history's copy of the objects, amortised over the checkpoints that share
+//! one) and the thread tables' growth on disk per turn, history included.
+//! Then the history part: one thread of 1,000 turns (`--long-turns=N`)
+//! written through the same runner, the state at its middle checkpoint read
+//! with `Checkpointer::load_at` and its whole history listed with
+//! `Checkpointer::history`, page by page, each timed several times (median
+//! and p95).
 //!
 //! The reference, right after ours on the same server: LangGraph 1.2.22 with
 //! langgraph-checkpoint-postgres 3.2.0 (`benches/langgraph/bench.py`, pins in
 //! `benches/langgraph/freeze.txt`, installed into a virtual environment under
 //! `target/langgraph`), on a scratch database of its own: the same turn
-//! counts, and the rows one turn adds at turn 1 and turn 200. The bench prints
+//! counts, the rows one turn adds at turn 1 and turn 200, and its history
+//! part (`aget_state` by checkpoint id at the middle turn, `aget_state_history`
+//! of the whole thread) on a thread of the same length. The bench prints
 //! both sides, their ratios and `/proc/loadavg` at start and end, and emits
 //! the tables as result rows.
 //!
 //! Run with `cargo xtask bench turn` (release, `DATABASE_URL` set);
-//! `cargo xtask bench turn --no-reference` leaves LangGraph out. Outside CI a
-//! reference that cannot be installed (no `python3`, no network) is reported
-//! and left out; under `CI` it fails the run.
+//! `cargo xtask bench turn --no-reference` leaves LangGraph out, and
+//! `--reference-arg=ARG` passes `ARG` to `bench.py` (e.g.
+//! `--reference-arg=--lists=1`). Outside CI a reference that cannot be
+//! installed (no `python3`, no network) is reported and left out; under `CI`
+//! it fails the run.
 
 mod common;
 
@@ -34,10 +44,10 @@ use parlance_core::ProductId;
 use parlance_core::turn::Checkpoint;
 use parlance_core::turn::seed::{Channel, SupportInput, SupportLoaded, SupportState};
 use parlance_core::turn::{
-    EpisodicEntry, LoadWindow, MemoryEntry, OwnerId, SemanticEntry, ThreadId, ThreadKey,
-    TurnState as _, WorkingMemoryEntry,
+    DEFAULT_SNAPSHOT_EVERY, EpisodicEntry, LoadWindow, MemoryEntry, OwnerId, SemanticEntry,
+    ThreadId, ThreadKey, TurnState as _, WorkingMemoryEntry,
 };
-use parlance_ports::{Clock, MachineStore, SystemClock};
+use parlance_ports::{Checkpointer, Clock, HistoryPage, MachineStore, SystemClock};
 use parlance_postgres::PgCheckpointStore;
 use serde_json::Value;
 use sqlx::{Connection as _, Executor as _};
@@ -168,14 +178,118 @@ fn report(label: &str, threads: usize, r: &Run) {
     ));
 }
 
-/// Checkpoint tables' total size on disk, indexes and TOAST included.
+/// The thread tables' total size on disk (the head rows, the list entries
+/// and the history), indexes and TOAST included.
 async fn disk_bytes(pool: &parlance_postgres::PgPool) -> i64 {
     sqlx::query_scalar(
-        "SELECT pg_total_relation_size('turn_list_entry') + pg_total_relation_size('turn_thread')",
+        "SELECT pg_total_relation_size('turn_list_entry') + pg_total_relation_size('turn_thread') \
+         + pg_total_relation_size('turn_checkpoint')",
     )
     .fetch_one(pool)
     .await
     .expect("relation sizes")
+}
+
+/// What one turn wrote as JSON payload, from the rows of its checkpoint:
+/// `octet_length` of the values as text (as on LangGraph's side), and their
+/// `pg_column_size` as stored.
+#[derive(Debug, Clone, Copy, Default)]
+struct Written {
+    /// The list entries it appended (`turn_list_entry.entry`).
+    entries: i64,
+    /// The objects it replaced (`turn_checkpoint.patch`, the same JSON the
+    /// commit patches into the head row).
+    patch: i64,
+    /// The latest full copy of the objects at or before its checkpoint
+    /// (`turn_checkpoint.snapshot`).
+    copy: i64,
+    /// The same three, as stored.
+    stored: [i64; 3],
+}
+
+impl Written {
+    /// The turn's JSON payload: its entries, its objects patch twice (into
+    /// the head row and as the history row's patch) and the copy of the
+    /// objects: whole at turn 1 (a thread's first checkpoint always holds
+    /// one), else amortised over the [`DEFAULT_SNAPSHOT_EVERY`] checkpoints
+    /// that share one.
+    fn total(&self, turn: usize) -> f64 {
+        Self::sum(self.entries, self.patch, self.copy, turn)
+    }
+
+    /// [`Written::total`] as stored.
+    fn stored_total(&self, turn: usize) -> f64 {
+        let [entries, patch, copy] = self.stored;
+        Self::sum(entries, patch, copy, turn)
+    }
+
+    fn sum(entries: i64, patch: i64, copy: i64, turn: usize) -> f64 {
+        let copy = if turn == 1 {
+            copy as f64
+        } else {
+            copy as f64 / DEFAULT_SNAPSHOT_EVERY as f64
+        };
+        (entries + 2 * patch) as f64 + copy
+    }
+
+    /// `entries + 2 x patch + copy` spelled out.
+    fn breakdown(&self, turn: usize) -> String {
+        let copy = if turn == 1 {
+            format!("{} B (turn 1 writes the first copy whole)", self.copy)
+        } else {
+            format!(
+                "{} B / {DEFAULT_SNAPSHOT_EVERY} (one copy every {DEFAULT_SNAPSHOT_EVERY} checkpoints)",
+                self.copy
+            )
+        };
+        format!(
+            "list entries {} B + objects patch {} B x 2 (head row, history row) + copy of the objects {copy} = {:.0} B",
+            self.entries,
+            self.patch,
+            self.total(turn)
+        )
+    }
+}
+
+/// What the turn that made checkpoint `version` of `thread` wrote.
+async fn written(pool: &parlance_postgres::PgPool, thread: &ThreadKey, version: usize) -> Written {
+    const WHERE: &str = "product_id = $1 AND owner_id = $2 AND thread_id = $3";
+    let sql = format!(
+        "SELECT \
+           (SELECT coalesce(sum(octet_length(entry::text)), 0) FROM turn_list_entry \
+             WHERE {WHERE} AND version = $4)::bigint AS entries, \
+           (SELECT coalesce(sum(pg_column_size(entry)), 0) FROM turn_list_entry \
+             WHERE {WHERE} AND version = $4)::bigint AS entries_stored, \
+           coalesce((SELECT octet_length(patch::text) FROM turn_checkpoint \
+             WHERE {WHERE} AND version = $4), 0)::bigint AS patch, \
+           coalesce((SELECT pg_column_size(patch) FROM turn_checkpoint \
+             WHERE {WHERE} AND version = $4), 0)::bigint AS patch_stored, \
+           coalesce((SELECT octet_length(snapshot::text) FROM turn_checkpoint \
+             WHERE {WHERE} AND version <= $4 AND snapshot IS NOT NULL \
+             ORDER BY version DESC LIMIT 1), 0)::bigint AS copy, \
+           coalesce((SELECT pg_column_size(snapshot) FROM turn_checkpoint \
+             WHERE {WHERE} AND version <= $4 AND snapshot IS NOT NULL \
+             ORDER BY version DESC LIMIT 1), 0)::bigint AS copy_stored"
+    );
+    let row: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(&sql)
+        .bind(thread.product_id.as_str())
+        .bind(thread.owner.as_str())
+        .bind(thread.thread.as_str())
+        .bind(i64::try_from(version).expect("a version"))
+        .fetch_one(pool)
+        .await
+        .expect("the turn's rows");
+    let (entries, entries_stored, patch, patch_stored, copy, copy_stored) = row;
+    assert!(
+        entries > 0 && patch > 0 && copy > 0,
+        "turn {version} wrote no rows: {row:?}"
+    );
+    Written {
+        entries,
+        patch,
+        copy,
+        stored: [entries_stored, patch_stored, copy_stored],
+    }
 }
 
 /// Our side: for each load, 1 thread x 200 turns (with the tables' growth)
@@ -185,6 +299,9 @@ struct Ours {
     one: Run,
     on_disk_per_turn: i64,
     many: Run,
+    /// What the single thread's turn 1 and turn 200 wrote.
+    first: Written,
+    last: Written,
 }
 
 async fn ours(pool: &parlance_postgres::PgPool) -> Vec<Ours> {
@@ -208,9 +325,18 @@ async fn ours(pool: &parlance_postgres::PgPool) -> Vec<Ours> {
         report(label, 1, &one);
         let on_disk_per_turn = (after - before) / TURNS as i64;
         out(&format!(
-            "{:<28} on disk (tables + indexes, all pages): {on_disk_per_turn} B per turn over the {TURNS} turns",
+            "{:<28} on disk (turn_thread + turn_list_entry + turn_checkpoint, indexes, all pages): {on_disk_per_turn} B per turn over the {TURNS} turns",
             ""
         ));
+        let first = written(pool, &key(base), 1).await;
+        let last = written(pool, &key(base), TURNS).await;
+        for (turn, w) in [(1, &first), (TURNS, &last)] {
+            out(&format!(
+                "{:<28} JSON payload written by turn {turn}: {}",
+                "",
+                w.breakdown(turn)
+            ));
+        }
         let many = run(Arc::clone(&runner), THREADS, TURNS_EACH, base + 100).await;
         report(label, THREADS, &many);
         all.push(Ours {
@@ -218,9 +344,148 @@ async fn ours(pool: &parlance_postgres::PgPool) -> Vec<Ours> {
             one,
             on_disk_per_turn,
             many,
+            first,
+            last,
         });
     }
     all
+}
+
+/// Timings' median and p95 (nearest rank), in milliseconds.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    n: usize,
+    median: f64,
+    p95: f64,
+}
+
+impl Spread {
+    fn of(seconds: &[f64]) -> Self {
+        let mut ms: Vec<f64> = seconds.iter().map(|s| s * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        let n = ms.len();
+        assert!(n > 0, "no timings");
+        let median = if n % 2 == 1 {
+            ms[n / 2]
+        } else {
+            (ms[n / 2 - 1] + ms[n / 2]) / 2.0
+        };
+        let rank = (95 * n).div_ceil(100).max(1);
+        Self {
+            n,
+            median,
+            p95: ms[rank - 1],
+        }
+    }
+
+    /// The spread in a LangGraph result (`{"n", "median_ms", "p95_ms"}`).
+    fn from_json(v: &Value) -> Option<Self> {
+        Some(Self {
+            n: usize::try_from(v["n"].as_u64()?).ok()?,
+            median: v["median_ms"].as_f64()?,
+            p95: v["p95_ms"].as_f64()?,
+        })
+    }
+}
+
+/// Our side of the history part: a thread of `turns` turns written
+/// through the same runner as the turn runs, the state at its middle
+/// checkpoint read [`READS`] times, and its whole history listed [`LISTS`]
+/// times, [`PAGE`] checkpoints a page.
+struct History {
+    turns: usize,
+    at: u64,
+    build_seconds: f64,
+    on_disk: i64,
+    load_at: Spread,
+    listed: usize,
+    pages: usize,
+    listing: Spread,
+}
+
+/// The long thread's turns unless `--long-turns=N` says otherwise.
+const LONG_TURNS: usize = 1000;
+/// Reads of the state at the middle checkpoint.
+const READS: usize = 50;
+/// Listings of the whole history.
+const LISTS: usize = 20;
+/// Checkpoints a page of the history listing.
+const PAGE: usize = 100;
+
+async fn history(pool: &parlance_postgres::PgPool, turns: usize) -> History {
+    let store = Arc::new(PgCheckpointStore::new(pool.clone()));
+    let cp: Arc<dyn MachineStore<Checkpoint>> = store.clone();
+    let runner = echo::runner::<()>(cp, Arc::new(SystemClock));
+    let n = 5000;
+    let thread = key(n);
+    let before = disk_bytes(pool).await;
+    let started = Instant::now();
+    for turn in 1..=turns {
+        runner
+            .run(&(), &thread, input(n, turn), loaded())
+            .await
+            .expect("turn");
+    }
+    let build_seconds = started.elapsed().as_secs_f64();
+    let on_disk = disk_bytes(pool).await - before;
+    let at = (turns / 2) as u64;
+
+    let mut reads = Vec::new();
+    for _ in 0..READS {
+        let started = Instant::now();
+        let state = store.load_at(&thread, at).await.expect("load_at");
+        reads.push(started.elapsed().as_secs_f64());
+        let state = state.expect("the middle checkpoint");
+        assert_eq!(state.version, at);
+        assert_eq!(
+            state.lists.get("transcript").map(Vec::len),
+            Some(2 * turns / 2),
+            "the transcript as of checkpoint {at}"
+        );
+    }
+
+    let mut listings = Vec::new();
+    let (mut listed, mut pages) = (0, 0);
+    for _ in 0..LISTS {
+        let started = Instant::now();
+        let mut all = Vec::with_capacity(turns);
+        pages = 0;
+        loop {
+            let before = all
+                .last()
+                .map(|m: &parlance_core::turn::CheckpointMeta| m.version);
+            let page = store
+                .history(
+                    &thread,
+                    HistoryPage {
+                        before,
+                        limit: PAGE,
+                    },
+                )
+                .await
+                .expect("history");
+            pages += 1;
+            let full = page.len() == PAGE;
+            all.extend(page);
+            if !full {
+                break;
+            }
+        }
+        listings.push(started.elapsed().as_secs_f64());
+        let versions: Vec<u64> = all.iter().map(|m| m.version).collect();
+        assert_eq!(versions, (1..=turns as u64).rev().collect::<Vec<_>>());
+        listed = all.len();
+    }
+    History {
+        turns,
+        at,
+        build_seconds,
+        on_disk,
+        load_at: Spread::of(&reads),
+        listed,
+        pages,
+        listing: Spread::of(&listings),
+    }
 }
 
 const TURNS: usize = 200;
@@ -296,7 +561,7 @@ fn reference_python() -> Result<PathBuf, String> {
 
 /// `bench.py` on a scratch database of its own (created here, dropped
 /// after): its JSON results.
-async fn reference(python: &Path, extra: &[String]) -> Value {
+async fn reference(python: &Path, long_turns: usize, extra: &[String]) -> Value {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let mut admin = sqlx::PgConnection::connect(&url).await.expect("admin");
     admin
@@ -310,10 +575,11 @@ async fn reference(python: &Path, extra: &[String]) -> Value {
     let output = Command::new(python)
         .arg(bench_dir().join("bench.py"))
         .args(["--dsn", &common::url_for(REFERENCE_DB)])
-        .args(["--parts", "single,concurrent,size"])
+        .args(["--parts", "single,concurrent,size,history"])
         .args(["--turns", &TURNS.to_string()])
         .args(["--threads", &THREADS.to_string()])
         .args(["--turns-each", &TURNS_EACH.to_string()])
+        .args(["--long-turns", &long_turns.to_string()])
         .args(extra)
         .stderr(Stdio::inherit())
         .output()
@@ -342,7 +608,7 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The side-by-side lines and result rows.
-fn compare(ours: &[Ours], lg: Option<&Value>) {
+fn compare(ours: &[Ours], history: &History, lg: Option<&Value>) {
     const SPEED: &str = "Turn runtime vs LangGraph: turns/s";
     const SPEED_COLS: [&str; 5] = [
         "ours: load",
@@ -396,24 +662,27 @@ fn compare(ours: &[Ours], lg: Option<&Value>) {
     }
     // Bytes: ours from the default load's single-thread run.
     let o = &ours[0];
+    out(
+        "bytes written are the JSON payload of the rows a turn writes (ours: its list entries, its objects patch into the head row and again as its history row's patch, and the history's periodic copy of the objects; LangGraph: its checkpoints, blobs and writes)",
+    );
     let rows: [(&str, f64, Option<f64>); 4] = [
         (
-            "written at turn 1 (ours: delta as JSON; LangGraph: octet_length of the rows' payload)",
-            o.one.first_bytes as f64,
+            "written at turn 1 (octet_length of the payload; ours: entries + objects patch x 2 + the first copy of the objects)",
+            o.first.total(1),
             num(lg, &["size", "turn_1", "logical"]),
         ),
         (
-            "written at turn 200 (ours: delta as JSON; LangGraph: octet_length of the rows' payload)",
-            o.one.last_bytes as f64,
+            "written at turn 200 (octet_length of the payload; ours: entries + objects patch x 2 + the copy of the objects / 32)",
+            o.last.total(TURNS),
             num(lg, &["size", "turn_last", "logical"]),
         ),
         (
-            "stored at turn 200 (LangGraph: pg_column_size of the rows' payload)",
-            o.one.last_bytes as f64,
+            "stored at turn 200 (pg_column_size of the same payload)",
+            o.last.stored_total(TURNS),
             num(lg, &["size", "turn_last", "stored"]),
         ),
         (
-            "on disk per turn over 200 turns (tables + indexes, pg_total_relation_size)",
+            "on disk per turn over 200 turns (all the thread tables with indexes, pg_total_relation_size; ours: turn_thread, turn_list_entry, turn_checkpoint)",
             o.on_disk_per_turn as f64,
             num(lg, &["size", "on_disk_per_turn"]),
         ),
@@ -442,10 +711,111 @@ fn compare(ours: &[Ours], lg: Option<&Value>) {
             "LangGraph rows added at turn 200: {c} checkpoints, {b} blobs, {w} writes"
         ));
     }
-    // Reading an older state and listing the history: LangGraph's side only
-    // (`--reference-arg=--parts=history`).
-    if let Some(h) = lg.map(|lg| &lg["history"]).filter(|h| h.is_object()) {
-        out(&format!("LangGraph history of a long thread: {h}"));
+    compare_history(
+        history,
+        lg.map(|lg| &lg["history"]).filter(|h| h.is_object()),
+    );
+}
+
+/// The history part side by side: reading the state at the middle
+/// checkpoint and listing the whole history, then the long thread itself.
+fn compare_history(h: &History, lg: Option<&Value>) {
+    const READS_TABLE: &str = "Turn runtime vs LangGraph: reading a long thread's history";
+    const READS_COLS: [&str; 6] = [
+        "measure",
+        "ours median",
+        "ours p95",
+        "LangGraph median",
+        "LangGraph p95",
+        "LangGraph / ours (median)",
+    ];
+    const THREAD_TABLE: &str = "Turn runtime vs LangGraph: the long thread";
+    const THREAD_COLS: [&str; 3] = ["measure", "ours", "LangGraph"];
+    let missing = || "not run".to_owned();
+    let lg_turns = lg.and_then(|v| v["turns"].as_u64());
+    let lg_at = lg.and_then(|v| v["state_at_turn"].as_u64());
+    let lg_entries = lg.and_then(|v| v["history_entries"].as_u64());
+    let of = |n: Option<u64>| n.map_or_else(missing, |n| n.to_string());
+    let runs = |part: &str| of(lg.and_then(|v| v[part]["n"].as_u64()));
+    let reads = [
+        (
+            format!(
+                "state at checkpoint {} of a {}-turn thread (ours: load_at, {} reads; LangGraph: aget_state by checkpoint_id at turn {} of {}, {} reads)",
+                h.at,
+                h.turns,
+                h.load_at.n,
+                of(lg_at),
+                of(lg_turns),
+                runs("state_at"),
+            ),
+            h.load_at,
+            lg.and_then(|v| Spread::from_json(&v["state_at"])),
+        ),
+        (
+            format!(
+                "whole history (ours: history, {} checkpoints in {} pages of up to {PAGE}, {} listings; LangGraph: aget_state_history, {} checkpoints, {} listings)",
+                h.listed,
+                h.pages,
+                h.listing.n,
+                of(lg_entries),
+                runs("history"),
+            ),
+            h.listing,
+            lg.and_then(|v| Spread::from_json(&v["history"])),
+        ),
+    ];
+    for (what, mine, theirs) in reads {
+        let cell = |s: Option<Spread>, f: fn(&Spread) -> f64| {
+            s.map_or_else(missing, |s| format!("{:.2} ms", f(&s)))
+        };
+        out(&format!(
+            "history, {what}: ours median {:.2} ms, p95 {:.2} ms; LangGraph {}",
+            mine.median,
+            mine.p95,
+            theirs.map_or_else(missing, |t| format!(
+                "median {:.2} ms, p95 {:.2} ms, LangGraph / ours {}",
+                t.median,
+                t.p95,
+                ratio(t.median, mine.median)
+            )),
+        ));
+        common::report_row(
+            READS_TABLE,
+            &READS_COLS,
+            &[
+                what,
+                format!("{:.2} ms", mine.median),
+                format!("{:.2} ms", mine.p95),
+                cell(theirs, |s| s.median),
+                cell(theirs, |s| s.p95),
+                theirs.map_or_else(missing, |t| ratio(t.median, mine.median)),
+            ],
+        );
+    }
+    let lg_num = |k: &str| lg.and_then(|v| v[k].as_f64());
+    let thread = [
+        (
+            "turns written".to_owned(),
+            h.turns.to_string(),
+            of(lg_turns),
+        ),
+        (
+            "time to write them".to_owned(),
+            format!("{:.1} s", h.build_seconds),
+            lg_num("build_seconds").map_or_else(missing, |s| format!("{s:.1} s")),
+        ),
+        (
+            "on disk after them (ours: growth of the thread tables; LangGraph: its three tables)"
+                .to_owned(),
+            format!("{:.1} MB", h.on_disk as f64 / 1e6),
+            lg_num("on_disk_bytes").map_or_else(missing, |b| format!("{:.1} MB", b / 1e6)),
+        ),
+    ];
+    for (what, mine, theirs) in thread {
+        out(&format!(
+            "long thread, {what}: ours {mine}, LangGraph {theirs}"
+        ));
+        common::report_row(THREAD_TABLE, &THREAD_COLS, &[what, mine, theirs]);
     }
 }
 
@@ -459,6 +829,12 @@ async fn main() {
         .filter_map(|a| a.strip_prefix("--reference-arg="))
         .map(str::to_owned)
         .collect();
+    // The long thread of the history part, on both sides.
+    let long_turns = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--long-turns="))
+        .map_or(LONG_TURNS, |n| n.parse().expect("--long-turns=N"));
+    assert!(long_turns >= 2, "--long-turns must be at least 2");
     let start_load = loadavg();
     out(&format!("turn bench: /proc/loadavg at start: {start_load}"));
     let Some(pool) = parlance_postgres::testing::test_pool().await else {
@@ -482,17 +858,21 @@ async fn main() {
         None
     };
     let ours = ours(&pool).await;
+    out(&format!(
+        "ours: history of one thread of {long_turns} turns (same runner, default load)"
+    ));
+    let history = history(&pool, long_turns).await;
     common::drop_database(pool).await;
     let lg = match &python {
         Some(python) => {
             out(
                 "LangGraph: the same turns on its PostgreSQL checkpointer (benches/langgraph/bench.py)",
             );
-            Some(reference(python, &extra).await)
+            Some(reference(python, long_turns, &extra).await)
         }
         None => None,
     };
-    compare(&ours, lg.as_ref());
+    compare(&ours, &history, lg.as_ref());
     let end_load = loadavg();
     out(&format!("turn bench: /proc/loadavg at end: {end_load}"));
     common::report_row(

@@ -31,7 +31,8 @@ const MODEL_RESERVE_MAX: Duration = Duration::from_secs(1);
 pub enum Family {
     /// Commands to the machines: sessions, adoption, conversations.
     Commands,
-    /// Agent turns and the agent's other writes (ending a session, memory).
+    /// Agent turns and the agent's other writes (ending a session, memory,
+    /// thread forks, updates and deletion, erasure).
     Agent,
     /// Flow sessions and their events (`/ai/...`).
     Flows,
@@ -262,6 +263,37 @@ mod tests {
         let cases = [
             (Method::GET, "/products/acme/agent/threads/t", Family::Reads),
             (Method::POST, "/products/acme/agent/turns", Family::Agent),
+            (Method::GET, "/products/acme/agent/threads", Family::Reads),
+            (
+                Method::GET,
+                "/products/acme/agent/threads/t/history",
+                Family::Reads,
+            ),
+            (
+                Method::GET,
+                "/products/acme/agent/threads/t/checkpoints/3",
+                Family::Reads,
+            ),
+            (
+                Method::POST,
+                "/products/acme/agent/threads/t/fork",
+                Family::Agent,
+            ),
+            (
+                Method::POST,
+                "/products/acme/agent/threads/t/state",
+                Family::Agent,
+            ),
+            (
+                Method::DELETE,
+                "/products/acme/agent/threads/t",
+                Family::Agent,
+            ),
+            (
+                Method::DELETE,
+                "/products/acme/agent/memory/ana",
+                Family::Agent,
+            ),
             (Method::POST, "/ai/qa/event", Family::Flows),
             (Method::GET, "/ai/qa/start_session", Family::Flows),
             (Method::GET, "/ai/qa/task_state/s1", Family::Reads),

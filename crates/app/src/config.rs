@@ -202,13 +202,32 @@ pub struct FlowsConfig {
 }
 
 /// `[agent]`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
     /// The crisis resource directory (JSON).
     pub resource_directory: Option<PathBuf>,
     /// The knowledge base (JSON).
     pub knowledge_base: Option<PathBuf>,
+    /// Whether erasing an owner's memory (`DELETE .../agent/memory/{owner}`)
+    /// also deletes the owner's crisis log. Off by default: the crisis log
+    /// is a safety record and outlives the memory.
+    pub erase_crisis_log: bool,
+    /// How often a thread's history keeps a full copy of its objects: every
+    /// this many checkpoints (at least 1). Reading a thread as of an older
+    /// checkpoint folds at most this many patches.
+    pub snapshot_every: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            resource_directory: None,
+            knowledge_base: None,
+            erase_crisis_log: false,
+            snapshot_every: parlance_core::turn::DEFAULT_SNAPSHOT_EVERY,
+        }
+    }
 }
 
 /// `[channel]`.
@@ -620,6 +639,18 @@ pub const SETTINGS: &[Setting] = &[
         &["PARLANCE_AGENT_KNOWLEDGE_BASE", "PARLANCE_KNOWLEDGE_BASE"],
         Some("knowledge-base"),
         Kind::Text,
+    ),
+    setting(
+        "agent.erase_crisis_log",
+        &["PARLANCE_AGENT_ERASE_CRISIS_LOG"],
+        None,
+        Kind::Switch,
+    ),
+    setting(
+        "agent.snapshot_every",
+        &["PARLANCE_AGENT_SNAPSHOT_EVERY"],
+        None,
+        Kind::Number,
     ),
     setting(
         "channel.webhook_url",
@@ -1109,6 +1140,12 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if self.agent.snapshot_every == 0 {
+            return Err(ConfigError::setting(
+                "agent.snapshot_every",
+                "must be at least 1",
+            ));
+        }
         if self.server.body_limit == 0 {
             return Err(ConfigError::setting(
                 "server.body_limit",
@@ -1358,6 +1395,40 @@ mod tests {
         assert_eq!(c.worker.slots, 7, "a flag beats both");
         assert!(!c.server.embedded_worker);
         assert_eq!(c.server.body_limit, 20);
+    }
+
+    #[test]
+    fn thread_history_and_erasure_settings_come_from_every_layer() {
+        let c = Config::load(&Flags::default(), env_of(&[])).unwrap();
+        assert!(
+            !c.agent.erase_crisis_log,
+            "the crisis log is kept by default"
+        );
+        assert_eq!(
+            c.agent.snapshot_every,
+            parlance_core::turn::DEFAULT_SNAPSHOT_EVERY
+        );
+        let (_f, flags) = file("[agent]\nerase_crisis_log = true\nsnapshot_every = 4\n");
+        let c = Config::load(&flags, env_of(&[])).unwrap();
+        assert!(c.agent.erase_crisis_log);
+        assert_eq!(c.agent.snapshot_every, 4);
+        let c = Config::load(
+            &flags,
+            env_of(&[
+                ("PARLANCE_AGENT_ERASE_CRISIS_LOG", "no"),
+                ("PARLANCE_AGENT_SNAPSHOT_EVERY", "9"),
+            ]),
+        )
+        .unwrap();
+        assert!(!c.agent.erase_crisis_log, "the environment beats the file");
+        assert_eq!(c.agent.snapshot_every, 9);
+        let e = Config::load(
+            &Flags::default(),
+            env_of(&[("PARLANCE_AGENT_SNAPSHOT_EVERY", "0")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("`agent.snapshot_every`"), "{e}");
+        assert!(e.to_string().contains("at least 1"), "{e}");
     }
 
     #[test]

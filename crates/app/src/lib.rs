@@ -148,6 +148,12 @@ pub struct Components {
     pub budgets: budget::Budgets,
     /// CORS and the per-key rate limit (both off by default).
     pub edge: http::Edge,
+    /// How often a thread's history keeps a full copy of its objects
+    /// (`agent.snapshot_every`).
+    pub snapshot_every: u64,
+    /// Whether erasing an owner's memory also deletes the owner's crisis
+    /// log (`agent.erase_crisis_log`; off: the log is kept).
+    pub erase_crisis_log: bool,
 }
 
 impl Components {
@@ -180,6 +186,8 @@ impl Components {
             queue_clock: None,
             budgets: budget::Budgets::default(),
             edge: http::Edge::default(),
+            snapshot_every: parlance_core::turn::DEFAULT_SNAPSHOT_EVERY,
+            erase_crisis_log: false,
         }
     }
 
@@ -218,6 +226,8 @@ impl Components {
             c.flows = FlowCatalog::load_dir(dir, &Invokers::is_builtin)
                 .with_context(|| format!("`flows.dir` {}", dir.display()))?;
         }
+        c.snapshot_every = config.agent.snapshot_every;
+        c.erase_crisis_log = config.agent.erase_crisis_log;
         c.agent_data = AgentData::load(
             config.agent.resource_directory.as_deref(),
             config.agent.knowledge_base.as_deref(),
@@ -255,12 +265,16 @@ impl Components {
             queue_clock,
             budgets,
             edge,
+            snapshot_every,
+            erase_crisis_log,
         } = self;
         monitoring::install();
         let queue_clock = queue_clock.unwrap_or_else(|| clock.clone());
         let stores = match &backend {
-            Backend::Memory => Stores::memory(queue_clock, queue_config),
-            Backend::Postgres(pool) => Stores::postgres(pool, queue_clock, queue_config),
+            Backend::Memory => Stores::memory(queue_clock, queue_config, snapshot_every),
+            Backend::Postgres(pool) => {
+                Stores::postgres(pool, queue_clock, queue_config, snapshot_every)
+            }
         };
         let shared = Shared {
             clock,
@@ -315,6 +329,7 @@ impl Components {
                 crisis_log: stores.crisis_log,
                 agent_data: Arc::new(agent_data),
                 crisis_budget: budgets.crisis_gate,
+                erase_crisis_log,
             },
             shared,
             budgets,
@@ -337,13 +352,13 @@ struct Stores {
     conversation_index: Arc<dyn parlance_ports::ConversationStore>,
     flow_records: Arc<dyn parlance_ports::MachineStore<FlowRecord>>,
     flows: Arc<dyn parlance_ports::FlowStore>,
-    threads: Arc<dyn parlance_ports::MachineStore<parlance_core::turn::Checkpoint>>,
+    threads: Arc<dyn parlance_ports::Checkpointer>,
     memory_store: Arc<dyn parlance_ports::MemoryStore>,
     crisis_log: Arc<dyn parlance_ports::CrisisLog>,
 }
 
 impl Stores {
-    fn memory(clock: Arc<dyn Clock>, config: QueueConfig) -> Self {
+    fn memory(clock: Arc<dyn Clock>, config: QueueConfig, snapshot_every: u64) -> Self {
         let audit = Arc::new(MemoryAuditLog::new());
         let queue: Arc<dyn TaskQueue> = Arc::new(MemoryTaskQueue::new(clock, config));
         let sessions = Arc::new(MemorySessionStore::new(audit.clone(), queue.clone()));
@@ -354,7 +369,10 @@ impl Stores {
             config.dag_limits,
         ));
         let conversations = Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone()));
-        let threads = MemoryCheckpointStore::new(audit.clone());
+        let memory_store = Arc::new(MemoryMemoryStore::new());
+        let threads = MemoryCheckpointStore::new(audit.clone())
+            .with_snapshot_every(snapshot_every)
+            .with_memory_store(memory_store.clone());
         Self {
             sessions: sessions.clone(),
             due_sessions: sessions,
@@ -368,13 +386,18 @@ impl Stores {
             // A turn's crisis assessment is written with the turn.
             crisis_log: threads.crisis_log(),
             threads: Arc::new(threads),
-            memory_store: Arc::new(MemoryMemoryStore::new()),
+            memory_store,
             audit,
             queue,
         }
     }
 
-    fn postgres(pool: &PgPool, clock: Arc<dyn Clock>, config: QueueConfig) -> Self {
+    fn postgres(
+        pool: &PgPool,
+        clock: Arc<dyn Clock>,
+        config: QueueConfig,
+        snapshot_every: u64,
+    ) -> Self {
         let queue = PgTaskQueue::new(pool.clone(), clock, config);
         let sessions = Arc::new(PgSessionStore::new(pool.clone(), queue.clone()));
         let adoption = Arc::new(PgAdoptionStore::new(pool.clone(), queue.clone()));
@@ -397,7 +420,9 @@ impl Stores {
             conversation_index: conversations,
             flow_records: flows.clone(),
             flows,
-            threads: Arc::new(PgCheckpointStore::new(pool.clone())),
+            threads: Arc::new(
+                PgCheckpointStore::new(pool.clone()).with_snapshot_every(snapshot_every),
+            ),
             memory_store: Arc::new(PgMemoryStore::new(pool.clone())),
             crisis_log: Arc::new(PgCrisisLog::new(pool.clone())),
             queue: Arc::new(queue),

@@ -81,11 +81,20 @@ OPERATIONS: Dict[str, Op] = {
     # agent turns
     "turn": Op("POST", P + "/agent/turns", m.AgentOutput, m.AgentInput),
     "get_thread": Op("GET", P + "/agent/threads/{id}", m.Thread),
+    "resume_thread": Op("POST", P + "/agent/threads/{id}/resume", m.AgentOutput, m.ResumeThread),
     "end_thread": Op("POST", P + "/agent/threads/{id}/end", m.MemoryEntry, m.EndThread),
     "list_memory": Op("GET", P + "/agent/memory/{owner}", m.MemoryList),
     "add_memory": Op("POST", P + "/agent/memory/{owner}", m.MemoryEntry, m.AddMemory),
     "delete_memory": Op("DELETE", P + "/agent/memory/{owner}/{id}", None),
     "crisis_log": Op("GET", P + "/agent/crisis-log/{owner}", m.CrisisLog),
+    # agent threads: lists, history, time travel, forks, updates, deletion, erasure
+    "list_threads": Op("GET", P + "/agent/threads", m.ThreadList),
+    "thread_history": Op("GET", P + "/agent/threads/{id}/history", m.ThreadHistory),
+    "get_checkpoint": Op("GET", P + "/agent/threads/{id}/checkpoints/{version}", m.Thread),
+    "fork_thread": Op("POST", P + "/agent/threads/{id}/fork", m.CheckpointMeta, m.ForkThread),
+    "update_thread": Op("POST", P + "/agent/threads/{id}/state", m.StateUpdated, m.StateUpdate),
+    "delete_thread": Op("DELETE", P + "/agent/threads/{id}", None),
+    "erase_memory": Op("DELETE", P + "/agent/memory/{owner}", m.MemoryErased),
     # flows
     "start_session_get": Op("GET", "/v1/ai/{flow}/start_session", m.FlowAnswer),
     "start_session": Op("POST", "/v1/ai/{flow}/start_session", m.FlowAnswer, m.FlowStart),

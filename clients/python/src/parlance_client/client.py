@@ -292,6 +292,10 @@ class Agent(_Base):
     def thread(self, id: str, user_id: Optional[str] = None) -> m.Thread:
         return self._call("get_thread", params={"user_id": user_id}, id=id)
 
+    def resume(self, id: str, value: Any, user_id: Optional[str] = None) -> m.AgentOutput:
+        """Answers the question the thread's turn waits on and runs the turn on."""
+        return self._call("resume_thread", _make(m.ResumeThread, value=value, user_id=user_id), id=id)
+
     def end(self, id: str, user_id: Optional[str] = None) -> m.MemoryEntry:
         return self._call("end_thread", _make(m.EndThread, user_id=user_id), id=id)
 
@@ -308,6 +312,40 @@ class Agent(_Base):
 
     def crisis_log(self, owner: str, after_seq: Optional[int] = None, limit: Optional[int] = None) -> m.CrisisLog:
         return self._call("crisis_log", params={"after_seq": after_seq, "limit": limit}, owner=owner)
+
+    def threads(self, owner: str, limit: Optional[int] = None, cursor: Optional[str] = None) -> m.ThreadList:
+        return self._call("list_threads", params={"owner": owner, "limit": limit, "cursor": cursor})
+
+    def history(
+        self, id: str, user_id: Optional[str] = None, before: Optional[int] = None, limit: Optional[int] = None
+    ) -> m.ThreadHistory:
+        return self._call("thread_history", params={"user_id": user_id, "before": before, "limit": limit}, id=id)
+
+    def checkpoint(self, id: str, version: int, user_id: Optional[str] = None) -> m.Thread:
+        return self._call("get_checkpoint", params={"user_id": user_id}, id=id, version=str(version))
+
+    def fork(self, id: str, version: int, new_thread_id: str, user_id: Optional[str] = None) -> m.CheckpointMeta:
+        body = _make(m.ForkThread, version=version, new_thread_id=new_thread_id, user_id=user_id)
+        return self._call("fork_thread", body, id=id)
+
+    def update_state(
+        self,
+        id: str,
+        user_id: Optional[str] = None,
+        expected_version: Optional[int] = None,
+        objects: Optional[Dict[str, Any]] = None,
+        appends: Optional[Dict[str, List[Any]]] = None,
+    ) -> m.StateUpdated:
+        body = _make(
+            m.StateUpdate, user_id=user_id, expected_version=expected_version, objects=objects, appends=appends
+        )
+        return self._call("update_thread", body, id=id)
+
+    def delete_thread(self, id: str, user_id: Optional[str] = None) -> None:
+        return self._call("delete_thread", params={"user_id": user_id}, id=id)
+
+    def erase(self, owner: str) -> m.MemoryErased:
+        return self._call("erase_memory", owner=owner)
 
 
 class Flows(_Base):

@@ -868,6 +868,9 @@ class AgentOutput(Model):
     therapeutic_approach: Optional[str] = None
     should_persist_memory: bool = False
     diagnostics: JsonObject = Field(default_factory=dict)
+    interrupt: Optional[JsonObject] = None
+    """Set when the turn waits for the person's answer: what it asks
+    (resume the thread with the answer)."""
 
 
 class Thread(Model):
@@ -876,6 +879,16 @@ class Thread(Model):
     version: int
     transcript: List[TurnMessage]
     state: JsonObject
+    interrupt: Optional[JsonObject] = None
+    """What the turn the thread waits on asks; absent when none waits."""
+
+
+class ResumeThread(Model):
+    """The document's ``AgentResumeRequest``: the answer to the question a
+    turn waits on."""
+
+    user_id: Optional[str] = None
+    value: Any
 
 
 class EndThread(Model):
@@ -919,6 +932,78 @@ class CrisisLogRecord(Model):
 
 class CrisisLog(Model):
     records: List[CrisisLogRecord]
+
+
+class ThreadSummary(Model):
+    """One of an owner's threads (the document's ``AgentThreadSummary``)."""
+
+    thread_id: str
+    version: int
+    updated_at: float
+    interrupted: bool
+
+
+class ThreadList(Model):
+    """A page of an owner's threads, newest first (``AgentThreadList``)."""
+
+    threads: List[ThreadSummary]
+    next_cursor: Optional[str] = None
+
+
+class CheckpointParent(Model):
+    """The checkpoint another follows (``AgentCheckpointParent``)."""
+
+    owner: str
+    thread_id: str
+    version: int
+
+
+class CheckpointMeta(Model):
+    """One checkpoint of a thread's history (``AgentCheckpointMeta``)."""
+
+    version: int
+    parent: Optional[CheckpointParent] = None
+    at: float
+    source: str
+    interrupted: bool
+
+
+class ThreadHistory(Model):
+    """A page of a thread's history, newest first (``AgentThreadHistory``)."""
+
+    checkpoints: List[CheckpointMeta]
+    next_before: Optional[int] = None
+
+
+class ForkThread(Model):
+    """The document's ``AgentForkRequest``."""
+
+    user_id: Optional[str] = None
+    version: int
+    new_thread_id: str
+
+
+class StateUpdate(Model):
+    """An operator's update of a thread (``AgentStateUpdate``)."""
+
+    user_id: Optional[str] = None
+    expected_version: Optional[int] = None
+    objects: Optional[JsonObject] = None
+    appends: Optional[Dict[str, List[Any]]] = None
+
+
+class StateUpdated(Model):
+    """The thread after an update (``AgentStateUpdated``)."""
+
+    thread_id: str
+    version: int
+
+
+class MemoryErased(Model):
+    """What an erasure removed (``AgentMemoryErased``)."""
+
+    entries_deleted: int
+    crisis_records_deleted: int
 
 
 # Flows ------------------------------------------------------------------

@@ -13,7 +13,7 @@ replies 90 words (~550 characters), from a fixed vocabulary. Every turn is
 superstep, written while the next superstep runs, all of them written when
 `ainvoke` returns.
 
-Parts (`--parts`, comma-separated; the bench runs the first three):
+Parts (`--parts`, comma-separated; the bench runs all four):
 
   single      1 thread x --turns turns on one AsyncPostgresSaver (pool of 2)
   concurrent  --threads threads x --turns-each turns, asyncio, one shared
@@ -24,9 +24,11 @@ Parts (`--parts`, comma-separated; the bench runs the first three):
               checkpoint_blobs.blob, checkpoint_writes.blob) and their
               octet_length; and the three tables' growth on disk
               (pg_total_relation_size) over the run
-  history     one thread of --long-turns turns; then aget_state at the
-              checkpoint that ended turn --long-turns / 2 (by its
-              checkpoint_id) and aget_state_history of the whole thread, timed
+  history     one thread of --long-turns turns; then --reads times
+              aget_state at the checkpoint that ended turn --long-turns / 2
+              (by its checkpoint_id) and --lists times aget_state_history of
+              the whole thread, each timed alone (median and p95), with the
+              three tables' size on disk after the thread was written
 
 The database in --dsn is the script's own (the caller creates and drops it);
 the script creates the saver's tables and empties them before each part.
@@ -40,6 +42,7 @@ import importlib.metadata
 import json
 import operator
 import random
+import statistics
 import string
 import sys
 import time
@@ -365,8 +368,22 @@ async def part_size(args) -> dict:
     }
 
 
+def spread(samples: list[float]) -> dict:
+    """Median and p95 (nearest rank) of timings in seconds, as milliseconds."""
+    ordered = sorted(samples)
+    rank = max(1, -(-95 * len(ordered) // 100))
+    return {
+        "n": len(ordered),
+        "median_ms": statistics.median(ordered) * 1e3,
+        "p95_ms": ordered[rank - 1] * 1e3,
+    }
+
+
 async def part_history(args) -> dict:
-    """Reading an older state of a long thread, and listing its history."""
+    """Reading an older state of a long thread, and listing its history:
+    --reads reads of the state at the checkpoint that ended turn
+    --long-turns / 2, and --lists listings of the whole history, each timed
+    alone."""
     empty(args.dsn)
     pool = await open_pool(args.dsn, 2)
     graph = build_graph(AsyncPostgresSaver(pool))
@@ -379,26 +396,39 @@ async def part_history(args) -> dict:
         if n == middle:
             snap = await graph.aget_state(config(tid))
             middle_id = snap.config["configurable"]["checkpoint_id"]
+        if n % 100 == 0:
+            log(f"langgraph: history: {n} of {args.long_turns} turns written")
     build_s = time.perf_counter() - started
+    with Connection.connect(args.dsn, **CONNECTION) as c:
+        on_disk = c.execute(ON_DISK).fetchone()["bytes"]
 
-    reads = 20
-    started = time.perf_counter()
-    for _ in range(reads):
+    state_at = []
+    for _ in range(args.reads):
+        t0 = time.perf_counter()
         snap = await graph.aget_state(config(tid, middle_id))
-    read_s = (time.perf_counter() - started) / reads
+        state_at.append(time.perf_counter() - t0)
     assert len(snap.values["history"]) == 2 * middle, len(snap.values["history"])
+    log(f"langgraph: history: state at turn {middle}: {json.dumps(spread(state_at))}")
 
-    started = time.perf_counter()
-    entries = [s async for s in graph.aget_state_history(config(tid))]
-    list_s = time.perf_counter() - started
+    # Each snapshot is counted and dropped: holding all of them (every one
+    # with its whole state) takes tens of GB at 1000 turns.
+    listing = []
+    for _ in range(args.lists):
+        entries = 0
+        t0 = time.perf_counter()
+        async for _snapshot in graph.aget_state_history(config(tid)):
+            entries += 1
+        listing.append(time.perf_counter() - t0)
+        log(f"langgraph: history: listed {entries} checkpoints in {listing[-1]:.1f} s")
     await pool.close()
     return {
         "turns": args.long_turns,
         "build_seconds": build_s,
+        "on_disk_bytes": on_disk,
         "state_at_turn": middle,
-        "state_at_seconds": read_s,
-        "history_entries": len(entries),
-        "history_seconds": list_s,
+        "state_at": spread(state_at),
+        "history_entries": entries,
+        "history": spread(listing),
     }
 
 
@@ -431,14 +461,18 @@ async def main_async(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", required=True, help="a libpq URL or DSN of the script's own database")
-    ap.add_argument("--parts", default="single,concurrent,size")
+    ap.add_argument("--parts", default="single,concurrent,size,history")
     ap.add_argument("--turns", type=int, default=200)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--turns-each", type=int, default=50)
     ap.add_argument("--long-turns", type=int, default=1000)
+    ap.add_argument("--reads", type=int, default=20)
+    ap.add_argument("--lists", type=int, default=3)
     args = ap.parse_args()
     if args.turns < 2:
         raise SystemExit("--turns must be at least 2")
+    if args.long_turns < 2 or args.reads < 1 or args.lists < 1:
+        raise SystemExit("--long-turns must be at least 2, --reads and --lists at least 1")
     print(json.dumps(asyncio.run(main_async(args))), flush=True)
 
 

@@ -1,13 +1,14 @@
-//! The agent's use cases: run a turn (AgentInput -> AgentOutput), read a
-//! thread, end a session with an episodic summary, and the owner's memory.
+//! The agent's use cases: run a turn (AgentInput -> AgentOutput), resume a
+//! turn that waits for the person's answer, read a thread, end a session
+//! with an episodic summary, and the owner's memory.
 //! Each answers a typed [`AgentError`]; the routes turn it into an answer.
 
 use parlance_core::turn::seed::{
     Channel, Message, Role, SupportInput, SupportLoaded, SupportOutput,
 };
 use parlance_core::turn::{
-    EpisodicEntry, MemoryEntry, MemoryId, MemoryRecord, OwnerId, ThreadId, ThreadKey, TurnKey,
-    WorkingMemoryEntry,
+    Checkpoint, EpisodicEntry, MemoryEntry, MemoryId, MemoryRecord, OwnerId, ThreadId, ThreadKey,
+    TurnKey, WorkingMemoryEntry,
 };
 use parlance_core::{IdError, ProductId, StructuredError, parse_structured};
 use parlance_ports::{CompletionRequest, LlmError, Message as LlmMessage, PortError};
@@ -17,7 +18,7 @@ use utoipa::ToSchema;
 
 use super::Agent;
 use super::stages::{AgentContext, embed, runner};
-use crate::turn::TurnRunError;
+use crate::turn::{TurnEvents, TurnRunError};
 
 /// The thread used when a caller gives a user id but no session id.
 pub(super) const DEFAULT_THREAD: &str = "default";
@@ -124,21 +125,40 @@ fn context(
     }
 }
 
-/// Runs one turn of the support agent.
+/// The thread of a turn's input, once the input is usable.
 ///
 /// # Errors
 ///
-/// As [`resolve`] for the owner, [`AgentError::EmptyMessage`], or
-/// [`AgentError::Turn`] when the turn did not complete.
-pub(super) async fn run_turn(
-    state: &Agent,
-    product_id: &ProductId,
-    input: AgentInput,
-) -> Result<SupportOutput, AgentError> {
+/// As [`resolve`] for the owner, or [`AgentError::EmptyMessage`].
+pub(super) fn check(product_id: &ProductId, input: &AgentInput) -> Result<ThreadKey, AgentError> {
     let (owner, thread) = resolve(input.user_id.as_deref(), input.session_id.as_deref())?;
     if input.message.trim().is_empty() {
         return Err(AgentError::EmptyMessage);
     }
+    Ok(ThreadKey {
+        product_id: product_id.clone(),
+        owner,
+        thread,
+    })
+}
+
+/// Runs one turn of the support agent, reporting to `events` as it runs
+/// when given. A turn whose stage asks the person first (a memory
+/// deletion) is committed up to that question; its output carries the
+/// question as `interrupt`.
+///
+/// # Errors
+///
+/// As [`check`], or [`AgentError::Turn`] when the turn did not complete
+/// (among them the thread's refusal while an earlier turn waits on its
+/// answer, reason `interrupt_pending`).
+pub(super) async fn run_turn(
+    state: &Agent,
+    product_id: &ProductId,
+    input: AgentInput,
+    events: Option<&TurnEvents>,
+) -> Result<SupportOutput, AgentError> {
+    let ThreadKey { owner, thread, .. } = check(product_id, &input)?;
     let ctx = context(
         state,
         product_id,
@@ -163,7 +183,36 @@ pub(super) async fn run_turn(
         ..SupportLoaded::default()
     };
     let report = runner(state.threads.clone(), state.shared.clock.clone())
-        .run(&ctx, &key, turn_input, loaded)
+        .run_reporting(&ctx, &key, turn_input, loaded, events)
+        .await?;
+    Ok(report.output)
+}
+
+/// Resumes the turn `thread` waits on with the person's answer `value`,
+/// reporting to `events` when given.
+///
+/// # Errors
+///
+/// [`AgentError::Turn`] when the turn did not complete: among them the
+/// thread's refusal when no turn waits (reason `no_interrupt`, also the
+/// answer to the loser of two racing resumes), and not found for a thread
+/// with no turn.
+pub(super) async fn resume_turn(
+    state: &Agent,
+    product_id: &ProductId,
+    owner: OwnerId,
+    thread: ThreadId,
+    value: Value,
+    events: Option<&TurnEvents>,
+) -> Result<SupportOutput, AgentError> {
+    let ctx = context(state, product_id, owner.clone(), thread.clone(), Vec::new());
+    let key = ThreadKey {
+        product_id: product_id.clone(),
+        owner,
+        thread,
+    };
+    let report = runner(state.threads.clone(), state.shared.clock.clone())
+        .resume_reporting(&ctx, &key, value, events)
         .await?;
     Ok(report.output)
 }
@@ -181,8 +230,14 @@ pub(super) struct ThreadView {
     /// Every message, oldest first.
     #[schema(value_type = Vec<Message>)]
     pub transcript: Vec<Value>,
-    /// Session memory, progress, exercise state and pending action.
+    /// Session memory, progress and exercise state (the persisted
+    /// fields; the runtime's own keys are not among them).
     pub state: Map<String, Value>,
+    /// What the turn the thread waits on asks (resume the thread with the
+    /// answer); absent when no turn waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub interrupt: Option<Value>,
 }
 
 /// Reads a thread.
@@ -207,13 +262,24 @@ pub(super) async fn thread(
         .await?
         .ok_or(AgentError::NoThread)?
         .state;
-    Ok(ThreadView {
-        thread_id: thread,
-        owner,
-        version: cp.version,
-        transcript: cp.lists.get("transcript").cloned().unwrap_or_default(),
-        state: cp.objects.into_iter().collect(),
-    })
+    Ok(ThreadView::of(thread, owner, &cp))
+}
+
+impl ThreadView {
+    /// The view of `owner`'s thread `thread` as `cp` holds it.
+    pub(super) fn of(thread: ThreadId, owner: OwnerId, cp: &Checkpoint) -> Self {
+        Self {
+            thread_id: thread,
+            owner,
+            version: cp.version,
+            transcript: cp.lists.get("transcript").cloned().unwrap_or_default(),
+            state: cp
+                .field_objects()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            interrupt: cp.pending_interrupt().map(|i| i.payload),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

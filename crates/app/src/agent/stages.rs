@@ -25,12 +25,15 @@ use parlance_core::turn::{
 use parlance_ports::{
     Clock, CompletionRequest, CrisisLogEntry, EmbeddingProvider, IdGen, LlmClient, LlmError,
     MachineStore, MemoryStore, Message as LlmMessage, PortError, carry_crisis_entries,
+    carry_forgotten,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::data::AgentData;
-use crate::turn::{Dependency, QueryEmbedder, Stage, StageError, TurnRunner, retrieve_hybrid};
+use crate::turn::{
+    Dependency, OutboxCommit, QueryEmbedder, Stage, StageError, TurnRunner, retrieve_hybrid,
+};
 
 /// How many memory entries a turn retrieves.
 pub(super) const RETRIEVE_K: usize = 5;
@@ -189,12 +192,28 @@ pub(super) fn runner(
         .stage("grounded_lookup", GroundedLookup)
         .stage("finalize_turn", FinalizeTurn)
         .stage("memory_extraction", MemoryExtraction)
-        .outbox(crisis_log_entry)
+        .outbox(outbox)
 }
 
 /// The crisis gate's assessment of this turn, carried into the turn's
 /// commit for the crisis log: it is recorded with the turn or not at all,
 /// once however often the turn is planned.
+/// What a commit of the agent's turn carries: the crisis gate's assessment
+/// (with a turn's first commit only, a resume runs no gate) and the memory
+/// entries a confirmed deletion removes.
+fn outbox(
+    s: &SupportState,
+    c: &AgentContext,
+    commit: OutboxCommit,
+) -> Result<CheckpointDelta, StageError> {
+    let mut carried = match commit {
+        OutboxCommit::Turn => crisis_log_entry(s, c)?,
+        OutboxCommit::Resume => CheckpointDelta::default(),
+    };
+    carry_forgotten(&mut carried, &s.forget);
+    Ok(carried)
+}
+
 fn crisis_log_entry(s: &SupportState, c: &AgentContext) -> Result<CheckpointDelta, StageError> {
     let mut carried = CheckpointDelta::default();
     if !s.diagnostics.contains_key("crisis_classifier_path") {
@@ -399,35 +418,23 @@ pub(super) struct TurnDispatch;
 #[async_trait]
 impl Stage<SupportState, AgentContext> for TurnDispatch {
     async fn run(&self, s: &SupportState, _c: &AgentContext) -> Result<SupportDelta, StageError> {
-        let pending = s
-            .pending_action
-            .as_ref()
-            .and_then(PendingAction::from_value);
+        // A deletion is confirmed by resuming the turn that asked, never by
+        // a later message: an action a thread still holds from before lapses.
         let decision = triage::dispatch(
             &s.message,
             s.crisis.needs_clarification,
-            pending.is_some(),
+            false,
             s.exercise_type.is_some(),
         );
         let mut d = SupportDelta::default();
-        if pending.is_some() && parse_confirmation(&s.message) == Confirmation::Unclear {
-            // Neither yes nor no: nothing is deleted and the action lapses.
+        if s.pending_action.is_some() {
             d.pending_action = Some(None);
         }
         let (route, name) = match &decision {
             Dispatch::SafetyCheck => (Route::Therapeutic, "safety_check"),
             Dispatch::MemoryControl => {
-                let action = match &pending {
-                    Some(p) if d.pending_action.is_none() => json!({
-                        "kind": match parse_confirmation(&s.message) {
-                            Confirmation::Confirm => "confirm",
-                            _ => "cancel",
-                        },
-                        "pending": p,
-                    }),
-                    _ => serde_json::to_value(triage::parse_memory_command(&s.message))
-                        .unwrap_or(Value::Null),
-                };
+                let action = serde_json::to_value(triage::parse_memory_command(&s.message))
+                    .unwrap_or(Value::Null);
                 d.memory_action = Some(Some(action));
                 (Route::MemoryControl, "memory_control")
             }
@@ -540,7 +547,7 @@ impl Stage<SupportState, AgentContext> for TherapeuticReply {
         let request = CompletionRequest::new(messages)
             .with_prompt_name("therapeutic_reply")
             .with_json_schema("therapeutic_reply", schema.clone());
-        let answer = match c.response_llm().complete(&request).await {
+        let answer = match crate::turn::complete(c.response_llm(), &request).await {
             Ok(a) => parse_structured::<TherapeuticAnswer>(&a.content, &schema)
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
@@ -616,63 +623,94 @@ impl Stage<SupportState, AgentContext> for GuidedExercise {
     }
 }
 
-/// Memory commands: recall lists, forgetting asks first, and the next turn
-/// confirms (deletes) or cancels, by rule.
+/// The answers a deletion question accepts, as its payload lists them.
+const YES: [&str; 7] = ["yes", "yeah", "yep", "confirm", "sure", "ok", "okay"];
+const NO: [&str; 4] = ["no", "nope", "cancel", "keep"];
+
+/// What a person's answer to a deletion question says: `true` or an
+/// explicit yes confirms; `false`, an explicit no or anything unclear
+/// cancels.
+fn confirmation(value: &Value) -> Confirmation {
+    match value {
+        Value::Bool(true) => Confirmation::Confirm,
+        Value::String(s) if parse_confirmation(s) == Confirmation::Confirm => Confirmation::Confirm,
+        _ => Confirmation::Cancel,
+    }
+}
+
+/// Memory commands: recall lists; forgetting stops the turn to ask
+/// ([`StageError::Interrupt`], with the question, what would be deleted and
+/// the accepted answers), and the turn resumed with the answer deletes
+/// (yes) or keeps everything (no, or anything unclear), by rule.
 pub(super) struct MemoryControl;
+
+impl MemoryControl {
+    /// The reply, and the entries it deletes: named in the turn's
+    /// `memory_control.forget`, they are deleted by the turn's commit (the
+    /// thread store's [`FORGET_MEMORY_DELTA`](parlance_ports::FORGET_MEMORY_DELTA)),
+    /// so a resume that loses its commit deletes nothing.
+    fn answered(reply: triage::MemoryReply) -> SupportDelta {
+        let deleted = reply.delete.len();
+        SupportDelta {
+            response_text: Some(reply.text),
+            response_style: Some(text("memory_control")),
+            forget: (!reply.delete.is_empty()).then_some(reply.delete),
+            diagnostics: diag(&[("memories_deleted", json!(deleted))]),
+            ..SupportDelta::default()
+        }
+    }
+}
 
 #[async_trait]
 impl Stage<SupportState, AgentContext> for MemoryControl {
     async fn run(&self, s: &SupportState, c: &AgentContext) -> Result<SupportDelta, StageError> {
         let action = s.memory_action.clone().unwrap_or(Value::Null);
-        let kind = action.get("kind").and_then(Value::as_str).unwrap_or("");
-        let store_err = StageError::port(Dependency::MemoryStore);
-        let reply = match kind {
-            "confirm" | "cancel" => {
-                let pending = action
-                    .get("pending")
-                    .and_then(PendingAction::from_value)
-                    .ok_or(StageError::State {
-                        field: "memory_control.action",
-                        problem: "a confirmation without its pending action",
-                    })?;
-                let answer = if kind == "confirm" {
-                    Confirmation::Confirm
-                } else {
-                    Confirmation::Cancel
-                };
-                triage::confirmation_reply(&pending, answer)
-            }
-            _ => {
-                let command: MemoryCommand =
-                    serde_json::from_value(action.clone()).map_err(|source| {
-                        StageError::Decode {
-                            field: "memory_control.action",
-                            source,
-                        }
-                    })?;
-                let records = c
-                    .memory_store
-                    .list(&c.product_id, &c.owner, None)
-                    .await
-                    .map_err(store_err)?;
-                triage::command_reply(&command, &records)
-            }
-        };
-        let mut deleted = 0;
-        for id in &reply.delete {
-            match c.memory_store.delete(&c.product_id, &c.owner, *id).await {
-                Ok(()) => deleted += 1,
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(store_err(e)),
-            }
+        let command: MemoryCommand =
+            serde_json::from_value(action).map_err(|source| StageError::Decode {
+                field: "memory_control.action",
+                source,
+            })?;
+        let records = c
+            .memory_store
+            .list(&c.product_id, &c.owner, None)
+            .await
+            .map_err(StageError::port(Dependency::MemoryStore))?;
+        let reply = triage::command_reply(&command, &records);
+        if let Some(pending) = &reply.pending {
+            let summary: Vec<String> = records
+                .iter()
+                .filter(|r| pending.ids.contains(&r.id))
+                .map(|r| r.entry.search_text())
+                .collect();
+            return Err(StageError::Interrupt {
+                payload: json!({
+                    "question": reply.text,
+                    "kind": pending.kind,
+                    "topic": pending.topic,
+                    "ids": pending.ids,
+                    "summary": summary,
+                    "accepted": {"yes": YES, "no": NO, "boolean": true},
+                }),
+            });
         }
-        Ok(SupportDelta {
-            response_text: Some(reply.text),
-            response_style: Some(text("memory_control")),
-            pending_action: Some(reply.pending.as_ref().map(PendingAction::to_value)),
-            diagnostics: diag(&[("memories_deleted", json!(deleted))]),
-            ..SupportDelta::default()
-        })
+        Ok(Self::answered(reply))
+    }
+
+    /// The answer to the deletion question: deletes exactly what the
+    /// question listed on a yes, nothing otherwise.
+    async fn resume(
+        &self,
+        _s: &SupportState,
+        _c: &AgentContext,
+        asked: &Value,
+        value: &Value,
+    ) -> Result<SupportDelta, StageError> {
+        let pending = PendingAction::from_value(asked).ok_or(StageError::State {
+            field: "memory_control.action",
+            problem: "a deletion question without the action it asks about",
+        })?;
+        let reply = triage::confirmation_reply(&pending, confirmation(value));
+        Ok(Self::answered(reply))
     }
 }
 

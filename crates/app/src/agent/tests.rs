@@ -21,10 +21,22 @@ use serde_json::{Value, json};
 
 use super::AgentData;
 use super::stages::{AgentContext, graph, runner};
+use crate::turn::TurnRunError;
+
+/// The reason the thread refused a turn or a resume, if it did.
+fn refused_because(e: &TurnRunError) -> Option<&'static str> {
+    use parlance_core::MachineError as _;
+    match e {
+        TurnRunError::Service(crate::execute::ServiceError::Refused { error, .. }) => {
+            error.not_allowed().and_then(|n| n.reason)
+        }
+        _ => None,
+    }
+}
 
 struct Harness {
     llm: Arc<OfflineLlm>,
-    store: Arc<MemoryMemoryStore>,
+    store: Arc<dyn MemoryStore>,
     log: Arc<MemoryCrisisLog>,
     threads: Arc<MemoryCheckpointStore>,
     ids: Arc<SequentialIds>,
@@ -33,10 +45,12 @@ struct Harness {
 
 impl Harness {
     fn new(llm: OfflineLlm) -> Self {
-        let threads = MemoryCheckpointStore::new(Arc::new(MemoryAuditLog::new()));
+        let store = Arc::new(MemoryMemoryStore::new());
+        let threads = MemoryCheckpointStore::new(Arc::new(MemoryAuditLog::new()))
+            .with_memory_store(store.clone());
         Self {
             llm: Arc::new(llm),
-            store: Arc::new(MemoryMemoryStore::new()),
+            store,
             log: threads.crisis_log(),
             threads: Arc::new(threads),
             ids: Arc::new(SequentialIds::new()),
@@ -83,6 +97,57 @@ impl Harness {
 
     async fn turn(&self, message: &str) -> SupportOutput {
         self.turn_in("u1", "s1", message).await
+    }
+
+    fn key(&self) -> ThreadKey {
+        ThreadKey {
+            product_id: self.product.clone(),
+            owner: OwnerId::parse("u1").unwrap(),
+            thread: ThreadId::parse("s1").unwrap(),
+        }
+    }
+
+    /// A turn of u1 in s1 on `store`, which may be refused.
+    async fn try_turn_on(
+        &self,
+        store: Arc<dyn MachineStore<Checkpoint>>,
+        message: &str,
+    ) -> Result<SupportOutput, TurnRunError> {
+        let input = SupportInput {
+            message: message.to_owned(),
+            user_id: Some("u1".to_owned()),
+            session_id: Some("s1".to_owned()),
+            ..SupportInput::default()
+        };
+        runner(store, Arc::new(ManualClock::new()))
+            .run(
+                &self.ctx("u1", "s1"),
+                &self.key(),
+                input,
+                SupportLoaded::default(),
+            )
+            .await
+            .map(|r| r.output)
+    }
+
+    async fn try_turn(&self, message: &str) -> Result<SupportOutput, TurnRunError> {
+        self.try_turn_on(self.threads.clone(), message).await
+    }
+
+    /// Resumes the turn s1 of u1 waits on, on `store`, with `value`.
+    async fn resume_on(
+        &self,
+        store: Arc<dyn MachineStore<Checkpoint>>,
+        value: Value,
+    ) -> Result<SupportOutput, TurnRunError> {
+        runner(store, Arc::new(ManualClock::new()))
+            .resume(&self.ctx("u1", "s1"), &self.key(), value)
+            .await
+            .map(|r| r.output)
+    }
+
+    async fn resume(&self, value: Value) -> Result<SupportOutput, TurnRunError> {
+        self.resume_on(self.threads.clone(), value).await
     }
 
     /// The whole thread at `key`, which must exist.
@@ -401,36 +466,182 @@ async fn memory_control_recalls_and_deletes_only_after_a_yes() {
     let out = h.turn("What do you remember about me?").await;
     assert_eq!(out.response_type, "memory_control");
     assert!(out.response_text.contains("WORRIES_ABOUT boss"));
+    assert_eq!(out.interrupt, None, "recall asks nothing");
     let out = h.turn("Please forget what I said about my boss").await;
     assert!(
         out.response_text.contains("Should I delete it?"),
         "{}",
         out.response_text
     );
+    assert_eq!(out.response_type, "memory_control");
+    let asked = out.interrupt.clone().expect("the turn waits for an answer");
+    assert_eq!(asked["question"], json!(out.response_text));
+    assert_eq!(asked["kind"], "forget");
+    assert_eq!(asked["ids"].as_array().unwrap().len(), 1);
+    assert!(
+        asked["summary"][0].as_str().unwrap().contains("boss"),
+        "{asked}"
+    );
+    assert!(
+        asked["accepted"]["yes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("yes"))
+    );
     assert_eq!(h.memories("u1").await.len(), 2, "nothing deleted yet");
-    let out = h.turn("no, keep it").await;
-    assert!(out.response_text.contains("haven't deleted"));
+    let cp = h.thread(&h.key()).await;
+    assert!(cp.is_interrupted());
+    assert_eq!(
+        cp.lists["transcript"].len(),
+        3,
+        "the recall turn, then the asking turn's user message"
+    );
+
+    // While it waits, a new turn is refused before any of its stages runs,
+    // and a "yes" sent as a turn deletes nothing.
+    let gates = h.prompts("crisis_gate").len();
+    let e = h.try_turn("yes").await.unwrap_err();
+    assert_eq!(
+        refused_because(&e),
+        Some(parlance_core::turn::INTERRUPT_PENDING)
+    );
+    assert_eq!(h.prompts("crisis_gate").len(), gates, "no stage ran");
     assert_eq!(h.memories("u1").await.len(), 2);
+
+    let out = h.resume(json!("no, keep it")).await.unwrap();
+    assert!(
+        out.response_text.contains("haven't deleted"),
+        "{}",
+        out.response_text
+    );
+    assert_eq!(out.interrupt, None);
+    assert_eq!(d(&out, "memories_deleted"), 0);
+    assert_eq!(h.memories("u1").await.len(), 2);
+    let e = h.resume(json!(true)).await.unwrap_err();
+    assert_eq!(refused_because(&e), Some(parlance_core::turn::NO_INTERRUPT));
+    assert_eq!(
+        h.memories("u1").await.len(),
+        2,
+        "a late yes deletes nothing"
+    );
+
     h.turn("forget what I said about my boss").await;
-    let out = h.turn("yes").await;
+    let out = h.resume(json!(true)).await.unwrap();
     assert_eq!(d(&out, "memories_deleted"), 1);
+    assert!(
+        out.response_text.starts_with("Done."),
+        "{}",
+        out.response_text
+    );
     let left = h.memories("u1").await;
     assert_eq!(left.len(), 1);
     assert!(left[0].entry.search_text().contains("exams"));
-    // An unclear answer drops the pending action and deletes nothing.
+    let cp = h.thread(&h.key()).await;
+    assert!(!cp.is_interrupted());
+    let t = &cp.lists["transcript"];
+    assert_eq!(
+        t[t.len() - 2]["content"],
+        "forget what I said about my boss"
+    );
+    assert_eq!(t[t.len() - 1]["content"], json!(out.response_text));
+
+    // An unclear answer deletes nothing; so does "no" as a boolean.
     h.turn("forget everything").await;
-    let out = h.turn("Work was long today").await;
-    assert_eq!(out.response_type, "reply");
+    let out = h.resume(json!("Work was long today")).await.unwrap();
+    assert!(out.response_text.contains("haven't deleted"));
+    h.turn("forget everything").await;
+    h.resume(json!(false)).await.unwrap();
     assert_eq!(h.memories("u1").await.len(), 1);
     let out = h.turn("yes").await;
-    assert_ne!(
-        out.response_type, "memory_control",
-        "the lapsed action is gone"
-    );
+    assert_ne!(out.response_type, "memory_control", "nothing is pending");
     assert!(
         h.prompts("memory_control").is_empty(),
         "memory control never asks the model"
     );
+    // The gate's assessment is logged once per turn, with its first
+    // commit: never again by a resume, never by a refused turn.
+    let log = h
+        .log
+        .list(&h.product, &OwnerId::parse("u1").unwrap(), None, 100)
+        .await
+        .unwrap();
+    let turns: Vec<u64> = log.iter().map(|r| r.entry.turn).collect();
+    assert_eq!(turns, [1, 2, 3, 4, 5, 6], "{turns:?}");
+}
+
+/// Two resumes of one interrupted turn at once: exactly one commits, the
+/// other is refused on the thread as the first left it.
+/// `h`'s memory store must be the one `store`'s commits forget in.
+async fn racing_resumes_commit_once(h: Harness, store: Arc<dyn MachineStore<Checkpoint>>) {
+    h.add_fact("boss", "my boss is terrible").await;
+    h.try_turn_on(store.clone(), "forget what I said about my boss")
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(
+        h.resume_on(store.clone(), json!(true)),
+        h.resume_on(store.clone(), json!(false)),
+    );
+    let (won, lost) = match (a, b) {
+        (Ok(won), Err(lost)) | (Err(lost), Ok(won)) => (won, lost),
+        (a, b) => panic!("expected one win and one refusal: {a:?} {b:?}"),
+    };
+    assert_eq!(
+        refused_because(&lost),
+        Some(parlance_core::turn::NO_INTERRUPT)
+    );
+    let cp = store
+        .load(&TurnKey::whole(h.key()))
+        .await
+        .unwrap()
+        .unwrap()
+        .state;
+    assert_eq!(cp.version, 2, "the turn, then one resume");
+    assert!(!cp.is_interrupted());
+    assert_eq!(cp.lists["transcript"].len(), 2);
+    let deleted = d(&won, "memories_deleted").as_u64().unwrap();
+    assert_eq!(h.memories("u1").await.len() as u64, 1 - deleted);
+}
+
+#[tokio::test]
+async fn racing_resumes_commit_once_on_memory() {
+    let h = Harness::new(OfflineLlm::new());
+    let store = h.threads.clone();
+    racing_resumes_commit_once(h, store).await;
+}
+
+#[tokio::test]
+async fn racing_resumes_commit_once_on_postgres() {
+    let Some(pool) = parlance_postgres::testing::test_pool().await else {
+        return;
+    };
+    let mut h = Harness::new(OfflineLlm::new());
+    h.store = Arc::new(parlance_postgres::PgMemoryStore::new(pool.clone()));
+    let store = Arc::new(parlance_postgres::PgCheckpointStore::new(pool));
+    racing_resumes_commit_once(h, store).await;
+}
+
+/// On PostgreSQL a confirmed deletion is deleted by the resume's commit,
+/// in the thread store's transaction.
+#[tokio::test]
+async fn a_confirmed_deletion_commits_with_the_resume_on_postgres() {
+    let Some(pool) = parlance_postgres::testing::test_pool().await else {
+        return;
+    };
+    let mut h = Harness::new(OfflineLlm::new());
+    h.store = Arc::new(parlance_postgres::PgMemoryStore::new(pool.clone()));
+    let store: Arc<dyn MachineStore<Checkpoint>> =
+        Arc::new(parlance_postgres::PgCheckpointStore::new(pool));
+    h.add_fact("boss", "my boss is terrible").await;
+    h.add_fact("exams", "exams scare me").await;
+    h.try_turn_on(store.clone(), "forget what I said about my boss")
+        .await
+        .unwrap();
+    assert_eq!(h.memories("u1").await.len(), 2, "nothing deleted yet");
+    let out = h.resume_on(store, json!(true)).await.unwrap();
+    assert_eq!(d(&out, "memories_deleted"), 1);
+    let left = h.memories("u1").await;
+    assert_eq!(left.len(), 1);
+    assert!(left[0].entry.search_text().contains("exams"));
 }
 
 #[tokio::test]
@@ -535,10 +746,20 @@ async fn a_fact_from_session_one_is_retrieved_in_session_two() {
 }
 
 #[tokio::test]
-async fn a_crisis_drops_a_pending_deletion_and_ends_an_exercise() {
+async fn a_crisis_never_confirms_a_deletion_and_ends_an_exercise() {
     let h = Harness::new(OfflineLlm::new());
     h.add_fact("boss", "my boss is terrible").await;
     h.turn("forget what I said about my boss").await;
+    // A crisis message sent as a turn while the question waits is refused
+    // (the client answers the question first); it deletes nothing.
+    let e = h.try_turn("I want to kill myself").await.unwrap_err();
+    assert_eq!(
+        refused_because(&e),
+        Some(parlance_core::turn::INTERRUPT_PENDING)
+    );
+    // Sent as the answer, it is no yes: nothing is deleted.
+    let out = h.resume(json!("I want to kill myself")).await.unwrap();
+    assert!(out.response_text.contains("haven't deleted"));
     let out = h.turn("I want to kill myself").await;
     assert_eq!(out.response_type, "crisis");
     let out = h.turn("yes").await;
@@ -549,13 +770,40 @@ async fn a_crisis_drops_a_pending_deletion_and_ends_an_exercise() {
     assert_eq!(h.memories("u1").await.len(), 1, "nothing deleted");
     h.turn("can we do a grounding exercise").await;
     h.turn("I want to end my life").await;
-    let key = ThreadKey {
-        product_id: h.product.clone(),
-        owner: OwnerId::parse("u1").unwrap(),
-        thread: ThreadId::parse("s1").unwrap(),
-    };
-    let cp = h.thread(&key).await;
+    let cp = h.thread(&h.key()).await;
     assert_eq!(cp.objects["exercise_state.exercise_type"], Value::Null);
+}
+
+#[tokio::test]
+async fn a_pending_action_stored_before_interrupts_lapses_unconfirmed() {
+    use parlance_core::turn::{CheckpointDelta, TurnCommand};
+    let h = Harness::new(OfflineLlm::new());
+    h.add_fact("boss", "my boss is terrible").await;
+    h.turn("hello").await;
+    let id = h.memories("u1").await[0].id;
+    let stale = CheckpointDelta {
+        objects: [(
+            "memory_control.pending_action".to_owned(),
+            json!({"kind": "forget", "topic": "boss", "ids": [id]}),
+        )]
+        .into(),
+        ..CheckpointDelta::default()
+    };
+    let store: Arc<dyn MachineStore<Checkpoint>> = h.threads.clone();
+    let clock = ManualClock::new();
+    crate::execute::Executor::new(store.as_ref(), &clock)
+        .run(
+            &TurnKey::whole(h.key()),
+            &(),
+            &TurnCommand::update(None, stale),
+        )
+        .await
+        .unwrap();
+    let out = h.turn("yes").await;
+    assert_ne!(out.response_type, "memory_control");
+    assert_eq!(h.memories("u1").await.len(), 1, "never deleted by a turn");
+    let cp = h.thread(&h.key()).await;
+    assert_eq!(cp.objects["memory_control.pending_action"], Value::Null);
 }
 
 #[tokio::test]
@@ -704,6 +952,31 @@ mod crisis_log_with_the_turn {
                 None => self.inner.commit(c).await,
             }
         }
+    }
+
+    /// A confirmed deletion happens with the resume's commit: a resume that
+    /// never commits deletes nothing, and the question still waits.
+    #[tokio::test]
+    async fn a_resume_that_does_not_commit_deletes_nothing() {
+        let h = Harness::new(OfflineLlm::new());
+        h.add_fact("boss", "my boss is terrible").await;
+        h.turn("forget what I said about my boss").await;
+        let flaky = Arc::new(Flaky {
+            inner: h.threads.clone(),
+            failures: Mutex::new(
+                std::iter::repeat_with(|| PortError::unavailable("database unreachable"))
+                    .take(32)
+                    .collect(),
+            ),
+        });
+        h.resume_on(flaky, json!(true))
+            .await
+            .expect_err("no commit");
+        assert_eq!(h.memories("u1").await.len(), 1, "nothing deleted");
+        assert!(h.thread(&h.key()).await.is_interrupted());
+        let out = h.resume(json!(true)).await.unwrap();
+        assert_eq!(d(&out, "memories_deleted"), 1);
+        assert!(h.memories("u1").await.is_empty());
     }
 
     async fn turn_on(

@@ -166,8 +166,23 @@ pub(super) async fn scene<W: Write>(outer: &mut Demo<W>) -> anyhow::Result<()> {
         "Please forget what I said about my exams",
     )
     .await?;
-    demo.say("user: yes")?;
-    let deleted = turn(&mut demo, "thursday", "yes").await?;
+    demo.say("the turn waits for the answer; user: yes")?;
+    let (status, deleted) = demo
+        .request(
+            Method::POST,
+            &format!("{BASE}/threads/thursday/resume"),
+            Some(json!({"user_id": "sam", "value": "yes"})),
+        )
+        .await?;
+    anyhow::ensure!(
+        status == StatusCode::OK,
+        "resume answered {status}: {deleted}"
+    );
+    demo.say(&format!(
+        "agent ({}): {}",
+        s(&deleted["response_style"]),
+        s(&deleted["response_text"])
+    ))?;
     let (_, memory) = demo
         .request(Method::GET, &format!("{BASE}/memory/sam"), None)
         .await?;

@@ -219,8 +219,10 @@ impl<M: Machine> From<ServiceError<M>> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The problem document this error answers with (the body of its
+    /// response; also what a server-sent `error` event carries).
+    pub fn problem(&self) -> Value {
         let mut body = Map::new();
         body.insert(
             "type".into(),
@@ -232,8 +234,14 @@ impl IntoResponse for ApiError {
         );
         body.insert("status".into(), json!(self.status.as_u16()));
         body.insert("detail".into(), json!(self.detail));
-        body.extend(self.extra);
-        let mut res = (self.status, Json(Value::Object(body))).into_response();
+        body.extend(self.extra.iter().cloned());
+        Value::Object(body)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut res = (self.status, Json(self.problem())).into_response();
         res.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

@@ -484,3 +484,247 @@ async fn hybrid_retrieval_reports_its_path() {
 fn uuid_from(n: u128) -> uuid::Uuid {
     uuid::Uuid::from_u128(n)
 }
+
+/// Asks once, then answers with the value it is resumed with; counts its
+/// runs and notes the questions it was resumed on.
+struct Asks {
+    runs: Arc<std::sync::atomic::AtomicUsize>,
+    answered: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Stage<SupportState, ()> for Asks {
+    async fn run(&self, _: &SupportState, _: &()) -> Result<SupportDelta, StageError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        Err(StageError::Interrupt {
+            payload: json!({"question": "sure?"}),
+        })
+    }
+
+    async fn resume(
+        &self,
+        s: &SupportState,
+        _: &(),
+        asked: &serde_json::Value,
+        value: &serde_json::Value,
+    ) -> Result<SupportDelta, StageError> {
+        self.answered
+            .lock()
+            .unwrap()
+            .push(asked["question"].as_str().unwrap_or_default().to_owned());
+        if value == "again" {
+            return Err(StageError::Interrupt {
+                payload: json!({"question": "really sure?"}),
+            });
+        }
+        Ok(SupportDelta {
+            response_text: Some(format!("{}: {value}", s.message)),
+            ..SupportDelta::default()
+        })
+    }
+}
+
+fn styled(_: &SupportState) -> SupportDelta {
+    SupportDelta {
+        response_style: Some(Some("styled".to_owned())),
+        ..SupportDelta::default()
+    }
+}
+
+/// `gate -> [style, ask] -> finalize_turn`: the fan-out's `ask` stops the
+/// turn.
+fn asking_runner(
+    store: Store,
+    runs: Arc<std::sync::atomic::AtomicUsize>,
+    answered: &Arc<std::sync::Mutex<Vec<String>>>,
+) -> TurnRunner<SupportState, ()> {
+    let graph = Graph::builder("asking")
+        .stage("gate")
+        .stage("style")
+        .stage("ask")
+        .stage("finalize_turn")
+        .fanout("gate", &["style", "ask"], "finalize_turn")
+        .edge("finalize_turn", END)
+        .build()
+        .unwrap();
+    TurnRunner::new(graph, store, clock())
+        .stage("gate", PureStage(echo::gate))
+        .stage("style", PureStage(styled))
+        .stage(
+            "ask",
+            Asks {
+                runs,
+                answered: answered.clone(),
+            },
+        )
+        .stage("finalize_turn", PureStage(echo::finalize_turn))
+}
+
+#[tokio::test]
+async fn an_interrupt_commits_the_steps_before_it_and_a_resume_runs_its_step_again() {
+    let store = memory_store();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let answered = Arc::default();
+    let runner = asking_runner(store.clone(), runs.clone(), &answered);
+    let r = runner
+        .run(&(), &key("t"), input("delete it"), SupportLoaded::default())
+        .await
+        .unwrap();
+    assert_eq!(r.interrupt, Some(json!({"question": "sure?"})));
+    assert_eq!(r.version, 1);
+    let cp = saved(store.as_ref(), &key("t")).await.unwrap();
+    let pending = cp.pending_interrupt().expect("pending");
+    assert_eq!(
+        (
+            pending.stage.as_str(),
+            pending.step,
+            pending.join.as_deref()
+        ),
+        ("ask", 2, Some("finalize_turn"))
+    );
+    assert_eq!(pending.stages, ["style", "ask"]);
+    assert_eq!(pending.suspended["message"], "delete it");
+    assert_eq!(
+        pending.suspended["route"], "therapeutic",
+        "the gate's step applied"
+    );
+    assert_eq!(
+        pending.suspended["response_style"],
+        serde_json::Value::Null,
+        "the stopped step's deltas dropped"
+    );
+    assert_eq!(contents(&cp, "transcript"), ["delete it"]);
+
+    // A new turn is refused before any stage runs.
+    let e = runner
+        .run(&(), &key("t"), input("hello"), SupportLoaded::default())
+        .await
+        .unwrap_err();
+    assert!(
+        chain(&e)[0].contains("interrupt_pending"),
+        "{:?}",
+        chain(&e)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Asked again on resume: still pending, with the new question.
+    let r = runner.resume(&(), &key("t"), json!("again")).await.unwrap();
+    assert_eq!(r.interrupt, Some(json!({"question": "really sure?"})));
+    let cp = saved(store.as_ref(), &key("t")).await.unwrap();
+    assert_eq!(cp.version, 2);
+    assert_eq!(
+        cp.pending_interrupt().unwrap().payload["question"],
+        "really sure?"
+    );
+
+    let r = runner.resume(&(), &key("t"), json!("yes")).await.unwrap();
+    assert_eq!(r.interrupt, None);
+    assert_eq!(r.output.response_text, "delete it: \"yes\"");
+    assert_eq!(
+        r.output.response_style.as_deref(),
+        Some("styled"),
+        "the step's other stage ran again"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "resumed, never run anew");
+    assert_eq!(
+        *answered.lock().unwrap(),
+        ["sure?", "really sure?"],
+        "each resume answers the question last asked"
+    );
+    let cp = saved(store.as_ref(), &key("t")).await.unwrap();
+    assert_eq!(cp.version, 3);
+    assert!(!cp.is_interrupted());
+    assert_eq!(
+        contents(&cp, "transcript"),
+        ["delete it", "delete it: \"yes\""]
+    );
+
+    // Nothing waits now; a thread with no turn is not found.
+    let e = runner
+        .resume(&(), &key("t"), json!("yes"))
+        .await
+        .unwrap_err();
+    assert!(chain(&e)[0].contains("no_interrupt"), "{:?}", chain(&e));
+    let e = runner
+        .resume(&(), &key("none"), json!("yes"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TurnRunError::Service(crate::execute::ServiceError::NotFound)
+        ),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stored_step_the_graph_no_longer_has_is_an_error() {
+    let store = memory_store();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    asking_runner(store.clone(), runs, &Arc::default())
+        .run(&(), &key("t"), input("x"), SupportLoaded::default())
+        .await
+        .unwrap();
+    let e = echo_runner(store)
+        .resume(&(), &key("t"), json!("yes"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, TurnRunError::Graph(GraphError::NotInGraph { .. })),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn events_follow_the_graph_and_a_retried_attempt_is_numbered() {
+    let cp = Arc::new(Intruder {
+        inner: memory_store(),
+        armed: AtomicBool::new(true),
+    });
+    let (events, mut rx) = TurnEvents::channel();
+    let r = echo_runner(cp)
+        .run_reporting(
+            &(),
+            &key("t"),
+            input("hello"),
+            SupportLoaded::default(),
+            Some(&events),
+        )
+        .await
+        .unwrap();
+    drop(events);
+    let mut seen = Vec::new();
+    while let Some(e) = rx.recv().await {
+        seen.push(e);
+    }
+    let stages: Vec<(u32, &str, &str)> = seen
+        .iter()
+        .filter_map(|e| match e {
+            TurnEvent::StageStarted { attempt, stage, .. } => Some((*attempt, "started", *stage)),
+            TurnEvent::StageFinished { attempt, stage, .. } => Some((*attempt, "finished", *stage)),
+            _ => None,
+        })
+        .collect();
+    let mut expected = Vec::new();
+    for attempt in [1, 2] {
+        for stage in ["gate", "reply", "finalize_turn"] {
+            expected.push((attempt, "started", stage));
+            expected.push((attempt, "finished", stage));
+        }
+    }
+    assert_eq!(stages, expected);
+    match seen.last() {
+        Some(TurnEvent::Output { output }) => {
+            assert_eq!(output["response_text"], json!(r.output.response_text));
+        }
+        other => panic!("the last event is {other:?}"),
+    }
+    assert_eq!(
+        seen.iter()
+            .filter(|e| matches!(e, TurnEvent::Output { .. }))
+            .count(),
+        1,
+        "one output, the committed attempt's"
+    );
+}

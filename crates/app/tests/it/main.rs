@@ -3,6 +3,7 @@
 mod adoption;
 mod adoption_llm;
 mod agent;
+mod agent_stream;
 mod bad_input;
 mod concurrency;
 mod connections;
@@ -26,5 +27,6 @@ mod session;
 mod storable;
 mod support;
 mod tenancy;
+mod threads;
 mod webhook;
 mod worker;
