@@ -89,6 +89,13 @@ struct Held {
     /// A completion that also claimed may have committed with its answer
     /// lost: the tasks it claimed must be given back.
     unsure: Arc<AtomicBool>,
+    /// Read-held by a completion that claims, from its call until the
+    /// tasks it claimed are in `leases`; write-held while the tasks this
+    /// worker leased but does not hold are given back. Without it a
+    /// completion's claim, committed but not yet recorded here, would be
+    /// given back while this worker goes on to run it: the task would run
+    /// twice on one attempt.
+    recording: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Held {
@@ -233,6 +240,7 @@ impl Worker {
             // the next claim, what this worker has leased but does not hold
             // is given back.
             if held.unsure.swap(false, Ordering::SeqCst) {
+                let _settled = held.recording.write().await;
                 let ids = held.ids();
                 match self.queue.release_unheld(&self.id, &ids).await {
                     Ok(n) => {
@@ -395,7 +403,20 @@ impl Worker {
             // frees (one: this slot's) in the same transaction.
             let take = held.is_some_and(|h| !h.stopping.load(Ordering::SeqCst));
             loop {
-                match self.record(&lease, &outcome, take).await {
+                let recorded = match held {
+                    Some(h) if take => {
+                        let _recording = h.recording.read().await;
+                        let recorded = self.record(&lease, &outcome, take).await;
+                        if let Ok((_, next)) = &recorded {
+                            for taken in next {
+                                h.insert(taken);
+                            }
+                        }
+                        recorded
+                    }
+                    _ => self.record(&lease, &outcome, take).await,
+                };
+                match recorded {
                     Ok((finish, next)) => {
                         tracing::debug!(?finish, next = next.len(), "task finished");
                         return (Some(finish), next);
@@ -435,17 +456,16 @@ impl Worker {
         let mut next = Some(first);
         while let Some(lease) = next.take() {
             let id = lease.task_id;
+            // What the completion claimed is already in `held`.
             let (_, taken) = self.execute(lease, Some(held)).await;
             let mut taken = taken.into_iter();
-            if let Some(lease) = taken.next() {
-                held.insert(&lease);
-                next = Some(lease);
-            }
+            next = taken.next();
             // Only one is asked for; any other goes back at once.
             for extra in taken {
                 if let Err(e) = self.queue.release(&extra).await {
                     tracing::warn!(task_id = %extra.task_id, error = %e, "release failed");
                 }
+                held.remove(extra.task_id);
             }
             held.remove(id);
         }
