@@ -36,6 +36,45 @@ pub struct MemoryAdoptionStore {
 
 impl MemoryAdoptionStore {
     /// An empty store writing audit entries to `audit` and tasks to `queue`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// use parlance_core::adoption::{AdoptionCommand, AdoptionKey, OnboardingPlan, UserAdoptionState, UserId};
+    /// use parlance_core::{Machine, ProductId};
+    /// use parlance_memory::{MemoryAdoptionStore, MemoryAuditLog, MemoryTaskQueue};
+    /// use parlance_ports::{AdoptionStore, Clock, Commit, MachineStore, ManualClock, QueueConfig};
+    ///
+    /// let clock = Arc::new(ManualClock::new());
+    /// let queue = Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default()));
+    /// let store = MemoryAdoptionStore::new(Arc::new(MemoryAuditLog::new()), queue);
+    /// let acme = ProductId::parse("acme")?;
+    /// let key = AdoptionKey::new(acme.clone(), UserId::parse("user-7")?);
+    ///
+    /// // The product's plan is the context every decision on its users reads.
+    /// let plan = store.get_plan(&acme, None).await?.unwrap_or_default();
+    /// assert_eq!(plan, OnboardingPlan::default());
+    ///
+    /// let seen = AdoptionCommand::Events { events: vec![], metadata: None };
+    /// let (state, decision) = UserAdoptionState::create(&key, &plan, &seen, clock.now())?
+    ///     .expect("a user seen for the first time is created");
+    /// let committed = store
+    ///     .commit(Commit {
+    ///         key: &key,
+    ///         expected: None,
+    ///         command: &seen,
+    ///         state: &state,
+    ///         decision: &decision,
+    ///         now: clock.now(),
+    ///     })
+    ///     .await?;
+    /// assert_eq!(store.load(&key).await?.map(|s| s.version), Some(committed.version));
+    /// assert!(store.delete(&key).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
         Self {
             records: Records::new(audit, Some(queue), DagLimits::default()),

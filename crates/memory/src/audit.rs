@@ -14,6 +14,34 @@ pub struct MemoryAuditLog {
 
 impl MemoryAuditLog {
     /// An empty log.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::{EntityKind, ProductId, Timestamp};
+    /// use parlance_memory::MemoryAuditLog;
+    /// use parlance_ports::{AuditEntry, AuditLog};
+    ///
+    /// let log = MemoryAuditLog::new();
+    /// let acme = ProductId::parse("acme")?;
+    /// let entry = AuditEntry {
+    ///     product_id: acme.clone(),
+    ///     entity_kind: EntityKind::Session,
+    ///     entity_id: "visit-1".to_owned(),
+    ///     from: Some("thinking".to_owned()),
+    ///     to: "reactive_assistance".to_owned(),
+    ///     cause: "open_chat".to_owned(),
+    ///     at: Timestamp::from_secs(1_767_225_600).expect("in range"),
+    ///     payload: serde_json::json!({}),
+    /// };
+    /// log.append(&[entry.clone()]).await?;
+    ///
+    /// let records = log.list(&acme, EntityKind::Session, "visit-1", None, 10).await?;
+    /// assert_eq!(records.len(), 1);
+    /// assert_eq!(records[0].entry, entry);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }

@@ -13,6 +13,31 @@ pub struct LoopbackChannel {
 
 impl LoopbackChannel {
     /// A channel with nothing sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::ProductId;
+    /// use parlance_core::conversation::{ContactId, Role};
+    /// use parlance_memory::LoopbackChannel;
+    /// use parlance_ports::{Channel, Outbound};
+    ///
+    /// let channel = LoopbackChannel::new();
+    /// let message = Outbound {
+    ///     product_id: ProductId::parse("acme")?,
+    ///     instance_id: "0196b2a0-0000-7000-8000-000000000001".parse()?,
+    ///     contact_id: ContactId::parse("+15550100")?,
+    ///     channel: "whatsapp".to_owned(),
+    ///     outbound_seq: 1,
+    ///     role: Role::Agent,
+    ///     text: "Which day suits you?".to_owned(),
+    /// };
+    /// channel.deliver(&message).await?;
+    /// channel.deliver(&message).await?; // a retry: dropped
+    /// assert_eq!(channel.sent(), vec![message]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }

@@ -69,6 +69,62 @@ struct Written {
 impl MemoryConversationStore {
     /// A store writing its transitions to `audit` and the tasks they ask for
     /// to `queue`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// use parlance_core::conversation::{
+    ///     ContactId, ConversationCommand, ConversationContext, ConversationKey, ConversationState,
+    ///     Instance, NewInstance,
+    /// };
+    /// use parlance_core::{Machine, ProductId};
+    /// use parlance_memory::{MemoryAuditLog, MemoryConversationStore, MemoryTaskQueue};
+    /// use parlance_ports::{Clock, Commit, ConversationStore, ListFilter, MachineStore, ManualClock, QueueConfig};
+    ///
+    /// let clock = Arc::new(ManualClock::new());
+    /// let queue = Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default()));
+    /// let store = MemoryConversationStore::new(Arc::new(MemoryAuditLog::new()), queue);
+    /// let acme = ProductId::parse("acme")?;
+    /// let contact = ContactId::parse("+15550100")?;
+    ///
+    /// // Two conversations with one contact, each decided as if the contact were
+    /// // free: the store decides the second again under the contact's lock.
+    /// for id in ["0196b2a0-0000-7000-8000-000000000001", "0196b2a0-0000-7000-8000-000000000002"] {
+    ///     let key = ConversationKey { product_id: acme.clone(), instance_id: id.parse()? };
+    ///     let command = ConversationCommand::Create(NewInstance {
+    ///         product_id: acme.clone(),
+    ///         instance_id: key.instance_id,
+    ///         contact_id: contact.clone(),
+    ///         channel: "whatsapp".to_owned(),
+    ///         objective: "book a demo".to_owned(),
+    ///         todos: vec![],
+    ///         heartbeat_interval_s: 3600,
+    ///         max_follow_ups: 2,
+    ///         metadata: serde_json::Map::new(),
+    ///     });
+    ///     let free = ConversationContext { contact_held: false };
+    ///     let (state, decision) =
+    ///         Instance::create(&key, &free, &command, clock.now())?.expect("`Create` creates");
+    ///     store
+    ///         .commit(Commit {
+    ///             key: &key,
+    ///             expected: None,
+    ///             command: &command,
+    ///             state: &state,
+    ///             decision: &decision,
+    ///             now: clock.now(),
+    ///         })
+    ///         .await?;
+    /// }
+    ///
+    /// let all = store.list(&acme, &ListFilter::default()).await?;
+    /// let states: Vec<ConversationState> = all.iter().map(|s| s.state.state).collect();
+    /// assert_eq!(states, [ConversationState::Created, ConversationState::Queued]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
         Self {
             records: Records::new(audit, Some(queue), DagLimits::default()),

@@ -22,6 +22,43 @@ struct Log {
 
 impl MemoryCrisisLog {
     /// An empty log.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::turn::seed::{CrisisAssessment, CrisisAudit};
+    /// use parlance_core::turn::{OwnerId, ThreadId};
+    /// use parlance_core::{ProductId, Timestamp};
+    /// use parlance_memory::MemoryCrisisLog;
+    /// use parlance_ports::{CrisisLog, CrisisLogEntry};
+    ///
+    /// let log = MemoryCrisisLog::new();
+    /// let (acme, owner) = (ProductId::parse("acme")?, OwnerId::parse("user-7")?);
+    /// let entry = CrisisLogEntry {
+    ///     product_id: acme.clone(),
+    ///     owner: owner.clone(),
+    ///     thread: ThreadId::parse("t-1")?,
+    ///     turn: 1,
+    ///     at: Timestamp::from_secs(1_767_225_600).expect("in range"),
+    ///     assessment: CrisisAssessment {
+    ///         level: 0,
+    ///         confidence: 0.9,
+    ///         reason: "small talk".to_owned(),
+    ///         needs_crisis_response: false,
+    ///         needs_clarification: false,
+    ///     },
+    ///     audit: CrisisAudit::default(),
+    ///     route: "dispatch".to_owned(),
+    /// };
+    /// let seq = log.record(&entry).await?;
+    /// let records = log.list(&acme, &owner, None, 10).await?;
+    /// assert_eq!((records[0].seq, &records[0].entry), (seq, &entry));
+    ///
+    /// // Erasing an owner removes every record of theirs.
+    /// assert_eq!(log.erase_owner(&acme, &owner).await?, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }

@@ -29,6 +29,24 @@ impl Default for HashingEmbedder {
 
 impl HashingEmbedder {
     /// An embedder of `dimension` (at least 1).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_memory::HashingEmbedder;
+    /// use parlance_ports::{EmbeddingProvider, cosine};
+    ///
+    /// let embedder = HashingEmbedder::new(64);
+    /// assert_eq!(embedder.model(), "feature-hash-64");
+    /// let texts = ["export a report", "exporting reports", "change my password"].map(String::from);
+    /// let out = embedder.embed(&texts).await?;
+    /// assert_eq!(out.dimension, 64);
+    /// let (a, b, c) = (&out.vectors[0], &out.vectors[1], &out.vectors[2]);
+    /// assert!(cosine(a, b) > cosine(a, c));
+    /// assert_eq!(embedder.vector("export a report"), *a);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(dimension: usize) -> Self {
         let dimension = dimension.max(1);
         Self {

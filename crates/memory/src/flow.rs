@@ -55,6 +55,30 @@ impl std::fmt::Debug for MemoryFlowStore {
 impl MemoryFlowStore {
     /// An empty store writing audit entries to `audit`, without a task
     /// queue (a commit that starts a DAG is `Unavailable`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// use parlance_core::ProductId;
+    /// use parlance_core::flow::{Email, FlowKey, FlowSessionId};
+    /// use parlance_memory::{MemoryAuditLog, MemoryFlowStore};
+    /// use parlance_ports::{FlowStore, MachineStore};
+    ///
+    /// let store = MemoryFlowStore::new(Arc::new(MemoryAuditLog::new()));
+    /// let acme = ProductId::parse("acme")?;
+    /// let key = FlowKey::new(acme.clone(), FlowSessionId::parse("s-1")?);
+    ///
+    /// // Sessions are created by committing the flow machine's decisions, as for
+    /// // every machine; until then there is nothing to read.
+    /// assert!(store.load(&key).await?.is_none());
+    /// assert!(store.dialogue(&key).await.unwrap_err().is_not_found());
+    /// let email = Email::parse("ada@example.com")?;
+    /// assert!(store.user_sessions(&acme, "onboarding", &email, 10).await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
         Self::build(audit, None, DagLimits::default())
     }

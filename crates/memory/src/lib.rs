@@ -1,13 +1,6 @@
-//! In-memory adapters of every Parlance port: the embedded default.
-//!
-//! Layer: adapter. Depends on `parlance-core` and `parlance-ports` (and tokio
-//! where a port needs waiting); never on another adapter. Used by `parlance
-//! serve` when no database is configured and by every test that does not need
-//! PostgreSQL. Each adapter passes the same `parlance-testkit` contract suite
-//! as its PostgreSQL twin, so the two behave alike. Nothing here survives a
-//! restart.
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod adoption;
 mod audit;

@@ -152,6 +152,27 @@ impl Default for OfflineLlm {
 
 impl OfflineLlm {
     /// No rules: the fallback answers everything.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_memory::{OfflineLlm, Reply, When};
+    /// use parlance_ports::{CompletionRequest, LlmClient, LlmError, Message};
+    ///
+    /// let llm = OfflineLlm::new()
+    ///     .with_rule(When::UserContains("refund".to_owned()), Reply::text("Refunds take five days."));
+    /// llm.push_reply(Reply::Error(LlmError::from_status(503, None, "overloaded")));
+    ///
+    /// let ask = |text: &str| CompletionRequest::new(vec![Message::user(text)]);
+    /// // Rules answer in order: the refund rule, then the pushed reply (once),
+    /// // then the fallback, which quotes the user.
+    /// assert!(llm.complete(&ask("hello")).await.unwrap_err().is_retryable());
+    /// assert_eq!(llm.complete(&ask("Where is my refund?")).await?.content, "Refunds take five days.");
+    /// assert!(llm.complete(&ask("hello")).await?.content.starts_with("(offline reply)"));
+    /// assert_eq!(llm.received().len(), 3);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self {
             model: OFFLINE_MODEL.to_owned(),

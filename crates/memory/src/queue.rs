@@ -142,6 +142,36 @@ impl std::fmt::Debug for MemoryTaskQueue {
 
 impl MemoryTaskQueue {
     /// An empty queue reading time from `clock`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use parlance_core::ProductId;
+    /// use parlance_core::queue::TaskSpec;
+    /// use parlance_memory::MemoryTaskQueue;
+    /// use parlance_ports::{IdGen, ManualClock, QueueConfig, SequentialIds, TaskQueue, WorkerId};
+    /// use serde_json::json;
+    ///
+    /// let queue = MemoryTaskQueue::new(Arc::new(ManualClock::new()), QueueConfig::default());
+    /// let task = TaskSpec::new(ProductId::parse("acme")?, "send_welcome", json!({"user": "u-1"}));
+    /// queue.enqueue(&[task]).await?;
+    ///
+    /// // A worker claims from a queue, runs the handler of the task's kind and
+    /// // completes the lease; a task whose lease expires is claimed again.
+    /// let worker = WorkerId(SequentialIds::new().new_uuid());
+    /// let leases = queue.claim(&worker, "default", 10, Duration::from_secs(30)).await?;
+    /// assert_eq!(leases.len(), 1);
+    /// assert_eq!(leases[0].kind, "send_welcome");
+    /// assert_eq!(leases[0].payload["user"], "u-1");
+    /// queue.complete(&leases[0], json!({"sent": true})).await?;
+    ///
+    /// assert!(queue.claim(&worker, "default", 10, Duration::from_secs(30)).await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(clock: Arc<dyn Clock>, config: QueueConfig) -> Self {
         Self {
             clock,

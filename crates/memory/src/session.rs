@@ -50,6 +50,65 @@ pub struct MemorySessionStore {
 
 impl MemorySessionStore {
     /// An empty store writing audit entries to `audit` and tasks to `queue`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use parlance_core::session::{
+    ///     DEFAULT_INTERACTION_TIMEOUT_S, SessionCommand, SessionEvent, SessionId, SessionKey,
+    ///     SessionState, TourCatalog,
+    /// };
+    /// use parlance_core::{Machine, ProductId};
+    /// use parlance_memory::{MemoryAuditLog, MemorySessionStore, MemoryTaskQueue};
+    /// use parlance_ports::{Clock, Commit, MachineStore, ManualClock, QueueConfig, SessionStore};
+    ///
+    /// let clock = Arc::new(ManualClock::new());
+    /// let queue = Arc::new(MemoryTaskQueue::new(clock.clone(), QueueConfig::default()));
+    /// let store = MemorySessionStore::new(Arc::new(MemoryAuditLog::new()), queue);
+    /// let key = SessionKey::new(ProductId::parse("acme")?, SessionId::parse("visit-1")?);
+    /// let tours = TourCatalog::default();
+    ///
+    /// // The user opens the chat as the session is created: two commits.
+    /// let (state, decision) = SessionState::create(&key, &tours, &SessionCommand::Create, clock.now())?
+    ///     .expect("`Create` creates a session");
+    /// let created = store
+    ///     .commit(Commit {
+    ///         key: &key,
+    ///         expected: None,
+    ///         command: &SessionCommand::Create,
+    ///         state: &state,
+    ///         decision: &decision,
+    ///         now: clock.now(),
+    ///     })
+    ///     .await?;
+    /// let open = SessionCommand::Event(SessionEvent::OpenChat);
+    /// let mut state = state;
+    /// let decision = state.decide(&tours, &open, clock.now())?;
+    /// store
+    ///     .commit(Commit {
+    ///         key: &key,
+    ///         expected: Some(created.version),
+    ///         command: &open,
+    ///         state: &state,
+    ///         decision: &decision,
+    ///         now: clock.now(),
+    ///     })
+    ///     .await?;
+    ///
+    /// // Nothing is due until the interaction timeout has passed; then a sweeper
+    /// // claims the session to tick it.
+    /// assert!(store.claim_due(clock.now(), 10).await?.is_empty());
+    /// clock.advance(Duration::from_secs_f64(DEFAULT_INTERACTION_TIMEOUT_S + 1.0));
+    /// let due = store.claim_due(clock.now(), 10).await?;
+    /// assert_eq!(due.len(), 1);
+    /// assert_eq!(due[0].state.key(), key);
+    /// assert!(store.delete(&key).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(audit: Arc<MemoryAuditLog>, queue: Arc<dyn TaskQueue>) -> Self {
         Self {
             records: Records::new(audit, Some(queue), DagLimits::default()),
@@ -141,6 +200,28 @@ pub struct MemoryTourCatalogs {
 
 impl MemoryTourCatalogs {
     /// No catalogs.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::ProductId;
+    /// use parlance_core::session::TourCatalog;
+    /// use parlance_memory::MemoryTourCatalogs;
+    /// use parlance_ports::TourCatalogStore;
+    ///
+    /// let catalogs = MemoryTourCatalogs::new();
+    /// let acme = ProductId::parse("acme")?;
+    /// assert_eq!(catalogs.get(&acme).await?, TourCatalog::default());
+    ///
+    /// let catalog = TourCatalog {
+    ///     default_interaction_timeout_s: Some(90.0),
+    ///     ..TourCatalog::default()
+    /// };
+    /// catalogs.put(&acme, &catalog).await?;
+    /// assert_eq!(catalogs.get(&acme).await?, catalog);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }

@@ -67,6 +67,36 @@ impl MemoryCheckpointStore {
     /// No threads yet; commits write their audit entries (a thread's
     /// decisions have none today) to `audit`, and the crisis-log entries
     /// turns carry to a crisis log of its own ([`Self::crisis_log`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// use parlance_core::ProductId;
+    /// use parlance_core::turn::{OwnerId, ThreadId, ThreadKey, TurnKey};
+    /// use parlance_memory::{MemoryAuditLog, MemoryCheckpointStore, MemoryMemoryStore};
+    /// use parlance_ports::{Checkpointer, MachineStore, ThreadPage};
+    ///
+    /// let memory = Arc::new(MemoryMemoryStore::new());
+    /// let store = MemoryCheckpointStore::new(Arc::new(MemoryAuditLog::new()))
+    ///     .with_memory_store(memory.clone());
+    /// let (acme, owner) = (ProductId::parse("acme")?, OwnerId::parse("user-7")?);
+    /// let thread = ThreadKey {
+    ///     product_id: acme.clone(),
+    ///     owner: owner.clone(),
+    ///     thread: ThreadId::parse("t-1")?,
+    /// };
+    ///
+    /// // Threads are created by committing a turn's checkpoint, as for every
+    /// // machine; until then there is nothing to read.
+    /// assert!(store.load(&TurnKey::whole(thread.clone())).await?.is_none());
+    /// let page = ThreadPage { after: None, limit: 20 };
+    /// assert!(store.threads(&acme, &owner, &page).await?.is_empty());
+    /// assert!(!store.delete_thread(&thread).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(audit: Arc<MemoryAuditLog>) -> Self {
         Self {
             records: Records::new(audit, None, DagLimits::default()),
@@ -371,6 +401,35 @@ pub struct MemoryMemoryStore {
 
 impl MemoryMemoryStore {
     /// An empty store.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::ProductId;
+    /// use parlance_core::turn::{OwnerId, ProceduralProfile, ThreadId};
+    /// use parlance_memory::MemoryMemoryStore;
+    /// use parlance_ports::MemoryStore;
+    /// use serde_json::json;
+    ///
+    /// let store = MemoryMemoryStore::new();
+    /// let (acme, owner) = (ProductId::parse("acme")?, OwnerId::parse("user-7")?);
+    ///
+    /// let profile = ProceduralProfile {
+    ///     procedural_rules: vec!["Answer briefly.".to_owned()],
+    ///     proactive_recall_enabled: true,
+    /// };
+    /// store.put_profile(&acme, &owner, &profile).await?;
+    /// assert_eq!(store.profile(&acme, &owner).await?, profile);
+    ///
+    /// let session = ThreadId::parse("t-1")?;
+    /// store.put_session_memory(&acme, &owner, &session, &json!({"topic": "billing"})).await?;
+    /// let kept = store.session_memory(&acme, &owner, &session).await?;
+    /// assert_eq!(kept, Some(json!({"topic": "billing"})));
+    ///
+    /// assert!(store.list(&acme, &owner, None).await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }

@@ -24,6 +24,9 @@ pub fn role_key(role: Option<&str>) -> String {
 /// [`MachineStore<UserAdoptionState>`](crate::MachineStore), keyed by
 /// `(product_id, user_id)`), and each product's onboarding plans and tour
 /// catalogs (product-wide and per role).
+///
+/// Implemented by [`MemoryAdoptionStore`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryAdoptionStore.html) and [`PgAdoptionStore`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgAdoptionStore.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait AdoptionStore: Send + Sync + 'static {
     /// Deletes the user's record; false when there was none.

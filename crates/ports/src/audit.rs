@@ -41,6 +41,9 @@ pub struct AuditRecord {
 }
 
 /// Append-only storage of transitions.
+///
+/// Implemented by [`MemoryAuditLog`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryAuditLog.html) and [`PgAuditLog`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgAuditLog.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait AuditLog: Send + Sync + 'static {
     /// Appends entries atomically, in order.

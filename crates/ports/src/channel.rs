@@ -28,6 +28,9 @@ pub struct Outbound {
 }
 
 /// Where outbound messages go.
+///
+/// Implemented by [`LoopbackChannel`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.LoopbackChannel.html), whose
+/// constructor's example calls it.
 #[async_trait]
 pub trait Channel: Send + Sync + 'static {
     /// Hands the message over; an error means it may not have arrived and

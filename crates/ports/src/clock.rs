@@ -23,6 +23,13 @@ pub trait IdGen: Send + Sync + 'static {
 }
 
 /// The system's wall clock.
+///
+/// ```
+/// use parlance_ports::{Clock, SystemClock};
+///
+/// let before = SystemClock.now();
+/// assert!(SystemClock.now() >= before);
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
@@ -38,6 +45,14 @@ impl Clock for SystemClock {
 }
 
 /// UUID v7 ids: unique and ordered by creation time.
+///
+/// ```
+/// use parlance_ports::{IdGen, UuidV7Ids};
+///
+/// let id = UuidV7Ids.new_uuid();
+/// assert_eq!(id.get_version_num(), 7);
+/// assert_ne!(id, UuidV7Ids.new_uuid());
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UuidV7Ids;
 
@@ -49,6 +64,28 @@ impl IdGen for UuidV7Ids {
 }
 
 /// A clock that only moves when told to. Starts at 2026-01-01T00:00:00Z.
+///
+/// Hand it to whatever reads the time as an `Arc<dyn Clock>` and keep a
+/// handle to move it: deadlines, timeouts and back-offs are then tested
+/// without sleeping.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use parlance_ports::{Clock, ManualClock};
+///
+/// let clock = Arc::new(ManualClock::new());
+/// let shared: Arc<dyn Clock> = clock.clone();
+/// assert_eq!(shared.now(), ManualClock::START);
+///
+/// clock.advance(Duration::from_secs(30));
+/// clock.advance_secs(0.5);
+/// assert_eq!(shared.now().seconds_since(ManualClock::START), 30.5);
+///
+/// clock.set(ManualClock::START); // it may go back, as a skewed clock does
+/// assert_eq!(shared.now(), ManualClock::START);
+/// ```
 #[derive(Debug)]
 pub struct ManualClock {
     now: Mutex<Timestamp>,
@@ -104,6 +141,14 @@ impl Clock for ManualClock {
 }
 
 /// Ids `00000000-0000-0000-0000-000000000001`, `...02`, ... in order.
+///
+/// ```
+/// use parlance_ports::{IdGen, SequentialIds};
+///
+/// let ids = SequentialIds::new();
+/// assert_eq!(ids.new_uuid().to_string(), "00000000-0000-0000-0000-000000000001");
+/// assert_eq!(ids.new_uuid().as_u128(), 2);
+/// ```
 #[derive(Debug, Default)]
 pub struct SequentialIds {
     next: AtomicU64,

@@ -57,6 +57,9 @@ pub struct ListFilter {
 /// the transcript is append-only and written with the commit that decided
 /// its lines; the heartbeat deadline is written with the state that arms or
 /// clears it, and a commit ends any claim on it.
+///
+/// Implemented by [`MemoryConversationStore`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryConversationStore.html) and [`PgConversationStore`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgConversationStore.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait ConversationStore: Send + Sync + 'static {
     /// Instances matching `filter`, oldest first, with their versions.

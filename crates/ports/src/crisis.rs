@@ -116,6 +116,9 @@ pub struct CrisisLogRecord {
 }
 
 /// Append-only storage of crisis assessments.
+///
+/// Implemented by [`MemoryCrisisLog`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryCrisisLog.html) and [`PgCrisisLog`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgCrisisLog.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait CrisisLog: Send + Sync + 'static {
     /// Appends one assessment; returns its `seq`.

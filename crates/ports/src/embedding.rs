@@ -19,6 +19,9 @@ pub struct Embeddings {
 }
 
 /// Turns texts into vectors whose cosine similarity tracks their meaning.
+///
+/// Implemented by [`HashingEmbedder`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.HashingEmbedder.html) and [`OpenAiEmbedder`](https://docs.rs/parlance-openai/latest/parlance_openai/struct.OpenAiEmbedder.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait EmbeddingProvider: Send + Sync + 'static {
     /// The model name.
@@ -40,6 +43,14 @@ impl std::fmt::Debug for dyn EmbeddingProvider {
 
 /// Cosine similarity of two vectors; 0 when either is all zeros or their
 /// lengths differ.
+///
+/// ```
+/// use parlance_ports::cosine;
+///
+/// assert!((cosine(&[1.0, 1.0], &[2.0, 2.0]) - 1.0).abs() < 1e-6);
+/// assert_eq!(cosine(&[1.0, 0.0], &[0.0, 1.0]), 0.0);
+/// assert_eq!(cosine(&[1.0], &[1.0, 0.0]), 0.0);
+/// ```
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     if a.len() != b.len() {
         return 0.0;

@@ -34,8 +34,30 @@ impl ErrorKind {
 
 /// A classified port failure with a message and, optionally, its cause.
 ///
-/// `Display` shows the message only; the cause is reachable through
+/// `Display` shows the kind and the message; the cause is reachable through
 /// [`StdError::source`] and never repeated in the message.
+///
+/// An adapter classifies what went wrong; the caller acts on the kind:
+///
+/// ```
+/// use std::error::Error as _;
+///
+/// use parlance_ports::{ErrorKind, PortError};
+///
+/// let cause = std::io::Error::other("connection reset");
+/// let err = PortError::unavailable("database unreachable").with_source(cause);
+/// assert_eq!(err.to_string(), "unavailable: database unreachable");
+/// assert_eq!(err.source().map(ToString::to_string).as_deref(), Some("connection reset"));
+///
+/// let what_to_do = match err.kind {
+///     ErrorKind::Conflict => "reload and decide again",
+///     ErrorKind::Unavailable => "retry later",
+///     ErrorKind::NotFound | ErrorKind::Invalid => "answer the caller",
+///     _ => "log it",
+/// };
+/// assert_eq!(what_to_do, "retry later");
+/// assert!(PortError::conflict("version 3 is gone").is_conflict());
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct PortError {

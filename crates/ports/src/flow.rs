@@ -35,6 +35,9 @@ pub struct ChainProgress {
 /// commits of sessions go through
 /// [`MachineStore<FlowRecord>`](crate::MachineStore), usually implemented
 /// by the same adapter.
+///
+/// Implemented by [`MemoryFlowStore`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryFlowStore.html) and [`PgFlowStore`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgFlowStore.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait FlowStore: Send + Sync + 'static {
     /// The session without its dialogue, with its version; `None` when it

@@ -1,14 +1,6 @@
-//! Port traits of Parlance: what the application needs from the outside world.
-//!
-//! Layer: above `parlance-core`, below the adapters (`parlance-memory`,
-//! `parlance-postgres`, `parlance-openai`) and `parlance-app`. It may depend on
-//! `parlance-core`, serde, thiserror, async-trait, uuid and futures-core
-//! (the `Stream` trait of streamed model answers); never on sqlx,
-//! tokio or axum. Ports are object-safe `async_trait` traits with `&self`
-//! receivers, so the app holds them as `Arc<dyn Port>`; each reports failures
-//! as a [`PortError`] whose [`ErrorKind`] tells the caller what to do.
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod adoption;
 pub mod audit;

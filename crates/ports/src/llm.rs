@@ -174,6 +174,31 @@ impl ResponseFormat {
 }
 
 /// One chat-completion request.
+///
+/// Built from messages, then narrowed with the `with_*` methods:
+///
+/// ```
+/// use std::time::{Duration, Instant};
+///
+/// use parlance_ports::{CompletionRequest, Message};
+/// use serde_json::json;
+///
+/// let request = CompletionRequest::new(vec![
+///     Message::system("Classify the request."),
+///     Message::user("I cannot find the export button"),
+/// ])
+/// .with_prompt_name("classify")
+/// .with_json_schema(
+///     "label",
+///     json!({"type": "object", "properties": {"label": {"type": "string"}}}),
+/// )
+/// .with_temperature(0.0)
+/// .with_deadline(Instant::now() + Duration::from_secs(10));
+///
+/// assert!(request.response_format.is_json());
+/// assert_eq!(request.last_user_text(), "I cannot find the export button");
+/// assert!(request.remaining(Instant::now()).is_some());
+/// ```
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct CompletionRequest {
     /// The model; `None` uses the adapter's configured model.
@@ -297,6 +322,7 @@ impl Usage {
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FinishReason {
     /// A natural end.
     #[default]
@@ -342,6 +368,7 @@ pub struct CompletionResponse {
 /// A piece of a streamed answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "type")]
+#[non_exhaustive]
 pub enum CompletionChunk {
     /// More text.
     Content {
@@ -381,6 +408,27 @@ pub enum CompletionChunk {
 pub type CompletionStream = Pin<Box<dyn Stream<Item = LlmResult<CompletionChunk>> + Send>>;
 
 /// Folds streamed chunks into the [`CompletionResponse`] they amount to.
+///
+/// ```
+/// use parlance_ports::{ChunkAccumulator, CompletionChunk, CompletionResponse, Usage, chunks_of};
+///
+/// let whole = CompletionResponse {
+///     model: "m".to_owned(),
+///     content: "Hello there".to_owned(),
+///     usage: Some(Usage::new(12, 2)),
+///     ..CompletionResponse::default()
+/// };
+/// let mut acc = ChunkAccumulator::new();
+/// for chunk in chunks_of(&whole) {
+///     acc.push(chunk);
+/// }
+/// assert_eq!(acc.finish(), whole);
+///
+/// let mut acc = ChunkAccumulator::new();
+/// acc.push(CompletionChunk::Content { text: "Hel".to_owned() });
+/// acc.push(CompletionChunk::Content { text: "lo".to_owned() });
+/// assert_eq!(acc.finish().content, "Hello");
+/// ```
 #[derive(Debug, Default, Clone)]
 pub struct ChunkAccumulator {
     response: CompletionResponse,
@@ -462,6 +510,20 @@ pub fn chunks_of(response: &CompletionResponse) -> Vec<CompletionChunk> {
 }
 
 /// A failed model call, classified for the caller.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use parlance_ports::{ErrorKind, LlmError, PortError};
+///
+/// let err = LlmError::from_status(429, Some(Duration::from_secs(2)), "slow down");
+/// assert!(err.is_retryable());
+/// assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+///
+/// let err = LlmError::from_status(401, None, "bad key");
+/// assert!(!err.is_retryable());
+/// assert_eq!(PortError::from(err).kind, ErrorKind::Invalid);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LlmError {
@@ -574,6 +636,9 @@ impl From<LlmError> for PortError {
 }
 
 /// A chat model.
+///
+/// Implemented by [`OfflineLlm`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.OfflineLlm.html) and [`OpenAiClient`](https://docs.rs/parlance-openai/latest/parlance_openai/struct.OpenAiClient.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait LlmClient: Send + Sync + 'static {
     /// What this client talks to, for logs (`offline`, or the base URL).

@@ -347,6 +347,9 @@ impl PortError {
 }
 
 /// A durable queue of tasks and DAGs of tasks.
+///
+/// Implemented by [`MemoryTaskQueue`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryTaskQueue.html) and [`PgTaskQueue`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgTaskQueue.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait TaskQueue: Send + Sync + 'static {
     /// Enqueues tasks atomically. For each, the new id, or `None` when its

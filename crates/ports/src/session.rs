@@ -21,6 +21,9 @@ pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
 /// The session reads and claims beside load and commit, on the same records
 /// as the store's [`MachineStore<SessionState>`](crate::MachineStore), keyed
 /// by `(product_id, session_id)`.
+///
+/// Implemented by [`MemorySessionStore`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemorySessionStore.html) and [`PgSessionStore`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgSessionStore.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait SessionStore: Send + Sync + 'static {
     /// Deletes the session; false when there was none.
@@ -45,6 +48,9 @@ pub trait SessionStore: Send + Sync + 'static {
 }
 
 /// Each product's tour catalog.
+///
+/// Implemented by [`MemoryTourCatalogs`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryTourCatalogs.html) and [`PgTourCatalogs`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgTourCatalogs.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait TourCatalogStore: Send + Sync + 'static {
     /// The product's catalog; the empty catalog when none was stored.

@@ -18,6 +18,15 @@ use serde::{Deserialize, Serialize};
 use crate::{AuditEntry, PortResult};
 
 /// A record's version: 1 once created, one more on every commit.
+///
+/// ```
+/// use parlance_ports::Version;
+///
+/// let v = Version::FIRST;
+/// assert_eq!(v.next(), Version(2));
+/// assert_eq!(Version::from_i64(v.next().as_i64()), Version(2));
+/// assert_eq!(v.to_string(), "1");
+/// ```
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
@@ -114,6 +123,10 @@ impl<M: Machine> Committed<M> {
 /// the record is gone); the state, the decision's audit entries
 /// ([`audit_entries`]) and its tasks are written together or not at all;
 /// the stored deadline is the decision's `next_deadline`.
+///
+/// Every machine store of `parlance-memory` and `parlance-postgres`
+/// implements it; the examples of [`MemorySessionStore`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemorySessionStore.html) and
+/// [`PgSessionStore`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgSessionStore.html) load and commit a session through it.
 #[async_trait]
 pub trait MachineStore<M: Machine>: Send + Sync + 'static {
     /// The record, if it exists. A stored state that no longer decodes is

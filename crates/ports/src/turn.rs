@@ -132,6 +132,9 @@ pub struct ThreadPage {
 /// The thread store with its history: `MachineStore<Checkpoint>` for the
 /// current state (one read, O(1) commits), plus each thread's immutable
 /// checkpoints, forks, and deletion.
+///
+/// Implemented by [`MemoryCheckpointStore`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryCheckpointStore.html) and [`PgCheckpointStore`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgCheckpointStore.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait Checkpointer: MachineStore<Checkpoint> {
     /// The thread's checkpoints, newest first, as `page` says; none for a
@@ -175,6 +178,9 @@ pub trait Checkpointer: MachineStore<Checkpoint> {
 
 /// Long-term memory per owner: semantic and episodic entries, the
 /// procedural profile and session memory, with hybrid retrieval.
+///
+/// Implemented by [`MemoryMemoryStore`](https://docs.rs/parlance-memory/latest/parlance_memory/struct.MemoryMemoryStore.html) and [`PgMemoryStore`](https://docs.rs/parlance-postgres/latest/parlance_postgres/struct.PgMemoryStore.html), whose
+/// constructors' examples call it.
 #[async_trait]
 pub trait MemoryStore: Send + Sync + 'static {
     /// Stores an entry (its id is new; a repeated id is a `Conflict`).
