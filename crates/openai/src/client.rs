@@ -271,6 +271,29 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// A chat model behind an OpenAI-compatible `/chat/completions`.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use futures_util::StreamExt as _;
+/// use parlance_openai::{OpenAiClient, OpenAiConfig};
+/// use parlance_ports::{ChunkAccumulator, CompletionRequest, LlmClient, Message};
+///
+/// let client = OpenAiClient::new(OpenAiConfig::new("http://127.0.0.1:11434/v1", "llama3.1"))?;
+/// let request = CompletionRequest::new(vec![Message::user("Say hello.")]).with_max_tokens(20);
+///
+/// let whole = client.complete(&request).await?;
+/// println!("{}", whole.content);
+///
+/// let mut stream = client.stream(&request).await?;
+/// let mut answer = ChunkAccumulator::new();
+/// while let Some(chunk) = stream.next().await {
+///     answer.push(chunk?);
+/// }
+/// println!("{}", answer.finish().content);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct OpenAiClient {
     http: Http,
@@ -283,6 +306,18 @@ impl OpenAiClient {
     /// # Errors
     ///
     /// When the base URL or key cannot be used.
+    ///
+    /// ```
+    /// use parlance_openai::{OpenAiClient, OpenAiConfig};
+    /// use parlance_ports::LlmClient;
+    ///
+    /// // Building makes no request: a bad URL or key is found here, the server
+    /// // on the first call.
+    /// let client = OpenAiClient::new(OpenAiConfig::new("http://127.0.0.1:8000/v1", "qwen2.5"))?;
+    /// assert_eq!(client.url().as_str(), "http://127.0.0.1:8000/v1/chat/completions");
+    /// assert_eq!(client.default_model(), "qwen2.5");
+    /// # Ok::<(), parlance_openai::ConfigError>(())
+    /// ```
     pub fn new(config: OpenAiConfig) -> Result<Self, ConfigError> {
         let http = Http::new(config)?;
         let url = http.endpoint("chat/completions");
@@ -494,6 +529,17 @@ impl OpenAiEmbedder {
     /// # Errors
     ///
     /// When the base URL or key cannot be used.
+    ///
+    /// ```
+    /// use parlance_openai::{OpenAiConfig, OpenAiEmbedder};
+    /// use parlance_ports::EmbeddingProvider;
+    ///
+    /// let config = OpenAiConfig::new("https://api.openai.com/v1", "gpt-4o-mini");
+    /// let embedder = OpenAiEmbedder::new(config, "text-embedding-3-small", Some(512))?;
+    /// assert_eq!(embedder.model(), "text-embedding-3-small");
+    /// assert_eq!(embedder.dimension(), Some(512));
+    /// # Ok::<(), parlance_openai::ConfigError>(())
+    /// ```
     pub fn new(
         config: OpenAiConfig,
         model: impl Into<String>,

@@ -9,6 +9,14 @@ pub struct ApiSecret(String);
 
 impl ApiSecret {
     /// Wraps a key.
+    ///
+    /// ```
+    /// use parlance_openai::ApiSecret;
+    ///
+    /// let key = ApiSecret::new("sk-live-123");
+    /// assert_eq!(format!("{key:?}"), "ApiSecret(***)");
+    /// assert_eq!(key.expose(), "sk-live-123"); // for the request header only
+    /// ```
     pub fn new(key: impl Into<String>) -> Self {
         Self(key.into())
     }
@@ -27,6 +35,7 @@ impl fmt::Debug for ApiSecret {
 
 /// How the key is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AuthStyle {
     /// `Authorization: Bearer <key>` (OpenAI, vLLM, Ollama, llama.cpp).
     Bearer,
@@ -38,6 +47,13 @@ impl AuthStyle {
     /// `ApiKeyHeader` for Azure hosts (`*.openai.azure.com`,
     /// `*.cognitiveservices.azure.com`, `*.services.ai.azure.com`), `Bearer`
     /// otherwise.
+    ///
+    /// ```
+    /// use parlance_openai::AuthStyle;
+    ///
+    /// assert_eq!(AuthStyle::for_host("acme.openai.azure.com"), AuthStyle::ApiKeyHeader);
+    /// assert_eq!(AuthStyle::for_host("api.openai.com"), AuthStyle::Bearer);
+    /// ```
     pub fn for_host(host: &str) -> Self {
         let host = host.to_ascii_lowercase();
         let azure = [
@@ -84,6 +100,23 @@ pub struct OpenAiConfig {
 impl OpenAiConfig {
     /// Defaults: no key (Bearer, or Azure's header on Azure hosts), 60 s
     /// timeout, 3 retries from 250 ms up to 8 s, `Retry-After` up to 30 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use parlance_openai::{ApiSecret, OpenAiConfig};
+    ///
+    /// // A local server (Ollama here) needs no key.
+    /// let local = OpenAiConfig::new("http://127.0.0.1:11434/v1", "llama3.1");
+    /// assert!(local.api_key.is_none());
+    /// assert_eq!(local.max_retries, 3);
+    ///
+    /// let hosted = OpenAiConfig::new("https://api.openai.com/v1", "gpt-4o-mini")
+    ///     .with_api_key(ApiSecret::new("sk-..."))
+    ///     .with_timeout(Duration::from_secs(20))
+    ///     .with_retries(5, Duration::from_millis(100), Duration::from_secs(2));
+    /// assert_eq!(hosted.timeout, Duration::from_secs(20));
+    /// ```
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
         let base_url = base_url.into();
         let auth = reqwest::Url::parse(&base_url)
@@ -125,7 +158,15 @@ impl OpenAiConfig {
 }
 
 /// A configuration that cannot work.
+///
+/// ```
+/// use parlance_openai::{ConfigError, OpenAiClient, OpenAiConfig};
+///
+/// let err = OpenAiClient::new(OpenAiConfig::new("ftp://models.example/v1", "m")).unwrap_err();
+/// assert!(matches!(err, ConfigError::BadUrl { .. }), "{err}");
+/// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The base URL does not parse or is not http(s).
     #[error("bad base url {url:?}: {reason}")]

@@ -34,6 +34,46 @@ pub struct PgAdoptionStore {
 impl PgAdoptionStore {
     /// A store on `pool` (migrated) whose commits enqueue their tasks on
     /// `queue` (on the same database), in the commit's transaction.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// use parlance_core::adoption::{AdoptionCommand, AdoptionKey, UserAdoptionState, UserId};
+    /// use parlance_core::{Machine, ProductId};
+    /// use parlance_ports::{AdoptionStore, Clock, Commit, MachineStore, ManualClock, QueueConfig};
+    /// use parlance_postgres::{PgAdoptionStore, PgTaskQueue};
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let clock = Arc::new(ManualClock::new());
+    /// let queue = PgTaskQueue::new(pool.clone(), clock.clone(), QueueConfig::default());
+    /// let store = PgAdoptionStore::new(pool, queue);
+    /// let acme = ProductId::parse("acme")?;
+    /// let key = AdoptionKey::new(acme.clone(), UserId::parse("user-7")?);
+    ///
+    /// // The product's plan is the context every decision on its users reads.
+    /// let plan = store.get_plan(&acme, None).await?.unwrap_or_default();
+    /// let seen = AdoptionCommand::Events { events: vec![], metadata: None };
+    /// let (state, decision) = UserAdoptionState::create(&key, &plan, &seen, clock.now())?
+    ///     .expect("a user seen for the first time is created");
+    /// let committed = store
+    ///     .commit(Commit {
+    ///         key: &key,
+    ///         expected: None,
+    ///         command: &seen,
+    ///         state: &state,
+    ///         decision: &decision,
+    ///         now: clock.now(),
+    ///     })
+    ///     .await?;
+    /// assert_eq!(store.load(&key).await?.map(|s| s.version), Some(committed.version));
+    /// assert!(store.delete(&key).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool, queue: PgTaskQueue) -> Self {
         Self { pool, queue }
     }

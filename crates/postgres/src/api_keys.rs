@@ -31,6 +31,30 @@ pub struct PgApiKeys {
 
 impl PgApiKeys {
     /// Keys on `pool` (migrated).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::{ProductId, Timestamp};
+    /// use parlance_postgres::PgApiKeys;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let keys = PgApiKeys::new(pool);
+    /// let acme = ProductId::parse("acme")?;
+    /// let now = Timestamp::from_secs(1_767_225_600).expect("in range");
+    /// // Only a digest of the key is stored (SHA-256 of the key, say).
+    /// let digest = [7u8; 32];
+    /// let record = keys.create(&acme, &digest, "ci", now).await?;
+    /// assert_eq!(keys.product_for(&digest).await?, Some(acme.clone()));
+    ///
+    /// keys.revoke(&acme, record.id, now).await?;
+    /// assert_eq!(keys.product_for(&digest).await?, None);
+    /// assert!(keys.list(Some(&acme)).await?[0].revoked_at.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool) -> Self {
         Self { pool }
     }

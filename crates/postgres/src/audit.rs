@@ -16,6 +16,35 @@ pub struct PgAuditLog {
 
 impl PgAuditLog {
     /// An audit log on `pool` (migrated).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::{EntityKind, ProductId, Timestamp};
+    /// use parlance_ports::{AuditEntry, AuditLog};
+    /// use parlance_postgres::PgAuditLog;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let log = PgAuditLog::new(pool);
+    /// let acme = ProductId::parse("acme")?;
+    /// let entry = AuditEntry {
+    ///     product_id: acme.clone(),
+    ///     entity_kind: EntityKind::Session,
+    ///     entity_id: "visit-1".to_owned(),
+    ///     from: Some("thinking".to_owned()),
+    ///     to: "reactive_assistance".to_owned(),
+    ///     cause: "open_chat".to_owned(),
+    ///     at: Timestamp::from_secs(1_767_225_600).expect("in range"),
+    ///     payload: serde_json::json!({}),
+    /// };
+    /// log.append(&[entry.clone()]).await?;
+    /// let records = log.list(&acme, EntityKind::Session, "visit-1", None, 10).await?;
+    /// assert_eq!(records[0].entry, entry);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool) -> Self {
         Self { pool }
     }

@@ -51,6 +51,62 @@ pub struct PgConversationStore {
 impl PgConversationStore {
     /// A store on `pool` (migrated) whose transitions enqueue their tasks on
     /// `queue`, which must use the same database.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// use parlance_core::conversation::{
+    ///     ContactId, ConversationCommand, ConversationContext, ConversationKey, ConversationState,
+    ///     Instance, NewInstance,
+    /// };
+    /// use parlance_core::{Machine, ProductId};
+    /// use parlance_ports::{Clock, Commit, ConversationStore, ListFilter, MachineStore, ManualClock, QueueConfig};
+    /// use parlance_postgres::{PgConversationStore, PgTaskQueue};
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let clock = Arc::new(ManualClock::new());
+    /// let queue = PgTaskQueue::new(pool.clone(), clock.clone(), QueueConfig::default());
+    /// let store = PgConversationStore::new(pool, queue);
+    /// let acme = ProductId::parse("acme")?;
+    /// let key = ConversationKey {
+    ///     product_id: acme.clone(),
+    ///     instance_id: "0196b2a0-0000-7000-8000-000000000001".parse()?,
+    /// };
+    /// let command = ConversationCommand::Create(NewInstance {
+    ///     product_id: acme.clone(),
+    ///     instance_id: key.instance_id,
+    ///     contact_id: ContactId::parse("+15550100")?,
+    ///     channel: "whatsapp".to_owned(),
+    ///     objective: "book a demo".to_owned(),
+    ///     todos: vec![],
+    ///     heartbeat_interval_s: 3600,
+    ///     max_follow_ups: 2,
+    ///     metadata: serde_json::Map::new(),
+    /// });
+    /// let free = ConversationContext { contact_held: false };
+    /// let (state, decision) = Instance::create(&key, &free, &command, clock.now())?.expect("created");
+    /// store
+    ///     .commit(Commit {
+    ///         key: &key,
+    ///         expected: None,
+    ///         command: &command,
+    ///         state: &state,
+    ///         decision: &decision,
+    ///         now: clock.now(),
+    ///     })
+    ///     .await?;
+    ///
+    /// let listed = store.list(&acme, &ListFilter::default()).await?;
+    /// assert_eq!(listed.len(), 1);
+    /// assert_eq!(listed[0].state.state, ConversationState::Created);
+    /// assert!(store.transcript(&key).await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool, queue: PgTaskQueue) -> Self {
         Self { pool, queue }
     }

@@ -51,6 +51,44 @@ pub struct PgCrisisLog {
 
 impl PgCrisisLog {
     /// A crisis log on `pool` (migrated).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::turn::seed::{CrisisAssessment, CrisisAudit};
+    /// use parlance_core::turn::{OwnerId, ThreadId};
+    /// use parlance_core::{ProductId, Timestamp};
+    /// use parlance_ports::{CrisisLog, CrisisLogEntry};
+    /// use parlance_postgres::PgCrisisLog;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let log = PgCrisisLog::new(pool);
+    /// let (acme, owner) = (ProductId::parse("acme")?, OwnerId::parse("user-7")?);
+    /// let entry = CrisisLogEntry {
+    ///     product_id: acme.clone(),
+    ///     owner: owner.clone(),
+    ///     thread: ThreadId::parse("t-1")?,
+    ///     turn: 1,
+    ///     at: Timestamp::from_secs(1_767_225_600).expect("in range"),
+    ///     assessment: CrisisAssessment {
+    ///         level: 0,
+    ///         confidence: 0.9,
+    ///         reason: "small talk".to_owned(),
+    ///         needs_crisis_response: false,
+    ///         needs_clarification: false,
+    ///     },
+    ///     audit: CrisisAudit::default(),
+    ///     route: "dispatch".to_owned(),
+    /// };
+    /// let seq = log.record(&entry).await?;
+    /// let records = log.list(&acme, &owner, None, 10).await?;
+    /// assert_eq!((records[0].seq, &records[0].entry), (seq, &entry));
+    /// assert_eq!(log.erase_owner(&acme, &owner).await?, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool) -> Self {
         Self { pool }
     }

@@ -27,6 +27,14 @@ mod sqlstate {
 /// 22, a check or not-null violation) is [`ErrorKind::Invalid`], never
 /// `Other`; a value read back that does not fit its Rust type (a decode
 /// error) is `Other`, a corrupt record.
+///
+/// ```
+/// use parlance_ports::ErrorKind;
+/// use parlance_postgres::error::kind_of;
+///
+/// assert_eq!(kind_of(&sqlx::Error::PoolTimedOut), ErrorKind::Unavailable);
+/// assert_eq!(kind_of(&sqlx::Error::RowNotFound), ErrorKind::NotFound);
+/// ```
 pub fn kind_of(err: &sqlx::Error) -> ErrorKind {
     use sqlstate::*;
     match err {
@@ -55,7 +63,7 @@ pub fn kind_of(err: &sqlx::Error) -> ErrorKind {
 /// A stored integer as the Rust type it was written from. A value that
 /// does not fit (a negative count read as `u64`, ...) is a decode error
 /// naming the column: a corrupt record, never a panic or a silent clamp.
-pub fn stored_int<T>(column: &'static str, v: i64) -> Result<T, sqlx::Error>
+pub(crate) fn stored_int<T>(column: &'static str, v: i64) -> Result<T, sqlx::Error>
 where
     T: TryFrom<i64>,
 {
@@ -67,13 +75,21 @@ where
 
 /// Wraps a sqlx error into a classified port error; `what` says which
 /// operation failed (lowercase, e.g. `"append audit entries"`).
+///
+/// ```
+/// use parlance_postgres::error::port_error;
+///
+/// let err = port_error("load invoice", sqlx::Error::PoolClosed);
+/// assert_eq!(err.to_string(), "unavailable: postgres: load invoice");
+/// assert!(std::error::Error::source(&err).is_some());
+/// ```
 pub fn port_error(what: &str, err: sqlx::Error) -> PortError {
     let kind = kind_of(&err);
     PortError::new(kind, format!("postgres: {what}")).with_source(err)
 }
 
 /// `map_err` helper: `.map_err(pg_err("load session"))`.
-pub fn pg_err(what: &'static str) -> impl Fn(sqlx::Error) -> PortError + Copy {
+pub(crate) fn pg_err(what: &'static str) -> impl Fn(sqlx::Error) -> PortError + Copy {
     move |e| port_error(what, e)
 }
 

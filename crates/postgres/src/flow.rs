@@ -46,6 +46,31 @@ pub struct PgFlowStore {
 impl PgFlowStore {
     /// A store on `pool` (migrated), without a task queue (a commit that
     /// starts a DAG is `Unavailable`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::ProductId;
+    /// use parlance_core::flow::{Email, FlowKey, FlowSessionId};
+    /// use parlance_ports::{FlowStore, MachineStore};
+    /// use parlance_postgres::PgFlowStore;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let store = PgFlowStore::new(pool);
+    /// let acme = ProductId::parse("acme")?;
+    /// let key = FlowKey::new(acme.clone(), FlowSessionId::parse("s-1")?);
+    ///
+    /// // Sessions are created by committing the flow machine's decisions, as for
+    /// // every machine; until then there is nothing to read.
+    /// assert!(store.load(&key).await?.is_none());
+    /// assert!(store.dialogue(&key).await.unwrap_err().is_not_found());
+    /// let email = Email::parse("ada@example.com")?;
+    /// assert!(store.user_sessions(&acme, "onboarding", &email, 10).await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool) -> Self {
         Self { pool, queue: None }
     }

@@ -1,13 +1,6 @@
-//! PostgreSQL adapters of every Parlance storage and queue port.
-//!
-//! Layer: adapter. Depends on `parlance-core`, `parlance-ports`, sqlx (with
-//! rustls, never OpenSSL) and tokio; never on another adapter. Queries are
-//! checked at run time (`sqlx::query`), so building never needs a live
-//! database. Migrations live in `migrations/` and are embedded into the
-//! binary; [`migrate`] applies them. Errors from sqlx are classified into
-//! [`parlance_ports::PortError`] at this boundary (see [`error`]).
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod adoption;
 mod api_keys;

@@ -18,6 +18,15 @@ pub struct DatabaseUrl(String);
 
 impl DatabaseUrl {
     /// Wraps a `postgres://` URL.
+    ///
+    /// ```
+    /// use parlance_postgres::DatabaseUrl;
+    ///
+    /// let url = DatabaseUrl::new("postgres://app:s3cret@db.example:5432/parlance");
+    /// assert_eq!(url.to_string(), "postgres://app:***@db.example:5432/parlance");
+    /// assert!(!format!("{url:?}").contains("s3cret"));
+    /// assert!(url.expose().contains("s3cret")); // for the driver only
+    /// ```
     pub fn new(url: impl Into<String>) -> Self {
         Self(url.into())
     }
@@ -100,13 +109,37 @@ impl Default for PoolOptions {
 }
 
 /// Opens a pool. Connections are made lazily, so this succeeds while the
-/// server is down; [`ping`] tells whether it answers.
+/// server is down; [`ping`] tells whether it answers. Call it within a
+/// Tokio runtime, which the pool's connections run on.
 ///
 /// A connection is not pinged when it is taken from the pool, only when it
 /// goes back (which the driver always does): that saves a round trip per
 /// statement. A connection the server dropped while idle fails its next
 /// statement with `Unavailable` and is then closed, so after a server
 /// restart each idle connection costs at most one failed call.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), parlance_ports::PortError> {
+/// use std::time::Duration;
+///
+/// use parlance_postgres::{DatabaseUrl, PoolOptions};
+///
+/// let url = DatabaseUrl::new("postgres://app@127.0.0.1:5432/parlance");
+/// let options = PoolOptions {
+///     max_connections: 8,
+///     acquire_timeout: Duration::from_secs(2),
+/// };
+/// // No connection is made yet, so this works with no server running.
+/// let pool = parlance_postgres::connect(&url, &options)?;
+/// assert_eq!(pool.options().get_max_connections(), 8);
+///
+/// // A string that is no connection string is refused at once.
+/// let err = parlance_postgres::connect(&DatabaseUrl::new("not a url"), &options).unwrap_err();
+/// assert_eq!(err.kind, parlance_ports::ErrorKind::Invalid);
+/// # Ok(())
+/// # }
+/// ```
 pub fn connect(url: &DatabaseUrl, options: &PoolOptions) -> PortResult<PgPool> {
     let connect = PgConnectOptions::from_str(url.expose())
         .map_err(|e| PortError::invalid(format!("bad database url {url}")).with_source(e))?;
@@ -118,6 +151,21 @@ pub fn connect(url: &DatabaseUrl, options: &PoolOptions) -> PortResult<PgPool> {
 }
 
 /// Applies every embedded migration not yet applied.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use parlance_postgres::{DatabaseUrl, PoolOptions};
+///
+/// let url = DatabaseUrl::new(std::env::var("DATABASE_URL")?);
+/// let pool = parlance_postgres::connect(&url, &PoolOptions::default())?;
+/// parlance_postgres::ping(&pool).await?;
+/// // Applied migrations are recorded in the database: running it again, from
+/// // any number of processes at once, applies nothing twice.
+/// parlance_postgres::migrate(&pool).await?;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn migrate(pool: &PgPool) -> PortResult<()> {
     sqlx::migrate!("./migrations")
         .run(pool)

@@ -368,6 +368,37 @@ struct Take<'a> {
 
 impl PgTaskQueue {
     /// A queue on `pool` (migrated), reading time from `clock`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use parlance_core::ProductId;
+    /// use parlance_core::queue::TaskSpec;
+    /// use parlance_ports::{IdGen, ManualClock, QueueConfig, SequentialIds, TaskQueue, WorkerId};
+    /// use parlance_postgres::PgTaskQueue;
+    /// use serde_json::json;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let queue = PgTaskQueue::new(pool, Arc::new(ManualClock::new()), QueueConfig::default());
+    /// let task = TaskSpec::new(ProductId::parse("acme")?, "send_welcome", json!({"user": "u-1"}));
+    /// queue.enqueue(&[task]).await?;
+    ///
+    /// // Any number of processes may claim from one queue; a task is leased to
+    /// // one worker at a time.
+    /// let worker = WorkerId(SequentialIds::new().new_uuid());
+    /// let leases = queue.claim(&worker, "default", 10, Duration::from_secs(30)).await?;
+    /// assert_eq!(leases.len(), 1);
+    /// assert_eq!(leases[0].payload["user"], "u-1");
+    /// queue.complete(&leases[0], json!({"sent": true})).await?;
+    /// assert!(queue.claim(&worker, "default", 10, Duration::from_secs(30)).await?.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool, clock: Arc<dyn Clock>, config: QueueConfig) -> Self {
         Self {
             clock,

@@ -45,6 +45,47 @@ pub struct PgSessionStore {
 impl PgSessionStore {
     /// A store on `pool` (migrated) whose commits enqueue their tasks on
     /// `queue`, which must use the same database.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::sync::Arc;
+    ///
+    /// use parlance_core::session::{SessionCommand, SessionId, SessionKey, SessionState, TourCatalog};
+    /// use parlance_core::{Machine, ProductId};
+    /// use parlance_ports::{Clock, Commit, MachineStore, ManualClock, QueueConfig, SessionStore};
+    /// use parlance_postgres::{PgSessionStore, PgTaskQueue};
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let clock = Arc::new(ManualClock::new());
+    /// // The queue must use the store's database: a commit enqueues its tasks in
+    /// // the commit's transaction.
+    /// let queue = PgTaskQueue::new(pool.clone(), clock.clone(), QueueConfig::default());
+    /// let store = PgSessionStore::new(pool, queue);
+    ///
+    /// let key = SessionKey::new(ProductId::parse("acme")?, SessionId::parse("visit-1")?);
+    /// let tours = TourCatalog::default();
+    /// let (state, decision) = SessionState::create(&key, &tours, &SessionCommand::Create, clock.now())?
+    ///     .expect("`Create` creates a session");
+    /// let commit = Commit {
+    ///     key: &key,
+    ///     expected: None,
+    ///     command: &SessionCommand::Create,
+    ///     state: &state,
+    ///     decision: &decision,
+    ///     now: clock.now(),
+    /// };
+    /// let committed = store.commit(commit).await?;
+    ///
+    /// let stored = store.load(&key).await?.expect("committed");
+    /// assert_eq!((stored.version, &stored.state), (committed.version, &state));
+    /// assert!(store.delete(&key).await?);
+    /// assert!(store.load(&key).await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool, queue: PgTaskQueue) -> Self {
         Self { pool, queue }
     }
@@ -337,6 +378,30 @@ pub struct PgTourCatalogs {
 
 impl PgTourCatalogs {
     /// Catalogs on `pool` (migrated).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::ProductId;
+    /// use parlance_core::session::TourCatalog;
+    /// use parlance_ports::TourCatalogStore;
+    /// use parlance_postgres::PgTourCatalogs;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let catalogs = PgTourCatalogs::new(pool);
+    /// let acme = ProductId::parse("acme")?;
+    /// assert_eq!(catalogs.get(&acme).await?, TourCatalog::default());
+    /// let catalog = TourCatalog {
+    ///     default_interaction_timeout_s: Some(90.0),
+    ///     ..TourCatalog::default()
+    /// };
+    /// catalogs.put(&acme, &catalog).await?;
+    /// assert_eq!(catalogs.get(&acme).await?, catalog);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool) -> Self {
         Self { pool }
     }

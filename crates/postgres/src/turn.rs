@@ -55,6 +55,35 @@ pub struct PgCheckpointStore {
 impl PgCheckpointStore {
     /// A thread store on `pool` (migrated), keeping a copy of a thread's
     /// objects every [`DEFAULT_SNAPSHOT_EVERY`] checkpoints.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::ProductId;
+    /// use parlance_core::turn::{OwnerId, ThreadId, ThreadKey, TurnKey};
+    /// use parlance_ports::{Checkpointer, MachineStore, ThreadPage};
+    /// use parlance_postgres::PgCheckpointStore;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let store = PgCheckpointStore::new(pool).with_snapshot_every(16);
+    /// let (acme, owner) = (ProductId::parse("acme")?, OwnerId::parse("user-7")?);
+    /// let thread = ThreadKey {
+    ///     product_id: acme.clone(),
+    ///     owner: owner.clone(),
+    ///     thread: ThreadId::parse("t-1")?,
+    /// };
+    ///
+    /// // Threads are created by committing a turn's checkpoint, as for every
+    /// // machine; until then there is nothing to read.
+    /// assert!(store.load(&TurnKey::whole(thread.clone())).await?.is_none());
+    /// let page = ThreadPage { after: None, limit: 20 };
+    /// assert!(store.threads(&acme, &owner, &page).await?.is_empty());
+    /// assert!(!store.delete_thread(&thread).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
@@ -596,6 +625,35 @@ pub struct PgMemoryStore {
 
 impl PgMemoryStore {
     /// A memory store on `pool` (migrated).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use parlance_core::ProductId;
+    /// use parlance_core::turn::{OwnerId, ProceduralProfile, ThreadId};
+    /// use parlance_ports::MemoryStore;
+    /// use parlance_postgres::PgMemoryStore;
+    /// use serde_json::json;
+    ///
+    /// // A fresh, migrated database; an application opens its pool with
+    /// // `connect` and runs `migrate`. `None` where no PostgreSQL is configured.
+    /// let Some(pool) = parlance_postgres::testing::test_pool().await else { return Ok(()) };
+    /// let store = PgMemoryStore::new(pool);
+    /// let (acme, owner) = (ProductId::parse("acme")?, OwnerId::parse("user-7")?);
+    /// let profile = ProceduralProfile {
+    ///     procedural_rules: vec!["Answer briefly.".to_owned()],
+    ///     proactive_recall_enabled: true,
+    /// };
+    /// store.put_profile(&acme, &owner, &profile).await?;
+    /// assert_eq!(store.profile(&acme, &owner).await?, profile);
+    ///
+    /// let session = ThreadId::parse("t-1")?;
+    /// store.put_session_memory(&acme, &owner, &session, &json!({"topic": "billing"})).await?;
+    /// let kept = store.session_memory(&acme, &owner, &session).await?;
+    /// assert_eq!(kept, Some(json!({"topic": "billing"})));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(pool: PgPool) -> Self {
         Self { pool }
     }

@@ -21,6 +21,8 @@ use crate::store::StoreFixture;
 
 /// Runs every adoption-specific case against the subject the factory
 /// builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! adoption_store_suite {
     ($factory:expr) => {

@@ -15,6 +15,9 @@ use parlance_core::ProductId;
 use parlance_ports::{ErrorKind, PortResult};
 
 /// Runs every lookup case against the key store the factory builds.
+///
+/// See how [the PostgreSQL key table](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) and [the service's start-up keys](https://github.com/parlance-rs/parlance/blob/main/crates/app/tests/it/contracts.rs)
+/// run it.
 #[macro_export]
 macro_rules! api_key_suite {
     ($factory:expr) => {
@@ -33,6 +36,8 @@ macro_rules! api_key_suite {
 }
 
 /// Runs every revocation case against a store that can revoke.
+///
+/// See how [the PostgreSQL key table](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) runs it.
 #[macro_export]
 macro_rules! api_key_revocation_suite {
     ($factory:expr) => {

@@ -10,6 +10,71 @@ use parlance_ports::{AuditEntry, AuditLog};
 use serde_json::json;
 
 /// Runs every case of this suite against the adapter the factory builds.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// use async_trait::async_trait;
+/// use parlance_core::{EntityKind, ProductId};
+/// use parlance_ports::{AuditEntry, AuditLog, AuditRecord, PortResult};
+///
+/// /// An audit log in a vector, numbering records from 1.
+/// #[derive(Default)]
+/// struct VecLog(Mutex<Vec<AuditRecord>>);
+///
+/// #[async_trait]
+/// impl AuditLog for VecLog {
+///     async fn append(&self, entries: &[AuditEntry]) -> PortResult<()> {
+///         let mut log = self.0.lock().expect("not poisoned");
+///         for entry in entries {
+///             let seq = i64::try_from(log.len()).expect("small") + 1;
+///             log.push(AuditRecord { seq, entry: entry.clone() });
+///         }
+///         Ok(())
+///     }
+///
+///     async fn list(
+///         &self,
+///         product_id: &ProductId,
+///         entity_kind: EntityKind,
+///         entity_id: &str,
+///         after_seq: Option<i64>,
+///         limit: usize,
+///     ) -> PortResult<Vec<AuditRecord>> {
+///         let log = self.0.lock().expect("not poisoned");
+///         Ok(log
+///             .iter()
+///             .filter(|r| {
+///                 r.entry.product_id == *product_id
+///                     && r.entry.entity_kind == entity_kind
+///                     && r.entry.entity_id == entity_id
+///                     && r.seq > after_seq.unwrap_or(0)
+///             })
+///             .take(limit)
+///             .cloned()
+///             .collect())
+///     }
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`:
+/// mod audit {
+///     parlance_testkit::audit_log_suite!(async {
+///         Some(std::sync::Arc::new(super::VecLog::default()) as parlance_testkit::audit::Subject)
+///     });
+/// }
+///
+/// // What those tests run, case by case:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::audit::*;
+///
+///     append_then_list_in_order(Arc::new(VecLog::default())).await;
+///     list_is_scoped_by_product_kind_and_entity(Arc::new(VecLog::default())).await;
+///     list_pages_after_seq(Arc::new(VecLog::default())).await;
+///     values_round_trip_exactly(Arc::new(VecLog::default())).await;
+///     concurrent_appends_lose_nothing(Arc::new(VecLog::default())).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! audit_log_suite {
     ($factory:expr) => {

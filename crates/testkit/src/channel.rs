@@ -16,6 +16,9 @@ use parlance_ports::{Channel, Outbound};
 use serde_json::Value;
 
 /// Runs every case of this suite against the channel the factory builds.
+///
+/// See how [the loopback channel](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the service's HTTP channel](https://github.com/parlance-rs/parlance/blob/main/crates/app/tests/it/contracts.rs)
+/// run it.
 #[macro_export]
 macro_rules! channel_suite {
     ($factory:expr) => {

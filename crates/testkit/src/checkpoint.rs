@@ -34,6 +34,8 @@ mod history;
 pub use history::*;
 
 /// Runs every case of this suite against the subject the factory builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! checkpoint_store_suite {
     ($factory:expr) => {

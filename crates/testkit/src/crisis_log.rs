@@ -11,6 +11,8 @@ use parlance_core::{ProductId, Timestamp};
 use parlance_ports::{CrisisLog, CrisisLogEntry};
 
 /// Runs every case of this suite against the adapter the factory builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! crisis_log_suite {
     ($factory:expr) => {

@@ -24,6 +24,8 @@ use serde_json::json;
 use crate::store::StoreFixture;
 
 /// Runs every case of this suite against the fixture the factory builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! flow_store_suite {
     ($factory:expr) => {

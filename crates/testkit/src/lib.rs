@@ -1,13 +1,6 @@
-//! Test support shared by every Parlance adapter: contract suites, a manual
-//! clock and sequential ids.
-//!
-//! Layer: depends on `parlance-core` and `parlance-ports` (and tokio, to drive
-//! concurrency in the suites); a dev-dependency of the adapters and the app,
-//! never a normal dependency of anything. Each port has one suite module here;
-//! every adapter runs it through that module's macro, so the in-memory and
-//! PostgreSQL adapters are held to the same behaviour, concurrency included.
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod adoption;
 pub mod api_keys;
@@ -33,6 +26,44 @@ pub use parlance_ports::{ManualClock, SequentialIds};
 /// means the backend is not available here and the case is skipped (the
 /// factory says so). Each case is `async fn case(subject: Subject)` in
 /// `$suite`.
+///
+/// Every suite macro of this crate is built on it; a suite of your own is a
+/// module of public async cases taking the subject:
+///
+/// ```
+/// /// Anything that reads the time.
+/// mod clock_suite {
+///     use std::sync::Arc;
+///
+///     use parlance_ports::Clock;
+///
+///     /// The subject of this suite.
+///     pub type Subject = Arc<dyn Clock>;
+///
+///     /// Time never runs backwards.
+///     pub async fn time_does_not_go_back(clock: Subject) {
+///         let before = clock.now();
+///         assert!(clock.now() >= before);
+///     }
+/// }
+///
+/// // One `#[tokio::test]` per case, in the implementation's tests:
+/// mod system_clock {
+///     parlance_testkit::contract_tests! {
+///         factory = async {
+///             Some(std::sync::Arc::new(parlance_ports::SystemClock) as super::clock_suite::Subject)
+///         };
+///         suite = super::clock_suite;
+///         cases = [time_does_not_go_back]
+///     }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() {
+///     let clock = std::sync::Arc::new(parlance_testkit::ManualClock::new());
+///     clock_suite::time_does_not_go_back(clock).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! contract_tests {
     (factory = $factory:expr; suite = $suite:path; cases = [$($case:ident),* $(,)?]) => {

@@ -18,6 +18,8 @@ use parlance_ports::{
 use serde_json::{Value, json};
 
 /// Runs every case of this suite against the fixture the factory builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the OpenAI-compatible client](https://github.com/parlance-rs/parlance/blob/main/crates/openai/tests/it/contract.rs) run it.
 #[macro_export]
 macro_rules! llm_client_suite {
     ($factory:expr) => {

@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 /// Runs every case of this suite against the adapter the factory builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! task_queue_suite {
     ($factory:expr) => {

@@ -78,6 +78,8 @@ impl StoreFixture for SessionFixture {
 }
 
 /// Runs every case of this suite against the adapters the factory builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! session_store_suite {
     ($factory:expr) => {

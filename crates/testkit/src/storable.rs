@@ -27,6 +27,8 @@ use crate::store::StoreFixture;
 pub const CASES: u32 = 32;
 
 /// Runs the suite's cases against the factories' subjects.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! storable_suite {
     (adoption = $adoption:expr, conversation = $conversation:expr $(,)?) => {

@@ -25,6 +25,8 @@ use parlance_ports::{
 };
 
 /// Runs every case of this suite against the fixture the factory builds.
+///
+/// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
 #[macro_export]
 macro_rules! machine_store_suite {
     ($factory:expr) => {
