@@ -87,7 +87,7 @@ impl HashingEmbedder {
 }
 
 /// Lowercased runs of letters and digits.
-pub fn tokens(text: &str) -> impl Iterator<Item = String> + '_ {
+pub(crate) fn tokens(text: &str) -> impl Iterator<Item = String> + '_ {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|t| !t.is_empty())
         .map(str::to_lowercase)

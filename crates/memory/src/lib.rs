@@ -22,7 +22,7 @@ pub use conversation::MemoryConversationStore;
 pub use crisis::MemoryCrisisLog;
 pub use embedding::HashingEmbedder;
 pub use flow::MemoryFlowStore;
-pub use llm::{OfflineLlm, PromptFacts, Reply, Rule, When, text_pieces};
+pub use llm::{OfflineLlm, Reply, Rule, When, text_pieces};
 pub use queue::MemoryTaskQueue;
 pub use records::Records;
 pub use session::{MemorySessionStore, MemoryTourCatalogs};

@@ -8,8 +8,12 @@
 //!
 //! - a tool call when the request requires one (`ToolChoice::Required` or a
 //!   named function), its arguments filled from the tool's parameter schema;
-//! - for a JSON schema, a value filled from the schema and the prompt's facts
-//!   ([`fill_schema`]): conservative by construction;
+//! - for a JSON schema, a value filled from the schema and the facts the
+//!   prompt states (`key: value` lines and the members of JSON objects in
+//!   the messages): a stated value where a property has its name, otherwise
+//!   the most conservative choice (the first `enum` value, `null` where
+//!   allowed, `false`, the smallest allowed number, `""`, arrays of
+//!   `minItems` items);
 //! - `{}` for JSON-object mode;
 //! - otherwise a short text that quotes the last user message.
 //!
@@ -32,6 +36,7 @@ pub const OFFLINE_MODEL: &str = "offline";
 
 /// Which requests a rule answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum When {
     /// Every request.
     Any,
@@ -420,18 +425,18 @@ fn estimate_usage(request: &CompletionRequest, content: &str, calls: &[ToolCall]
 
 /// What the fallback knows about a request.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct PromptFacts {
+pub(crate) struct PromptFacts {
     /// Facts stated in the messages, keys in `snake_case`.
-    pub stated: BTreeMap<String, Value>,
+    pub(crate) stated: BTreeMap<String, Value>,
     /// The text fallback's reply, used for a string that must not be empty
     /// and has no stated value.
-    pub reply: String,
+    pub(crate) reply: String,
 }
 
 /// Facts stated in the request's messages: `key: value` (or `key = value`)
 /// lines and the members of JSON objects, keys normalized to `snake_case`.
 /// Later messages override earlier ones.
-pub fn prompt_facts(request: &CompletionRequest) -> PromptFacts {
+pub(crate) fn prompt_facts(request: &CompletionRequest) -> PromptFacts {
     let mut facts = BTreeMap::new();
     for message in &request.messages {
         for line in message.content.lines() {
@@ -488,7 +493,7 @@ fn normalize_key(key: &str) -> String {
 /// allowed, `false`, the smallest allowed number (0 when unbounded), `""`
 /// (or, where a string must not be empty, the text fallback's reply), and
 /// arrays of `minItems` (usually no) items.
-pub fn fill_schema(schema: &Value, facts: &PromptFacts) -> Value {
+pub(crate) fn fill_schema(schema: &Value, facts: &PromptFacts) -> Value {
     fill(schema, None, facts, 0)
 }
 
