@@ -19,6 +19,68 @@ use serde_json::Value;
 ///
 /// See how [the loopback channel](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the service's HTTP channel](https://github.com/parlance-rs/parlance/blob/main/crates/app/tests/it/contracts.rs)
 /// run it.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// use async_trait::async_trait;
+/// use parlance_ports::{Channel, Outbound, PortResult};
+/// use parlance_testkit::channel::{ChannelFixture, Subject};
+/// use serde_json::Value;
+///
+/// /// A channel whose far side keeps what arrives, dropping repeated keys.
+/// #[derive(Default)]
+/// struct Inbox(Mutex<Vec<Outbound>>);
+///
+/// #[async_trait]
+/// impl Channel for Inbox {
+///     async fn deliver(&self, message: &Outbound) -> PortResult<()> {
+///         let mut inbox = self.0.lock().expect("not poisoned");
+///         let key = |m: &Outbound| (m.instance_id, m.outbound_seq);
+///         if !inbox.iter().any(|m| key(m) == key(message)) {
+///             inbox.push(message.clone());
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// /// The fixture: the channel, and what its far side received.
+/// #[derive(Default)]
+/// struct Fixture(Arc<Inbox>);
+///
+/// impl ChannelFixture for Fixture {
+///     fn channel(&self) -> Arc<dyn Channel> {
+///         self.0.clone()
+///     }
+///
+///     fn received(&self) -> Vec<Value> {
+///         let inbox = self.0.0.lock().expect("not poisoned");
+///         inbox.iter().map(|m| serde_json::to_value(m).expect("encodes")).collect()
+///     }
+/// }
+///
+/// fn subject() -> Subject {
+///     Arc::new(Fixture::default())
+/// }
+///
+/// // In the channel's `tests/it/main.rs`:
+/// mod channel {
+///     parlance_testkit::channel_suite!(async { Some(super::subject()) });
+/// }
+///
+/// // What those tests run, case by case:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::channel::*;
+///
+///     a_delivered_message_arrives_intact(subject()).await;
+///     a_repeated_key_arrives_once(subject()).await;
+///     a_repeated_key_with_other_text_keeps_the_first(subject()).await;
+///     every_sequence_number_arrives_in_order(subject()).await;
+///     the_same_sequence_in_another_instance_arrives(subject()).await;
+///     concurrent_deliveries_lose_nothing(subject()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! channel_suite {
     ($factory:expr) => {
