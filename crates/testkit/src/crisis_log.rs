@@ -13,6 +13,77 @@ use parlance_ports::{CrisisLog, CrisisLogEntry};
 /// Runs every case of this suite against the adapter the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// use async_trait::async_trait;
+/// use parlance_core::ProductId;
+/// use parlance_core::turn::OwnerId;
+/// use parlance_ports::{CrisisLog, CrisisLogEntry, CrisisLogRecord, PortResult};
+///
+/// /// A crisis log in a vector; `last` keeps a `seq` from being reused once
+/// /// its record is erased.
+/// #[derive(Default)]
+/// struct VecLog(Mutex<(i64, Vec<CrisisLogRecord>)>);
+///
+/// #[async_trait]
+/// impl CrisisLog for VecLog {
+///     async fn record(&self, entry: &CrisisLogEntry) -> PortResult<i64> {
+///         let mut guard = self.0.lock().expect("not poisoned");
+///         let (last, records) = &mut *guard;
+///         *last += 1;
+///         records.push(CrisisLogRecord { seq: *last, entry: entry.clone() });
+///         Ok(*last)
+///     }
+///
+///     async fn list(
+///         &self,
+///         product_id: &ProductId,
+///         owner: &OwnerId,
+///         after_seq: Option<i64>,
+///         limit: usize,
+///     ) -> PortResult<Vec<CrisisLogRecord>> {
+///         let guard = self.0.lock().expect("not poisoned");
+///         Ok(guard
+///             .1
+///             .iter()
+///             .filter(|r| r.entry.product_id == *product_id && r.entry.owner == *owner)
+///             .filter(|r| r.seq > after_seq.unwrap_or(0))
+///             .take(limit)
+///             .cloned()
+///             .collect())
+///     }
+///
+///     async fn erase_owner(&self, product_id: &ProductId, owner: &OwnerId) -> PortResult<usize> {
+///         let mut guard = self.0.lock().expect("not poisoned");
+///         let before = guard.1.len();
+///         guard.1.retain(|r| !(r.entry.product_id == *product_id && r.entry.owner == *owner));
+///         Ok(before - guard.1.len())
+///     }
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`:
+/// mod crisis_log {
+///     parlance_testkit::crisis_log_suite!(async {
+///         Some(std::sync::Arc::new(super::VecLog::default()) as parlance_testkit::crisis_log::Subject)
+///     });
+/// }
+///
+/// // What those tests run, case by case:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::crisis_log::*;
+///
+///     let log = || Arc::new(VecLog::default());
+///     record_then_list_in_order(log()).await;
+///     list_is_scoped_by_product_and_owner(log()).await;
+///     list_pages_after_seq_and_limits(log()).await;
+///     values_round_trip_exactly(log()).await;
+///     concurrent_records_lose_nothing(log()).await;
+///     erasing_an_owner_removes_only_theirs_and_never_reuses_a_seq(log()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! crisis_log_suite {
     ($factory:expr) => {
