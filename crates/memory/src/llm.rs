@@ -73,6 +73,7 @@ impl When {
 
 /// What a rule answers.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Reply {
     /// An answer: text (returned verbatim, even in JSON mode, so callers'
     /// parsers can be tested on fenced or broken JSON) and tool calls.
