@@ -39,6 +39,11 @@ pub struct Enqueued {
 }
 
 /// The records of machine `M`, their audit log and their task queue.
+///
+/// The base of a store for a machine of your own: its `load` is
+/// [`Records::load`], its `commit` is [`Records::commit`]. The crate's tests
+/// hold such a store, for a [toy counter machine](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/records.rs),
+/// to the storage protocol's contract suite.
 pub struct Records<M: Machine> {
     map: Mutex<HashMap<RecordKey, Stored<M>>>,
     gate: tokio::sync::RwLock<()>,
