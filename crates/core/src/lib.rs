@@ -1,13 +1,6 @@
-//! Pure state machines of Parlance: the domain layer.
-//!
-//! Layer: bottom. Every other crate may depend on this one; it depends only on
-//! serde, serde_json, thiserror, uuid (the type, never its generators) and
-//! pure-computation crates. It never awaits, never reads a clock, never does
-//! I/O and never draws random numbers: time arrives as a [`Timestamp`]
-//! argument, and each operation returns an [`Outcome`] listing the transitions
-//! that happened and the effects the caller must carry out.
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod adoption;
 pub mod agent;
