@@ -6,6 +6,7 @@
 
 /// Why a string is not a valid id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdError {
     /// The id is the empty string.
     #[error("{kind} must not be empty")]

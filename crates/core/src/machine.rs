@@ -29,6 +29,7 @@ use crate::{ProductId, Timestamp};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[non_exhaustive]
 pub enum EntityKind {
     /// A live session's assistance mode.
     Session,
@@ -267,6 +268,7 @@ impl NotAllowed {
 /// What kind of refusal a machine error is: the service maps each class to
 /// one answer, whatever the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// The state does not allow the command (see [`NotAllowed`]).
     NotAllowed,

@@ -296,6 +296,7 @@ impl Default for DagLimits {
 
 /// Why a DAG was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DagError {
     /// No nodes at all.
     #[error("a dag needs at least one node")]

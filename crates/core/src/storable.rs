@@ -22,6 +22,7 @@ use serde_json::Value;
 
 /// Why a value cannot be stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Problem {
     /// Text holding NUL (U+0000).
     Nul,

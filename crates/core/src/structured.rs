@@ -24,6 +24,7 @@ const PREVIEW_CHARS: usize = 120;
 
 /// Why a raw answer did not yield the value asked for.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum StructuredError {
     /// The answer is empty or whitespace.
     #[error("empty answer")]

@@ -21,6 +21,7 @@ pub struct Timestamp(i64);
 
 /// Why a number could not become a [`Timestamp`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TimestampError {
     /// NaN or an infinity.
     #[error("timestamp is not a finite number")]

@@ -165,7 +165,11 @@ impl MachineStore<Checkpoint> for MemoryCheckpointStore {
         let mut forget = Vec::new();
         let mut source = CheckpointSource::Turn;
         for effect in &c.decision.effects {
-            let TurnEffect::Write { delta, source: s } = effect;
+            let TurnEffect::Write { delta, source: s } = effect else {
+                return Err(PortError::invalid(
+                    "a turn decision asks for an effect this thread store does not carry out",
+                ));
+            };
             let (thread, carried) = split_crisis_entries(&c.key.thread, delta)?;
             let (thread, forgotten) = split_forgotten(&thread)?;
             deltas.push(thread.into_owned());

@@ -448,19 +448,24 @@ const COMMIT_TURN: &str = concat!(
 /// The decision's writes as one delta, and what wrote the checkpoint: its
 /// [`TurnEffect::Write`]s in order (one, from [`Checkpoint`]'s decisions,
 /// borrowed as is).
-fn delta_of<'a>(c: &Commit<'a, Checkpoint>) -> (Cow<'a, CheckpointDelta>, CheckpointSource) {
+fn delta_of<'a>(
+    c: &Commit<'a, Checkpoint>,
+) -> PortResult<(Cow<'a, CheckpointDelta>, CheckpointSource)> {
     match c.decision.effects.as_slice() {
-        [TurnEffect::Write { delta, source }] => (Cow::Borrowed(delta), *source),
+        [TurnEffect::Write { delta, source }] => Ok((Cow::Borrowed(delta), *source)),
         effects => {
             let mut source = CheckpointSource::Turn;
-            let delta = effects.iter().fold(
-                CheckpointDelta::default(),
-                |acc, TurnEffect::Write { delta, source: s }| {
-                    source = *s;
-                    acc.then(delta)
-                },
-            );
-            (Cow::Owned(delta), source)
+            let mut whole = CheckpointDelta::default();
+            for effect in effects {
+                let TurnEffect::Write { delta, source: s } = effect else {
+                    return Err(PortError::invalid(
+                        "a turn decision asks for an effect this thread store does not carry out",
+                    ));
+                };
+                source = *s;
+                whole = whole.then(delta);
+            }
+            Ok((Cow::Owned(whole), source))
         }
     }
 }
@@ -539,7 +544,7 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
             return Err(PortError::invalid("a turn thread enqueues no tasks"));
         }
         let thread = &c.key.thread;
-        let (whole, source) = delta_of(&c);
+        let (whole, source) = delta_of(&c)?;
         let (delta, crisis) = split_crisis_entries(thread, &whole)?;
         let (delta, forget) = split_forgotten(&delta)?;
         let objects = Value::Object(

@@ -82,6 +82,9 @@ impl ApiError {
             }
             ErrorClass::LimitExceeded => Self::limit_exceeded(detail),
             ErrorClass::Internal => Self::internal(error),
+            // A class this shell does not know yet: answered as a broken
+            // record, logged, never as the caller's doing.
+            _ => Self::internal(error),
         }
     }
 

@@ -19,6 +19,7 @@ pub(crate) const ACTIVITY_SOURCE: &str = "activity";
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[non_exhaustive]
 pub enum AdoptionEffect {
     /// Deliver the welcome message to the user.
     SendWelcome {

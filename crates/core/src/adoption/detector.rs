@@ -378,6 +378,7 @@ pub fn detect_completed_steps(
 
 /// Why a URL glob cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GlobError {
     /// Longer than [`MAX_URL_GLOB_CHARS`].
     #[error("the pattern is {length} characters long; at most {max}")]

@@ -8,6 +8,7 @@ use super::snapshot::DecodeError;
 
 /// Why the adoption machine refused a command (the state is unchanged).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AdoptionError {
     /// The state does not allow the command: the explore-first gate closed
     /// before a welcome could be recorded (the reason is the gate's code).

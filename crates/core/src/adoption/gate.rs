@@ -40,6 +40,7 @@ impl Default for ExplorationGateConfig {
 /// carried as data, not as part of the code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "code", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum GateReason {
     /// The journey is onboarded or onboarding was stamped complete.
     AlreadyOnboarded,

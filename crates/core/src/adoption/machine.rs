@@ -66,6 +66,7 @@ impl EntityKey for AdoptionKey {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[non_exhaustive]
 pub enum AdoptionEvent {
     /// Sets the journey (a change is a transition caused by
     /// `set_journey_state`).
@@ -148,6 +149,7 @@ pub enum AdoptionEvent {
 /// What may be asked of a user's adoption record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
 pub enum AdoptionCommand {
     /// Field events applied in order, all or nothing. Creates the record
     /// (with `metadata`) when the user has none.

@@ -29,6 +29,7 @@ impl PlanIssue {
 /// A plan that cannot work as configured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PlanError {
     /// Prerequisites form a cycle: none of these can ever become eligible.
     #[error("prerequisite cycle: {}", workflow_ids.join(" -> "))]

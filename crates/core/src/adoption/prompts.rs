@@ -93,6 +93,7 @@ pub struct PromptSpec {
 
 /// A prompt could not be rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PromptError {
     /// A placeholder has no value.
     #[error("prompt {prompt} needs a value for {placeholder}")]

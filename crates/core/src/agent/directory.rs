@@ -10,6 +10,7 @@ use crate::turn::tokenize;
 
 /// Why an operator file was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DirectoryError {
     /// Not the expected JSON.
     #[error("invalid {what}: {message}")]

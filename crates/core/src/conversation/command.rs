@@ -61,6 +61,7 @@ pub struct ConversationContext {
 /// agent's, the contact's, the timer's and the store's commands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ConversationCommand {
     /// Create the instance: `CREATED`, or `QUEUED` when the contact is held.
     Create(NewInstance),
@@ -148,6 +149,7 @@ impl Command for ConversationCommand {
 /// order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "effect", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ConversationEffect {
     /// Append to the transcript (every message, inbound or outbound),
     /// written by the store with the state.
@@ -165,6 +167,7 @@ pub enum ConversationEffect {
 
 /// Why a command was refused. The instance is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConversationError {
     /// The command does not apply in the instance's state: a terminal
     /// state, a heartbeat that is not due (`not_due`), a promotion while the

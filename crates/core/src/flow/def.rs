@@ -197,6 +197,7 @@ pub struct ModelField {
 
 /// What one action of a declared hook does.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HookActionKind {
     /// Sets model fields from expressions over the render data. The
     /// expressions of one action see the same data; later actions see what
@@ -235,6 +236,7 @@ pub struct HookDecl {
 
 /// What a declared validator checks.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ValidatorRule {
     /// The text matches this regular expression (anchored only as written).
     Regex(String),

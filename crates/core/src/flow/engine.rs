@@ -218,6 +218,7 @@ pub mod reason {
 
 /// Why an operation was refused; the session is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FlowError {
     /// The flow definition is wrong.
     #[error("invalid flow: {}", join_problems(.0))]

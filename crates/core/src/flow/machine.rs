@@ -109,6 +109,7 @@ pub struct ProgressUpdate {
 
 /// What a flow decision asks of the shell besides its transition and tasks.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum FlowEffect {
     /// Append this element to the dialogue, in the commit (one row each, so
     /// a turn writes O(1) however long the dialogue is).
@@ -126,6 +127,7 @@ pub enum FlowEffect {
 /// What may be asked of a flow session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FlowCommand {
     /// Creates the session in the initial state with its greeting: the
     /// initial state's enter hooks and the greeting see `seed_data` (then

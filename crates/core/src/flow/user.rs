@@ -13,6 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Why a member of a [`User`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum UserError {
     /// The email does not have the reference's shape.
     #[error("`{0}` is not an email address")]

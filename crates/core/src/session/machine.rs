@@ -67,6 +67,7 @@ impl EntityKey for SessionKey {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[non_exhaustive]
 pub enum SessionEvent {
     /// A proactive trigger fired: offer help (from thinking, cooldown permitting).
     ProactiveTrigger {
@@ -151,6 +152,7 @@ impl SessionEvent {
 /// event. Tagged by `type` on the wire, events with their own names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum SessionCommand {
     /// Store a new session in `thinking`, as the record every event is
     /// decided on; the only command that creates one. On a session that

@@ -60,6 +60,7 @@ pub const SNAPSHOT_REQUIRED_KEYS: &[&str] = &[
 /// Why a document could not be decoded. `path` names the field, e.g.
 /// `thinking.cooldown_started_at` or `tours[2].id` (`$` is the document).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// The bytes are not JSON.
     #[error("not valid JSON: {message}")]

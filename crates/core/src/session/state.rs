@@ -269,6 +269,7 @@ impl SessionOutcome {
 
 /// Why an operation was refused (the session is unchanged).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SessionError {
     /// The command is not allowed in the current state: a proactive offer
     /// or opening the chat outside `thinking`.

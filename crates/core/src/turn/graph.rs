@@ -59,6 +59,7 @@ impl<S> std::fmt::Debug for Next<S> {
 
 /// Why a graph is malformed or a run cannot go on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GraphError {
     /// An edge names a stage the graph does not declare.
     #[error("stage {from} leads to undeclared stage {to}")]

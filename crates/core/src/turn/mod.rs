@@ -68,6 +68,7 @@ pub const OPENING_STAGE: &str = "begin_turn";
 
 /// Why a turn operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TurnError {
     /// Two stages of one step wrote the same last-value field.
     #[error("field {field} was written by both {first} and {second} in one step")]

@@ -101,6 +101,7 @@ impl EntityKey for TurnKey {
 /// What may be asked of a thread.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TurnCommand {
     /// Commits one turn: what its reducer fields gained
     /// ([`finish_turn`](super::finish_turn)), on the checkpoint it began on.
@@ -187,6 +188,7 @@ impl Command for TurnCommand {
 
 /// What a thread's decision asks of the store.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum TurnEffect {
     /// Written in the commit, and all the commit writes: the list entries
     /// appended after the stored ones, the objects replaced, the version
