@@ -30,7 +30,7 @@ pub enum ParseStatus {
 }
 
 /// Strips one Markdown code fence (```` ```json ... ``` ````) around `raw`.
-pub fn strip_fences(raw: &str) -> &str {
+pub(crate) fn strip_fences(raw: &str) -> &str {
     let t = raw.trim();
     let Some(rest) = t.strip_prefix("```") else {
         return t;
@@ -46,7 +46,9 @@ pub fn strip_fences(raw: &str) -> &str {
 }
 
 /// Reads a JSON object from an LLM answer (fences accepted).
-pub fn parse_json_object(raw: Option<&str>) -> Result<serde_json::Map<String, Value>, ParseStatus> {
+pub(crate) fn parse_json_object(
+    raw: Option<&str>,
+) -> Result<serde_json::Map<String, Value>, ParseStatus> {
     let Some(raw) = raw else {
         return Err(ParseStatus::Empty);
     };

@@ -56,7 +56,7 @@ fn render(name: &str, values: &[(&str, String)]) -> Result<RenderedPrompt, Promp
 
 /// The activity as prompt lines, newest last: `- <event> <url> "<title>"`,
 /// each on one line, at most [`MAX_ACTIVITY_LINES`] (the newest).
-pub fn activity_text(actions: &[Activity]) -> String {
+pub(crate) fn activity_text(actions: &[Activity]) -> String {
     let skip = actions.len().saturating_sub(MAX_ACTIVITY_LINES);
     let lines: Vec<String> = actions
         .iter()
@@ -109,7 +109,7 @@ fn ids_json<S: AsRef<str>>(ids: &[S]) -> String {
 
 /// The facts the judge is given: the state's own figures, and what the
 /// caller reported under `reported` (so it cannot overwrite them).
-pub fn judge_signals(state: &UserAdoptionState, reported: &Map<String, Value>) -> Value {
+pub(crate) fn judge_signals(state: &UserAdoptionState, reported: &Map<String, Value>) -> Value {
     let o = &state.onboarding;
     json!({
         "journey_state": state.journey_state.as_str(),

@@ -92,7 +92,7 @@ pub struct SessionSnapshot {
 
 /// Python's `round(x, places)`: correctly rounded, ties to even on the exact
 /// binary value (Rust's formatting rounds the same way).
-pub fn round_places(x: f64, places: usize) -> f64 {
+pub(crate) fn round_places(x: f64, places: usize) -> f64 {
     format!("{x:.places$}").parse().unwrap_or(x)
 }
 
@@ -476,7 +476,7 @@ fn format_float(x: f64) -> String {
 
 /// A list of strings as Python's default JSON encoder writes it: `", "`
 /// between items, non-ASCII escaped as `\uXXXX`.
-pub fn python_json_list(xs: &[String]) -> String {
+pub(crate) fn python_json_list(xs: &[String]) -> String {
     let items: Vec<String> = xs.iter().map(|x| ascii_json_string(x)).collect();
     format!("[{}]", items.join(", "))
 }

@@ -187,7 +187,7 @@ pub fn compile(
 }
 
 /// A string parsed as JSON when it is JSON, else kept as a string.
-pub fn parse_or_string(s: &str) -> Value {
+pub(crate) fn parse_or_string(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_owned()))
 }
 

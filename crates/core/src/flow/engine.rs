@@ -1550,7 +1550,11 @@ impl Flow {
 
     /// The default dialogue persistence of a transition (the seed's table by
     /// transition type; `file_upload` records the event only).
-    pub fn default_persistence(source: StateKind, target: StateKind, event: &str) -> Persistence {
+    pub(crate) fn default_persistence(
+        source: StateKind,
+        target: StateKind,
+        event: &str,
+    ) -> Persistence {
         let source_bits = if event == "file_upload" {
             Persistence::SOURCE_EVENT
         } else {

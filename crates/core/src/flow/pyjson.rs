@@ -37,7 +37,7 @@ pub fn dumps(value: &Value) -> String {
 
 /// The layout of `json.dumps` with default arguments.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PyFormatter;
+pub(crate) struct PyFormatter;
 
 impl Formatter for PyFormatter {
     fn write_f64<W: ?Sized + io::Write>(&mut self, writer: &mut W, value: f64) -> io::Result<()> {

@@ -37,7 +37,7 @@ pub const COMPLETE_KIND: &str = "flow.complete";
 /// How much longer than the invoker's own timeout a node's lease lasts: the
 /// handler times the invoker out first and reports it, the queue's deadline
 /// is only the backstop for a hung worker.
-pub const LEASE_MARGIN: Duration = Duration::from_secs(30);
+pub(crate) const LEASE_MARGIN: Duration = Duration::from_secs(30);
 
 /// Retry and timeout settings of the nodes a flow enqueues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
