@@ -154,6 +154,26 @@ fn product_char(c: char) -> bool {
 
 string_id!(
     /// The tenant: every stored record is scoped by its product.
+    ///
+    /// Parsed once where it enters (ASCII letters, digits, `-`, `_` and
+    /// `.`, at most 64 bytes), then trusted:
+    ///
+    /// ```
+    /// use parlance_core::{IdError, ProductId};
+    ///
+    /// let acme = ProductId::parse("acme-prod")?;
+    /// assert_eq!(acme.as_str(), "acme-prod");
+    /// assert_eq!(serde_json::to_string(&acme)?, r#""acme-prod""#);
+    ///
+    /// assert_eq!(ProductId::parse(""), Err(IdError::Empty { kind: "product id" }));
+    /// assert!(matches!(
+    ///     ProductId::parse("acme/prod"),
+    ///     Err(IdError::BadChar { found: '/', .. })
+    /// ));
+    /// // Decoding validates too.
+    /// assert!(serde_json::from_str::<ProductId>(r#""a b""#).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ProductId,
     "product id",
     max = 64,

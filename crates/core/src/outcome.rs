@@ -21,6 +21,30 @@ pub struct StateChange<S> {
 }
 
 /// What an operation did: transitions made and effects requested, in order.
+///
+/// A machine's lower-level operations return one; the caller records the
+/// transitions and carries out the effects:
+///
+/// ```
+/// use parlance_core::{Outcome, StateChange};
+///
+/// #[derive(Debug, Clone, Copy, PartialEq)]
+/// enum Light { Off, On }
+///
+/// let mut outcome: Outcome<Light, &str> = Outcome::none();
+/// assert!(outcome.is_empty());
+///
+/// outcome
+///     .transition(Light::Off, Light::Off, "noop") // no change: not recorded
+///     .transition(Light::Off, Light::On, "switch")
+///     .effect("notify");
+///
+/// assert_eq!(
+///     outcome.transitions,
+///     [StateChange { from: Light::Off, to: Light::On, cause: "switch" }]
+/// );
+/// assert_eq!(outcome.effects, ["notify"]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Outcome<S, E> {
     /// State changes, oldest first. Empty when the state did not change.

@@ -18,6 +18,32 @@ pub struct Edge {
 }
 
 /// A machine's states and allowed transitions.
+///
+/// Each machine publishes its table as a constant; a table answers whether
+/// a transition is allowed and renders itself as a Mermaid diagram:
+///
+/// ```
+/// use parlance_core::{Edge, TransitionTable};
+///
+/// const DOOR: TransitionTable = TransitionTable {
+///     machine: "door",
+///     states: &["closed", "open", "removed"],
+///     terminal: &["removed"],
+///     edges: &[
+///         Edge { from: "closed", to: "open", cause: "open" },
+///         Edge { from: "open", to: "closed", cause: "close" },
+///         Edge { from: "closed", to: "removed", cause: "remove" },
+///     ],
+/// };
+///
+/// assert!(DOOR.allows("closed", "open", "open"));
+/// assert!(!DOOR.allows("open", "closed", "open"));
+/// assert!(DOOR.connects("closed", "removed"));
+///
+/// let diagram = DOOR.to_mermaid();
+/// assert!(diagram.starts_with("stateDiagram-v2\n    [*] --> closed\n"));
+/// assert!(diagram.contains("closed --> open: open"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransitionTable {
     /// The machine's name, as used in docs.

@@ -16,6 +16,32 @@ const MAX_MICROS: i64 = 253_402_300_799_999_999;
 const MIN_MICROS: i64 = -62_135_596_800_000_000;
 
 /// A wall-clock instant (UTC), microseconds since the Unix epoch.
+///
+/// The caller reads the clock; machines only receive the result as `now`.
+/// It serializes as fractional epoch seconds and displays as RFC 3339:
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use parlance_core::Timestamp;
+///
+/// let t0 = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// assert_eq!(t0.to_string(), "2026-01-01T00:00:00.000000Z");
+///
+/// let later = t0 + Duration::from_millis(1_500);
+/// assert_eq!(later.seconds_since(t0), 1.5);
+/// assert_eq!(later, Timestamp::from_epoch_seconds(1_767_225_601.5)?);
+///
+/// // On the wire: epoch seconds.
+/// assert_eq!(serde_json::to_string(&later)?, "1767225601.5");
+/// let back: Timestamp = serde_json::from_str("1767225601.5")?;
+/// assert_eq!(back, later);
+///
+/// // Outside years 1 to 9999 there is no timestamp.
+/// assert!(Timestamp::from_epoch_seconds(f64::NAN).is_err());
+/// assert_eq!(Timestamp::from_secs(i64::MAX), None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Timestamp(i64);
 
