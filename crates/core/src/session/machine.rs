@@ -150,6 +150,27 @@ impl SessionEvent {
 /// What may be asked of a session: its creation, a tick (a read bringing
 /// it up to date, or the sweeper's, once its deadline has come) or an
 /// event. Tagged by `type` on the wire, events with their own names.
+///
+/// ```
+/// use parlance_core::Command;
+/// use parlance_core::session::{SessionCommand, SessionEvent};
+///
+/// let tick: SessionCommand = serde_json::from_str(r#"{"type": "tick"}"#)?;
+/// assert_eq!(tick, SessionCommand::Tick);
+///
+/// let body = r#"{"type": "visual_guidance", "active": true, "tour_id": "t-1"}"#;
+/// let event: SessionCommand = serde_json::from_str(body)?;
+/// assert_eq!(
+///     event,
+///     SessionCommand::from(SessionEvent::VisualGuidance {
+///         active: true,
+///         tour_id: Some("t-1".to_owned()),
+///     })
+/// );
+/// assert_eq!(event.name(), "visual_guidance");
+/// assert!(event.event().is_some());
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]

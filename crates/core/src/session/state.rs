@@ -374,6 +374,66 @@ impl fmt::Debug for TextSlot {
 }
 
 /// One live session's assistance state. See the module docs.
+///
+/// Changed through [`Machine::decide`](crate::Machine::decide) with a
+/// [`SessionCommand`](crate::session::SessionCommand); a refused command
+/// leaves it exactly as it was:
+///
+/// ```
+/// use parlance_core::session::{
+///     AssistState, SessionCommand, SessionError, SessionEvent, SessionId, SessionState,
+///     TourCatalog,
+/// };
+/// use parlance_core::{ErrorClass, Machine, MachineError, ProductId, Timestamp};
+///
+/// let t0 = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let mut session = SessionState::new(ProductId::parse("acme")?, SessionId::parse("s-1")?, t0)
+///     .with_settings(30.0, 120.0)?;
+/// let tours = TourCatalog::none();
+///
+/// let offer = SessionCommand::from(SessionEvent::ProactiveTrigger {
+///     trigger_id: "idle-on-pricing".to_owned(),
+/// });
+/// let decision = session.decide(tours, &offer, t0)?;
+/// assert_eq!(session.current_state(), AssistState::Proactive);
+/// assert_eq!(decision.transitions[0].cause, "transition_to_proactive");
+/// // Nothing happens without traffic until the timeout: the caller arms a timer.
+/// assert_eq!(decision.next_deadline, Some(t0.plus_seconds(30.0)));
+///
+/// // Opening the chat is allowed from `thinking` only.
+/// let refused = session.decide(tours, &SessionEvent::OpenChat.into(), t0).unwrap_err();
+/// assert!(matches!(refused, SessionError::NotAllowed(_)));
+/// assert_eq!(refused.class(), ErrorClass::NotAllowed);
+/// assert_eq!(session.current_state(), AssistState::Proactive);
+///
+/// // Settings are checked when they are set.
+/// assert!(SessionState::new(ProductId::parse("acme")?, SessionId::parse("s-2")?, t0)
+///     .with_settings(-1.0, 60.0)
+///     .is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Stored as a versioned snapshot (`_v: 2`), decoded with every field
+/// validated:
+///
+/// ```
+/// use parlance_core::session::{DecodeError, SessionId, SessionState};
+/// use parlance_core::{ProductId, Timestamp};
+///
+/// let t0 = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let session = SessionState::new(ProductId::parse("acme")?, SessionId::parse("s-1")?, t0);
+///
+/// let text = session.to_snapshot_string();
+/// assert_eq!(SessionState::from_snapshot_slice(text.as_bytes())?, session);
+/// assert_eq!(SessionState::from_snapshot(&session.to_snapshot())?, session);
+///
+/// let mut doc = session.to_snapshot();
+/// doc["current_state"] = "dozing".into();
+/// let err = SessionState::from_snapshot(&doc).unwrap_err();
+/// assert_eq!(err.path(), Some("current_state"));
+/// assert!(matches!(SessionState::from_snapshot_slice(b"{"), Err(DecodeError::Syntax { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionState {
     pub(crate) product_id: ProductId,
