@@ -59,6 +59,22 @@ pub struct ConversationContext {
 
 /// What may be asked of a conversation instance: the operator's, the
 /// agent's, the contact's, the timer's and the store's commands.
+///
+/// Plain data tagged by `type`, as the audit log records it:
+///
+/// ```
+/// use parlance_core::Command;
+/// use parlance_core::conversation::ConversationCommand;
+///
+/// let reply: ConversationCommand =
+///     serde_json::from_str(r#"{"type": "contact_reply", "text": "Tuesday works"}"#)?;
+/// assert_eq!(reply.name(), "contact_reply");
+/// assert_eq!(
+///     serde_json::to_value(&ConversationCommand::Pause)?,
+///     serde_json::json!({"type": "pause"})
+/// );
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]

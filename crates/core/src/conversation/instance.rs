@@ -78,6 +78,56 @@ pub struct NewInstance {
 }
 
 /// One conversation instance.
+///
+/// Created by [`Machine::create`](crate::Machine::create) with
+/// [`ConversationCommand::Create`](super::ConversationCommand::Create), then
+/// changed by [`Machine::decide`](crate::Machine::decide); it is stored as
+/// its serde form:
+///
+/// ```
+/// use parlance_core::conversation::{
+///     ContactId, ConversationCommand, ConversationContext, ConversationEffect,
+///     ConversationState, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_FOLLOW_UPS, DELIVER_KIND, Instance,
+///     InstanceId, NewInstance,
+/// };
+/// use parlance_core::{Machine, ProductId, Timestamp};
+///
+/// let t0 = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let new = NewInstance {
+///     product_id: ProductId::parse("acme")?,
+///     instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(1)), // from the IdGen port
+///     contact_id: ContactId::parse("+15550100")?,
+///     channel: "loopback".to_owned(),
+///     objective: "Book a demo".to_owned(),
+///     todos: Vec::new(),
+///     heartbeat_interval_s: DEFAULT_HEARTBEAT_S,
+///     max_follow_ups: DEFAULT_MAX_FOLLOW_UPS,
+///     metadata: serde_json::Map::new(),
+/// };
+/// let ctx = ConversationContext::default(); // the contact is free
+/// let (mut instance, _) =
+///     Instance::create(&new.key(), &ctx, &ConversationCommand::Create(new), t0)?
+///         .expect("`create` makes an instance");
+/// assert_eq!(instance.state, ConversationState::Created);
+///
+/// instance.decide(&ctx, &ConversationCommand::BeginAgentTurn, t0)?;
+/// let send = ConversationCommand::AgentSend {
+///     text: "Hi! When suits you for a demo?".to_owned(),
+///     next_heartbeat_s: None,
+/// };
+/// let decision = instance.decide(&ctx, &send, t0)?;
+/// assert_eq!(instance.state, ConversationState::WaitingForReply);
+/// // The heartbeat is armed with the state; the message is delivered by a
+/// // task committed with it and appended to the transcript.
+/// assert_eq!(instance.next_deadline(), Some(t0.plus_seconds(1800.0)));
+/// assert!(decision.single_tasks().any(|t| t.kind == DELIVER_KIND));
+/// assert!(matches!(&decision.effects[0], ConversationEffect::Append(m) if m.outbound_seq == Some(1)));
+///
+/// // The stored form round-trips.
+/// let stored = serde_json::to_string(&instance)?;
+/// assert_eq!(serde_json::from_str::<Instance>(&stored)?, instance);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = ConversationRecord))]
 pub struct Instance {
