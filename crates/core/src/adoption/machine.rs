@@ -147,6 +147,40 @@ pub enum AdoptionEvent {
 }
 
 /// What may be asked of a user's adoption record.
+///
+/// Tagged by `command` on the wire. A batch refused anywhere changes
+/// nothing (see [`UserAdoptionState`] for a whole decision):
+///
+/// ```
+/// use parlance_core::adoption::{
+///     AdoptionCommand, AdoptionError, AdoptionEvent, JourneyState, OnboardingPlan,
+///     UserAdoptionState, UserId,
+/// };
+/// use parlance_core::{Command, Machine, Timestamp};
+///
+/// let t0 = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let mut user = UserAdoptionState::new(UserId::parse("u-42")?, Default::default(), t0);
+/// let before = user.clone();
+///
+/// let batch = AdoptionCommand::Events {
+///     events: vec![
+///         AdoptionEvent::SetJourneyState { state: JourneyState::Onboarded },
+///         AdoptionEvent::RecordSession {
+///             session_id: " ".to_owned(), // blank: refused
+///             session_number: 1,
+///             started_at: 1_767_225_600.0,
+///         },
+///     ],
+///     metadata: None,
+/// };
+/// assert_eq!(batch.name(), "events");
+///
+/// let err = user.decide(&OnboardingPlan::default(), &batch, t0).unwrap_err();
+/// assert!(matches!(err, AdoptionError::Event { index: 1, .. }));
+/// assert_eq!(err.to_string(), "events[1]: session_id must not be blank");
+/// assert_eq!(user, before); // the first event was not applied either
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]

@@ -531,6 +531,61 @@ pub struct SessionIndexEntry {
 
 /// Where one user is in their lifecycle, how proficient they are and how
 /// onboarding is going. Keyed by `(product_id, user_id)` in storage.
+///
+/// Changed through [`Machine::decide`](crate::Machine::decide) with an
+/// [`AdoptionCommand`](super::AdoptionCommand) and the user's effective
+/// [`OnboardingPlan`](super::OnboardingPlan); the first events about a user
+/// create the record:
+///
+/// ```
+/// use parlance_core::adoption::{
+///     AdoptionCommand, AdoptionKey, JourneyState, OnboardingPlan, UserAdoptionState, UserId,
+///     WorkflowStatus,
+/// };
+/// use parlance_core::{Machine, ProductId, Timestamp};
+/// use serde_json::json;
+///
+/// let t0 = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let key = AdoptionKey::new(ProductId::parse("acme")?, UserId::parse("u-42")?);
+/// let plan = OnboardingPlan::from_config(&json!([
+///     {"workflow_id": "invite-team", "name": "Invite your team"},
+/// ]))
+/// .plan;
+///
+/// // A batch of events, all or nothing, as the API receives it.
+/// let events: AdoptionCommand = serde_json::from_value(json!({
+///     "command": "events",
+///     "events": [
+///         {"kind": "record_discovered_features", "features": ["billing"]},
+///         {"kind": "upsert_workflow_progress", "workflow_id": "invite-team",
+///          "status": "completed", "confidence": 0.9},
+///     ],
+///     "metadata": {"role": "admin"},
+/// }))?;
+/// let (mut user, _) = UserAdoptionState::create(&key, &plan, &events, t0)?
+///     .expect("events create the record");
+/// assert_eq!(user.role(), Some("admin"));
+/// assert_eq!(user.discovered_features, ["billing"]);
+/// assert_eq!(
+///     user.onboarding.workflow_progress.get("invite-team").map(|w| w.status),
+///     Some(WorkflowStatus::Completed)
+/// );
+///
+/// // A change of journey is a transition, audited with the state.
+/// let onboarded: AdoptionCommand = serde_json::from_value(json!({
+///     "command": "events",
+///     "events": [{"kind": "set_journey_state", "state": "onboarded"}],
+/// }))?;
+/// let decision = user.decide(&plan, &onboarded, t0)?;
+/// assert_eq!(user.journey_state, JourneyState::Onboarded);
+/// assert_eq!(decision.transitions[0].cause, "set_journey_state");
+///
+/// // Stored as the versioned snapshot, decoded with every field checked.
+/// let text = user.to_snapshot_string();
+/// assert_eq!(UserAdoptionState::from_snapshot_str(&text, t0)?, user);
+/// assert!(UserAdoptionState::from_snapshot_str(r#"{"_v": 99}"#, t0).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct UserAdoptionState {
     /// The user.
