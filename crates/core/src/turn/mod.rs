@@ -256,6 +256,91 @@ pub trait TurnView: TurnState {
 
 /// Starts a turn: reducer fields restored from `checkpoint`, turn-scoped
 /// fields reset, `input` and `loaded` set, then the opening delta applied.
+///
+/// A whole turn, from a state declared with
+/// [`turn_state!`](crate::turn_state) to the commit of its delta on the
+/// thread:
+///
+/// ```
+/// use parlance_core::turn::{
+///     Checkpoint, ThreadKey, TurnCommand, TurnKey, TurnState, TurnView, begin_turn, finish_turn,
+/// };
+/// use parlance_core::{Machine, Timestamp, turn_state};
+///
+/// turn_state! {
+///     /// A chat turn.
+///     pub struct Chat {
+///         input ChatInput {
+///             /// The user's message.
+///             message: String, by ["caller"];
+///         }
+///         loaded ChatLoaded {}
+///         reducer {
+///             /// Every line so far.
+///             history: Vec<String> => append, by ["begin_turn", "reply"];
+///         }
+///         turn_scoped {
+///             /// This turn's reply.
+///             reply: String => last, by ["reply"];
+///         }
+///         delta ChatDelta;
+///     }
+/// }
+///
+/// impl TurnView for Chat {
+///     type Output = String;
+///
+///     // Turn start appends the user's line to the history.
+///     fn opening(&self) -> ChatDelta {
+///         ChatDelta { history: vec![format!("user: {}", self.message)], ..ChatDelta::default() }
+///     }
+///
+///     fn output(&self) -> String {
+///         self.reply.clone()
+///     }
+/// }
+///
+/// // A new thread: version 0, nothing stored yet.
+/// let input = ChatInput { message: "hello".to_owned() };
+/// let mut chat: Chat = begin_turn(&Checkpoint::default(), input, ChatLoaded {})?;
+///
+/// // A stage reads the state and returns a delta; the runtime folds it.
+/// let reply = ChatDelta {
+///     history: vec!["agent: hi!".to_owned()],
+///     reply: Some("hi!".to_owned()),
+/// };
+/// chat.apply(vec![("reply", reply)])?;
+/// let (output, delta) = finish_turn(chat)?;
+/// assert_eq!(output, "hi!");
+/// assert_eq!(delta.appends["history"].len(), 2); // only what the turn gained
+///
+/// // Committing the delta on the version the turn began on creates the thread.
+/// let key = TurnKey::new(
+///     ThreadKey {
+///         product_id: "acme".parse()?,
+///         owner: "u-42".parse()?,
+///         thread: "t-1".parse()?,
+///     },
+///     Chat::load_window(),
+/// );
+/// let now = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let commit = TurnCommand::commit(0, delta);
+/// let (thread, _) = Checkpoint::create(&key, &(), &commit, now)?.expect("a first turn creates");
+/// assert_eq!(thread.version, 1);
+/// assert_eq!(thread.lists["history"], ["user: hello", "agent: hi!"]);
+///
+/// // A turn computed on a version that is gone is refused: run it again.
+/// let mut thread = thread;
+/// let stale = thread.decide(&(), &commit, now).unwrap_err();
+/// assert!(stale.to_string().contains("stale_turn"));
+/// assert_eq!(thread.version, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// [`TurnError::Decode`] when a checkpointed value does not decode into its
+/// field.
 pub fn begin_turn<S: TurnView>(
     checkpoint: &Checkpoint,
     input: S::Input,

@@ -99,6 +99,27 @@ impl EntityKey for TurnKey {
 }
 
 /// What may be asked of a thread.
+///
+/// A whole turn committed is shown at [`begin_turn`](super::begin_turn).
+/// On the wire, tagged by `type`:
+///
+/// ```
+/// use parlance_core::Command;
+/// use parlance_core::turn::{CheckpointDelta, TurnCommand};
+///
+/// let mut delta = CheckpointDelta::default();
+/// delta.appends.insert("history".to_owned(), vec![serde_json::json!("user: hello")]);
+/// let commit = TurnCommand::commit(0, delta);
+/// assert_eq!(commit.name(), "commit_turn");
+///
+/// let text = serde_json::to_string(&commit)?;
+/// assert_eq!(
+///     text,
+///     r#"{"type":"commit_turn","base":0,"delta":{"appends":{"history":["user: hello"]},"objects":{}}}"#
+/// );
+/// assert_eq!(serde_json::from_str::<TurnCommand>(&text)?, commit);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
