@@ -522,6 +522,70 @@ impl Fired {
 }
 
 /// A validated flow, ready to run.
+///
+/// Loaded from a YAML (or JSON) flow file with its templates by
+/// [`Flow::from_file_text`], or built in Rust with [`FlowBuilder`]. Sessions
+/// of it are [`FlowRecord`](super::FlowRecord)s:
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use std::sync::Arc;
+///
+/// use parlance_core::flow::{
+///     Flow, FlowCommand, FlowContext, FlowEffect, FlowError, FlowKey, FlowRecord, FlowSessionId,
+///     RunnerOptions,
+/// };
+/// use parlance_core::{Machine, ProductId, Timestamp};
+///
+/// let file = r#"
+/// name: greet
+/// initial: ask
+/// model: {name: null}
+/// states:
+///   - {id: ask, kind: user, template: ask.j2}
+///   - {id: hello, kind: user, template: hello.j2}
+/// transitions:
+///   - {event: user_input, from: ask, to: hello, validators: [non_empty_input],
+///      assign: {name: actor_input}}
+/// "#;
+/// let templates = BTreeMap::from([
+///     ("ask.j2".to_owned(), "What is your name?".to_owned()),
+///     ("hello.j2".to_owned(), "Hello, {{ name }}!".to_owned()),
+/// ]);
+/// let flow = Arc::new(Flow::from_file_text(file, templates)?);
+/// let ctx = FlowContext::new(flow, RunnerOptions::default());
+///
+/// let now = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let key = FlowKey::new(
+///     ProductId::parse("acme")?,
+///     FlowSessionId::from_uuid(uuid::Uuid::from_u128(7)), // from the IdGen port
+/// );
+/// let (mut record, started) = FlowRecord::create(&key, &ctx, &FlowCommand::start(), now)?
+///     .expect("`start` creates the session");
+/// assert!(started.effects.contains(&FlowEffect::Respond("What is your name?".to_owned())));
+///
+/// let answer = FlowCommand::Fire {
+///     event: "user_input".to_owned(),
+///     input: "Ada".to_owned(),
+///     fresh_id: "dag-1".to_owned(),
+/// };
+/// let decision = record.decide(&ctx, &answer, now)?;
+/// assert_eq!(record.session().state, "hello");
+/// assert_eq!(decision.transitions[0].cause, "user_input");
+/// assert!(decision.effects.contains(&FlowEffect::Respond("Hello, Ada!".to_owned())));
+///
+/// // A record is plain data: it round-trips through serde.
+/// let stored = serde_json::to_string(&record)?;
+/// assert_eq!(serde_json::from_str::<FlowRecord>(&stored)?, record);
+///
+/// // Every problem of a file is reported at once, with its location.
+/// let broken = "name: broken\ninitial: nowhere\nstates: []\n";
+/// match Flow::from_file_text(broken, BTreeMap::new()) {
+///     Err(FlowError::Invalid(problems)) => assert!(!problems.is_empty()),
+///     other => panic!("expected problems, got {:?}", other.map(|f| f.name().to_owned())),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Flow {
     def: Arc<FlowDef>,
@@ -562,6 +626,37 @@ fn builtin_validators() -> BTreeMap<String, ValidatorFn> {
 }
 
 /// Builds a flow in Rust, with hooks and validators as closures.
+///
+/// ```
+/// use parlance_core::flow::{FlowBuilder, TransitionDef};
+/// use serde_json::json;
+///
+/// let mut submit = TransitionDef::new("user_input", "ask", "done");
+/// submit.validators.push("has_at".to_owned());
+/// submit.assign.push(("email".to_owned(), "actor_input".to_owned()));
+///
+/// let flow = FlowBuilder::new("signup")
+///     .template("ask.j2", "Your email?")
+///     .template("done.j2", "Thanks, {{ email }}.")
+///     .user_state("ask", "ask.j2") // the first user state is the initial one
+///     .user_state("done", "done.j2")
+///     .field("email", json!(null))
+///     .validator("has_at", |c| {
+///         if c.input.contains('@') { Ok(()) } else { Err("not an email".to_owned()) }
+///     })
+///     .transition(submit)
+///     .build()?;
+///
+/// assert_eq!(flow.name(), "signup");
+/// assert_eq!(flow.events_from("ask"), ["user_input"]);
+/// assert!(flow.allows(Some("ask"), "done", "user_input"));
+/// assert_eq!(flow.render("done.j2", &json!({"email": "a@b.c"}))?, "Thanks, a@b.c.");
+///
+/// // A transition to a state that does not exist is refused when building.
+/// let bad = FlowBuilder::new("bad").template("t", "").user_state("a", "t").on("go", "a", "b");
+/// assert!(bad.build().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Default)]
 pub struct FlowBuilder {
     def: FlowDef,

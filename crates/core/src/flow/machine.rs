@@ -125,6 +125,25 @@ pub enum FlowEffect {
 }
 
 /// What may be asked of a flow session.
+///
+/// Tagged by `type` on the wire; fresh ids travel inside the commands, so
+/// deciding draws nothing. A whole session is shown at
+/// [`Flow`](super::Flow).
+///
+/// ```
+/// use parlance_core::Command;
+/// use parlance_core::flow::FlowCommand;
+///
+/// let fire: FlowCommand = serde_json::from_str(
+///     r#"{"type": "fire", "event": "user_input", "input": "Ada", "fresh_id": "dag-1"}"#,
+/// )?;
+/// assert_eq!(fire.name(), "fire");
+/// assert_eq!(
+///     serde_json::to_value(FlowCommand::start())?,
+///     serde_json::json!({"type": "start"})
+/// );
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
