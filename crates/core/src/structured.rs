@@ -79,6 +79,34 @@ impl fmt::Display for Violation {
 
 /// Extracts, validates and converts a model answer in one step.
 ///
+/// The answer may be bare JSON, fenced, or inside prose; the first JSON
+/// value that satisfies `schema` is converted to `T`:
+///
+/// ```
+/// use parlance_core::{StructuredError, parse_structured};
+/// use serde::Deserialize;
+/// use serde_json::json;
+///
+/// #[derive(Debug, Deserialize, PartialEq)]
+/// struct Verdict {
+///     score: u8,
+/// }
+///
+/// let schema = json!({
+///     "type": "object",
+///     "properties": {"score": {"type": "integer", "minimum": 0, "maximum": 10}},
+///     "required": ["score"],
+/// });
+/// let raw = "Sure! Here it is:\n```json\n{\"score\": 7}\n```";
+/// assert_eq!(parse_structured::<Verdict>(raw, &schema)?, Verdict { score: 7 });
+///
+/// let err = parse_structured::<Verdict>(r#"{"score": 11}"#, &schema).unwrap_err();
+/// assert!(matches!(err, StructuredError::Schema { .. }));
+/// let err = parse_structured::<Verdict>("no idea", &schema).unwrap_err();
+/// assert!(matches!(err, StructuredError::NoJson { .. }));
+/// # Ok::<(), StructuredError>(())
+/// ```
+///
 /// # Errors
 ///
 /// [`StructuredError`] says which step failed.

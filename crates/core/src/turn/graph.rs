@@ -105,6 +105,49 @@ pub enum GraphError {
 }
 
 /// A validated stage graph over state `S`.
+///
+/// A turn walks it step by step: the caller runs the current step's stages,
+/// applies their deltas, and advances with the new state, which routes
+/// read:
+///
+/// ```
+/// use parlance_core::turn::{END, Graph};
+///
+/// struct State {
+///     urgent: bool,
+/// }
+///
+/// let graph: Graph<State> = Graph::builder("support")
+///     .stage("classify")
+///     .stage("escalate")
+///     .stage("answer")
+///     .stage("recall")
+///     .stage("reply")
+///     .route(
+///         "classify",
+///         |s: &State| if s.urgent { "escalate" } else { "answer" },
+///         &["escalate", "answer"],
+///     )
+///     .edge("escalate", END)
+///     .fanout("answer", &["recall", "reply"], "escalate")
+///     .build()?;
+///
+/// let state = State { urgent: false };
+/// let mut run = graph.start();
+/// let mut steps = Vec::new();
+/// while let Some(step) = run.current() {
+///     steps.push(step.stages.clone()); // run these stages, apply their deltas
+///     run.advance(&state)?;
+/// }
+/// assert_eq!(
+///     steps,
+///     [vec!["classify"], vec!["answer"], vec!["recall", "reply"], vec!["escalate"]]
+/// );
+///
+/// // An edge to a stage that does not exist is refused when building.
+/// assert!(Graph::<State>::builder("bad").stage("a").edge("a", "b").build().is_err());
+/// # Ok::<(), parlance_core::turn::GraphError>(())
+/// ```
 pub struct Graph<S> {
     name: &'static str,
     stages: Vec<&'static str>,
