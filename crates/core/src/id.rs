@@ -38,7 +38,6 @@ pub enum IdError {
 /// control characters (plus `$allowed`, a predicate every char must pass).
 /// `$pattern` is the same rule on characters as a regular expression (ECMA
 /// and Python syntax), for JSON Schemas; a test checks the two agree.
-#[macro_export]
 macro_rules! string_id {
     ($(#[$meta:meta])* $name:ident, $kind:literal, max = $max:expr, chars = $allowed:expr, pattern = $pattern:literal) => {
         $(#[$meta])*
@@ -147,6 +146,8 @@ macro_rules! string_id {
     };
 }
 
+pub(crate) use string_id;
+
 /// Characters allowed in a product id: ASCII letters, digits, `-`, `_`, `.`.
 fn product_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
@@ -189,7 +190,6 @@ impl ProductId {
 }
 
 /// Declares a generated id: a UUID in its own type.
-#[macro_export]
 macro_rules! uuid_id {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
@@ -256,6 +256,8 @@ macro_rules! uuid_id {
         impl ::utoipa::ToSchema for $name {}
     };
 }
+
+pub(crate) use uuid_id;
 
 #[cfg(test)]
 mod tests {

@@ -71,7 +71,7 @@ fn user_char(c: char) -> bool {
     c != '/'
 }
 
-crate::string_id!(
+crate::id::string_id!(
     /// A user of a product: the adoption record's key within the product.
     UserId,
     "user id",

@@ -29,7 +29,7 @@ pub use instance::{
 };
 pub use state::{CREATION, ConversationState, TABLE};
 
-crate::string_id!(
+crate::id::string_id!(
     /// A contact: the person a conversation is with (a phone number, a chat
     /// handle), unique within a product.
     ContactId,
@@ -39,7 +39,7 @@ crate::string_id!(
     pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000]+$"
 );
 
-crate::uuid_id!(
+crate::id::uuid_id!(
     /// A conversation instance.
     InstanceId
 );

@@ -31,7 +31,7 @@ fn session_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
 }
 
-crate::string_id!(
+crate::id::string_id!(
     /// A flow session's id: the service makes one from a fresh UUID; a
     /// client hands it back. Non-empty, at most 128 bytes of ASCII letters,
     /// digits, `-`, `_` and `.`.

@@ -21,7 +21,7 @@ use crate::outcome::StateChange;
 use crate::session::tours::TourCatalog;
 use crate::{ProductId, Timestamp};
 
-crate::string_id!(
+crate::id::string_id!(
     /// A session's id, chosen by the caller: non-empty, at most 256 bytes, no
     /// control characters.
     SessionId,

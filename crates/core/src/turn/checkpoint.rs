@@ -12,7 +12,7 @@ fn id_char(c: char) -> bool {
     c != '/'
 }
 
-crate::string_id!(
+crate::id::string_id!(
     /// Whose memory and threads these are: the user id, or the session id
     /// when there is no user.
     OwnerId,
@@ -22,7 +22,7 @@ crate::string_id!(
     pattern = "^[^/\\u0000-\\u001F\\u007F-\\u009F]+$"
 );
 
-crate::string_id!(
+crate::id::string_id!(
     /// A conversation thread (the session id).
     ThreadId,
     "thread id",

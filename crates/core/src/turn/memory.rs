@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::OwnerId;
 use crate::Timestamp;
 
-crate::uuid_id!(
+crate::id::uuid_id!(
     /// A stored memory entry.
     MemoryId
 );
