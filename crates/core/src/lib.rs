@@ -1,3 +1,5 @@
+//! Pure state machines of Parlance: no I/O, no async, no clock reads, no randomness.
+//!
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
