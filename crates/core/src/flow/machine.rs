@@ -127,8 +127,7 @@ pub enum FlowEffect {
 /// What may be asked of a flow session.
 ///
 /// Tagged by `type` on the wire; fresh ids travel inside the commands, so
-/// deciding draws nothing. A whole session is shown at
-/// [`Flow`](super::Flow).
+/// deciding draws nothing. A whole session is shown at [`Flow`].
 ///
 /// ```
 /// use parlance_core::Command;
