@@ -33,7 +33,30 @@ pub struct TourDefinition {
     pub user_tour_name: Option<String>,
 }
 
-/// A product's tours.
+/// A product's tours: the session machine's context.
+///
+/// ```
+/// use parlance_core::session::{SessionEvent, SessionId, SessionState, TourCatalog};
+/// use parlance_core::{Machine, ProductId, Timestamp};
+/// use serde_json::json;
+///
+/// let tours = TourCatalog::from_value(&json!({
+///     "tours": [{"id": "chip-billing", "user_tour_id": "flow-1", "interaction_timeout_s": 90}],
+/// }))?;
+/// assert_eq!(tours.get_by_user_tour_id("flow-1").map(|t| t.id.as_str()), Some("chip-billing"));
+///
+/// let t0 = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let mut session = SessionState::new(ProductId::parse("acme")?, SessionId::parse("s-1")?, t0);
+/// session.decide(&tours, &SessionEvent::OpenChat.into(), t0)?;
+/// let guided = SessionEvent::VisualGuidance { active: true, tour_id: Some("flow-1".to_owned()) };
+/// session.decide(&tours, &guided.into(), t0)?;
+/// // While the tour runs, its own timeout applies.
+/// assert_eq!(session.next_deadline(&tours), Some(t0.plus_seconds(90.0)));
+///
+/// let err = TourCatalog::from_value(&json!({"tours": 3})).unwrap_err();
+/// assert_eq!(err.path(), Some("tours"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TourCatalog {
