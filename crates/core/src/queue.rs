@@ -25,6 +25,29 @@ pub struct InvalidTask(pub String);
 pub const DEFAULT_QUEUE: &str = "default";
 
 /// A task to enqueue.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use parlance_core::queue::TaskSpec;
+/// use parlance_core::{ProductId, Timestamp};
+/// use serde_json::json;
+///
+/// let at = Timestamp::from_secs(1_767_225_600).expect("a date in range");
+/// let task = TaskSpec::new(ProductId::parse("acme")?, "email.send", json!({"to": "ada"}))
+///     .queue("mail")
+///     .run_at(at)
+///     .max_attempts(3)
+///     .timeout(Duration::from_secs(30))
+///     .dedup_key("welcome:ada");
+/// assert_eq!(task.queue, "mail");
+/// task.validate()?;
+///
+/// // A task that could never run is refused before anything is written.
+/// let never = TaskSpec::new(ProductId::parse("acme")?, "email.send", json!({})).max_attempts(0);
+/// assert!(never.validate().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskSpec {
     /// The tenant the task works for.
@@ -366,6 +389,20 @@ pub struct DagPlan {
 }
 
 /// Checks a DAG given its node keys and its edges `(parent, child)`.
+///
+/// ```
+/// use parlance_core::queue::{DagError, DagLimits, plan_dag};
+///
+/// let limits = DagLimits::default();
+/// let keys = ["fetch", "summarize", "notify"];
+/// let plan = plan_dag(&keys, &[("fetch", "summarize"), ("summarize", "notify")], &limits)?;
+/// assert_eq!(plan.roots, [0]); // `fetch` runs first
+/// assert_eq!(plan.remaining_deps, [0, 1, 1]);
+///
+/// let cycle = plan_dag(&["a", "b"], &[("a", "b"), ("b", "a")], &limits);
+/// assert!(matches!(cycle, Err(DagError::Cycle(_))));
+/// # Ok::<(), DagError>(())
+/// ```
 ///
 /// # Errors
 ///
