@@ -4,19 +4,25 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "adoption")]
 pub mod adoption;
+#[cfg(feature = "turn")]
 pub mod agent;
+#[cfg(feature = "conversation")]
 pub mod conversation;
+#[cfg(feature = "flow")]
 pub mod flow;
 pub mod id;
 pub mod machine;
 pub mod outcome;
 pub mod queue;
+#[cfg(feature = "session")]
 pub mod session;
 pub mod storable;
 pub mod structured;
 pub mod table;
 pub mod time;
+#[cfg(feature = "turn")]
 pub mod turn;
 
 pub use id::{IdError, ProductId};
