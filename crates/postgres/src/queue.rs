@@ -283,6 +283,7 @@ fn node_state(s: i16) -> NodeState {
 /// one row when a runnable task was inserted: the caller then calls
 /// [`PgTaskQueue::wake_workers`] after the commit. Parameters `$first` to
 /// `$first + 9` are bound by [`TaskRows::bind`].
+#[cfg(any(feature = "session", feature = "conversation"))]
 pub(crate) fn enqueue_after_u(first: usize) -> String {
     let p = |i: usize| format!("${}", first + i);
     let now = p(9);
@@ -309,11 +310,13 @@ pub(crate) fn enqueue_after_u(first: usize) -> String {
 }
 
 /// Single tasks as the columns of `jobs`, for [`enqueue_after_u`].
+#[cfg(any(feature = "session", feature = "conversation"))]
 pub(crate) struct TaskRows<'a> {
     tasks: Vec<&'a TaskSpec>,
     now: Timestamp,
 }
 
+#[cfg(any(feature = "session", feature = "conversation"))]
 impl<'a> TaskRows<'a> {
     /// The rows of `tasks`, validated, enqueued at the queue's time (as
     /// [`PgTaskQueue::enqueue_in`] does).

@@ -2,19 +2,28 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "adoption")]
 pub mod adoption;
 pub mod api_keys;
 pub mod audit;
+#[cfg(feature = "conversation")]
 pub mod channel;
+#[cfg(feature = "turn")]
 pub mod checkpoint;
+#[cfg(feature = "conversation")]
 pub mod conversation;
+#[cfg(feature = "turn")]
 pub mod crisis_log;
 pub mod embedding;
+#[cfg(feature = "flow")]
 pub mod flow;
 pub mod llm;
+#[cfg(feature = "turn")]
 pub mod memory_store;
 pub mod queue;
+#[cfg(feature = "session")]
 pub mod session;
+#[cfg(all(feature = "adoption", feature = "conversation"))]
 pub mod storable;
 pub mod store;
 
