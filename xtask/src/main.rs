@@ -1,5 +1,5 @@
-//! Project automation: `cargo xtask ci | test | docs | fuzz | bench | soak |
-//! api-test | client-test`.
+//! Project automation: `cargo xtask ci | test | features | docs | fuzz | bench |
+//! soak | api-test | client-test`.
 //!
 //! Depends on no `parlance-*` crate, so it builds in seconds. It finds the
 //! workspace root from `CARGO_MANIFEST_DIR`, runs cargo through the `CARGO`
@@ -17,7 +17,7 @@ mod serve;
 #[cfg(test)]
 mod tidy;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 use crate::run::{Cmd, cargo};
 
@@ -25,12 +25,17 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci     everything CI checks: fmt, clippy, tests (PostgreSQL included), schemathesis
-         and the Python client's tests against a live serve (a minute of schemathesis
-         on each backend), cargo-deny (advisories reported, not blocking), docs, tidy,
-         and the fuzz smoke run (needs a nightly toolchain; skipped without one unless
-         CI is set)
+  ci     everything CI checks: fmt, clippy, the feature checks, tests (PostgreSQL
+         included), schemathesis and the Python client's tests against a live serve
+         (a minute of schemathesis on each backend), cargo-deny (advisories reported,
+         not blocking), docs, tidy, and the fuzz smoke run (needs a nightly toolchain;
+         skipped without one unless CI is set)
   test   the workspace tests, with PostgreSQL found or started as for ci
+  features
+         `cargo check` of each library crate (core, ports, memory, postgres, testkit)
+         with no default features, then with each machine feature alone (session,
+         adoption, conversation, turn, flow); then `cargo tree` of parlance-core with
+         `session` alone, failing if a template, YAML or JSON Schema crate is in it
   docs   build the API docs with warnings denied
   fuzz [--smoke | --secs N] [target...]
          run the cargo-fuzz targets in fuzz/ (nightly; cargo-fuzz is installed
@@ -65,6 +70,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("test") => test(&args[1..]),
+        Some("features") => features().map(drop),
         Some("docs") => docs(),
         Some("bench") => bench(&args[1..]),
         Some("soak") => soak(&args[1..]),
@@ -91,6 +97,7 @@ fn ci() -> Result<()> {
         "warnings",
     ])
     .run()?;
+    let features_took = features()?;
     test(&[])?;
     let live = std::time::Instant::now();
     api::api_test(&["--with-client".to_owned()])?;
@@ -106,9 +113,132 @@ fn ci() -> Result<()> {
         println!("xtask: fuzz smoke run skipped: no nightly toolchain");
     }
     println!("xtask: {advisories}");
+    println!("xtask: the feature checks took {features_took:.0?}");
     println!("xtask: schemathesis and the Python client's tests took {live:.0?}");
     println!("xtask: ci passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The library crates whose machines are cargo features.
+const FEATURE_CRATES: [&str; 5] = [
+    "parlance-core",
+    "parlance-ports",
+    "parlance-memory",
+    "parlance-postgres",
+    "parlance-testkit",
+];
+
+/// One feature per machine; each crate of [`FEATURE_CRATES`] has them all,
+/// on by default.
+const MACHINE_FEATURES: [&str; 5] = ["session", "adoption", "conversation", "turn", "flow"];
+
+/// Crates only the flow machine needs: the template engine, YAML and JSON
+/// Schema. A build of parlance-core with `session` alone must not hold one.
+const FLOW_ONLY_CRATES: [&str; 4] = ["minijinja", "serde_norway", "serde_yaml", "jsonschema"];
+
+/// Checks that every library crate builds with no machine and with each
+/// machine alone, and that a session-only parlance-core pulls in none of
+/// [`FLOW_ONLY_CRATES`]. Libraries only, `cargo check`: no code generated.
+/// Returns how long it took.
+fn features() -> Result<std::time::Duration> {
+    let started = std::time::Instant::now();
+    // One crate at a time: checked together, the crates would share the
+    // features of their third-party dependencies, hiding a crate that uses
+    // a feature only another one turns on.
+    for krate in FEATURE_CRATES {
+        let check = || cargo(["check", "--package", krate, "--lib", "--locked"]);
+        check_without_warnings(check().arg("--no-default-features"))?;
+        for machine in MACHINE_FEATURES {
+            let alone = check().args(["--no-default-features", "--features", machine]);
+            check_without_warnings(alone)?;
+        }
+    }
+    let tree = cargo([
+        "tree",
+        "--package",
+        "parlance-core",
+        "--no-default-features",
+        "--features",
+        "session",
+        "--edges",
+        "normal",
+        "--prefix",
+        "none",
+        "--locked",
+    ])
+    .output()?;
+    let names = tree_crate_names(&tree);
+    let found = flow_only(&names);
+    if !found.is_empty() {
+        bail!(
+            "parlance-core with `session` alone depends on {}: flow-only crates must be \
+             optional and enabled by the `flow` feature",
+            found.join(", ")
+        );
+    }
+    let took = started.elapsed();
+    println!(
+        "xtask: {} crates checked with no machine and with each of {} machines alone; \
+         a session-only parlance-core has {} crates; took {took:.0?}",
+        FEATURE_CRATES.len(),
+        MACHINE_FEATURES.len(),
+        names.len()
+    );
+    Ok(took)
+}
+
+/// Runs `check` (a `cargo check`) and fails on a warning as on an error: code
+/// only one machine uses must be gated with it, else a build without that
+/// machine warns of dead code. Diagnostics are printed as rustc renders them.
+fn check_without_warnings(check: Cmd) -> Result<()> {
+    let (mut command, shown) = check.arg("--message-format=json").into_parts();
+    println!("$ {shown}");
+    let out = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{shown}`"))?;
+    let mut warnings = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-message" {
+            continue;
+        }
+        if let Some(rendered) = message["message"]["rendered"].as_str() {
+            print!("{rendered}");
+        }
+        if message["message"]["level"] == "warning" {
+            warnings += 1;
+        }
+    }
+    if !out.status.success() {
+        bail!("`{shown}` failed: {}", out.status);
+    }
+    if warnings > 0 {
+        bail!("`{shown}`: warnings: {warnings}");
+    }
+    Ok(())
+}
+
+/// The crates of `names` that are in [`FLOW_ONLY_CRATES`].
+fn flow_only<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    names
+        .iter()
+        .copied()
+        .filter(|n| FLOW_ONLY_CRATES.contains(n))
+        .collect()
+}
+
+/// The distinct crate names of a `cargo tree --prefix none` listing.
+fn tree_crate_names(tree: &str) -> Vec<&str> {
+    let mut names: Vec<&str> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// Cargo on the nightly toolchain, whatever `rust-toolchain.toml` pins.
@@ -450,6 +580,32 @@ fn docs() -> Result<()> {
     cargo(["doc", "--workspace", "--no-deps", "--locked"])
         .env("RUSTDOCFLAGS", "-D warnings")
         .run()
+}
+
+#[cfg(test)]
+mod feature_checks {
+    use super::{flow_only, tree_crate_names};
+
+    #[test]
+    fn reads_each_crate_of_a_tree_once() {
+        let tree = "parlance-core v0.1.0 (/w/crates/core)\nserde v1.0.228\n\
+                    serde_derive v1.0.228 (proc-macro)\nserde v1.0.228 (*)\n\n";
+        assert_eq!(
+            tree_crate_names(tree),
+            ["parlance-core", "serde", "serde_derive"]
+        );
+    }
+
+    #[test]
+    fn finds_the_flow_only_crates_of_a_tree() {
+        let tree = "parlance-core v0.1.0\nminijinja v3.0.0\nregex v1.12.2\n\
+                    serde_norway v0.9.42\njsonschema v0.61.0\nserde_yaml v0.9.34\n";
+        assert_eq!(
+            flow_only(&tree_crate_names(tree)),
+            ["jsonschema", "minijinja", "serde_norway", "serde_yaml"]
+        );
+        assert!(flow_only(&["parlance-core", "serde", "uuid"]).is_empty());
+    }
 }
 
 #[cfg(test)]
