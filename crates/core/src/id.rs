@@ -146,6 +146,8 @@ macro_rules! string_id {
     };
 }
 
+// For the machines' ids: unused when the crate is built with no machine.
+#[allow(unused_imports)]
 pub(crate) use string_id;
 
 /// Characters allowed in a product id: ASCII letters, digits, `-`, `_`, `.`.
@@ -190,6 +192,7 @@ impl ProductId {
 }
 
 /// Declares a generated id: a UUID in its own type.
+#[allow(unused_macros)] // unused when the crate is built with no machine
 macro_rules! uuid_id {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
@@ -257,6 +260,7 @@ macro_rules! uuid_id {
     };
 }
 
+#[allow(unused_imports)]
 pub(crate) use uuid_id;
 
 #[cfg(test)]

@@ -63,6 +63,7 @@ pub fn kind_of(err: &sqlx::Error) -> ErrorKind {
 /// A stored integer as the Rust type it was written from. A value that
 /// does not fit (a negative count read as `u64`, ...) is a decode error
 /// naming the column: a corrupt record, never a panic or a silent clamp.
+#[cfg(feature = "turn")]
 pub(crate) fn stored_int<T>(column: &'static str, v: i64) -> Result<T, sqlx::Error>
 where
     T: TryFrom<i64>,
