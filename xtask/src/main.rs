@@ -28,7 +28,9 @@ commands:
   ci     everything CI checks: fmt, clippy, the feature checks, tests (PostgreSQL
          included), schemathesis and the Python client's tests against a live serve
          (a minute of schemathesis on each backend), cargo-deny (advisories reported,
-         not blocking), docs, tidy, and the fuzz smoke run (needs a nightly toolchain;
+         not blocking), docs, tidy, `cargo package` of the library crates (verified;
+         offline when the cargo cache holds every dependency), the library examples
+         (examples/library), and the fuzz smoke run (needs a nightly toolchain;
          skipped without one unless CI is set)
   test   the workspace tests, with PostgreSQL found or started as for ci
   features
@@ -37,6 +39,11 @@ commands:
          adoption, conversation, turn, flow); then `cargo tree` of parlance-core with
          `session` alone, failing if a template, YAML or JSON Schema crate is in it
   docs   build the API docs with warnings denied
+  package
+         `cargo package` of the six library crates, each verified (as ci does)
+  examples
+         run every example of examples/library, with PostgreSQL found or started
+         as for ci
   fuzz [--smoke | --secs N] [target...]
          run the cargo-fuzz targets in fuzz/ (nightly; cargo-fuzz is installed
          when missing): --smoke runs each for 30 s on an unoptimised build
@@ -72,6 +79,8 @@ fn main() -> Result<()> {
         Some("test") => test(&args[1..]),
         Some("features") => features().map(drop),
         Some("docs") => docs(),
+        Some("package") => package(),
+        Some("examples") => examples(),
         Some("bench") => bench(&args[1..]),
         Some("soak") => soak(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
@@ -105,6 +114,8 @@ fn ci() -> Result<()> {
     deny()?;
     let advisories = advisories();
     docs()?;
+    package()?;
+    examples()?;
     if nightly_available() {
         fuzz(&["--smoke".to_owned()])?;
     } else if run::on_ci() {
@@ -239,6 +250,82 @@ fn tree_crate_names(tree: &str) -> Vec<&str> {
     names.sort_unstable();
     names.dedup();
     names
+/// The library crates a release publishes, dependencies first.
+const LIBRARY_CRATES: &[&str] = &[
+    "parlance-core",
+    "parlance-ports",
+    "parlance-testkit",
+    "parlance-memory",
+    "parlance-postgres",
+    "parlance-openai",
+];
+
+/// `cargo package` of every library crate in one run, each verified by
+/// building it from its `.crate` (cargo overlays the crates not yet on
+/// crates.io as a local registry). The builds share the workspace's target
+/// directory, so a warm run takes seconds. Offline first: once any build
+/// has fetched the dependencies nothing needs the network; with a cold
+/// cache it runs again with registry access. `--allow-dirty` lets it run
+/// before the change is committed.
+fn package() -> Result<()> {
+    let started = std::time::Instant::now();
+    let cmd = || {
+        let mut c = cargo(["package", "--locked", "--allow-dirty"]);
+        for krate in LIBRARY_CRATES {
+            c = c.args(["--package", krate]);
+        }
+        c
+    };
+    if let Err(e) = cmd().arg("--offline").run() {
+        println!("xtask: offline packaging failed ({e:#}); again with registry access");
+        cmd().run()?;
+    }
+    println!(
+        "xtask: {} library crates packaged and verified in {:.0?}",
+        LIBRARY_CRATES.len(),
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// Runs every example of `examples/library` (each asserts what it shows
+/// and must exit 0); `postgres_axum` gets a database of its own on the
+/// server the tests use.
+fn examples() -> Result<()> {
+    let dir = run::root().join("examples/library/examples");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "rs")
+            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+        {
+            names.push(stem.to_owned());
+        }
+    }
+    names.sort();
+    if names.is_empty() {
+        bail!("no examples found in {}", dir.display());
+    }
+    let db = pg::provide()?;
+    let scratch = db
+        .as_ref()
+        .map(|db| pg::Scratch::create(db, "examples"))
+        .transpose()?;
+    for name in &names {
+        let cmd =
+            cargo(["run", "--package", "parlance-examples", "--locked"]).args(["--example", name]);
+        let cmd = match &scratch {
+            Some(s) => cmd
+                .env("DATABASE_URL", s.url())
+                .env("PARLANCE_REQUIRE_POSTGRES", "1"),
+            None => cmd.env_remove("DATABASE_URL"),
+        };
+        cmd.run()?;
+    }
+    drop(scratch);
+    drop(db);
+    println!("xtask: {} library examples ran", names.len());
+    Ok(())
 }
 
 /// Cargo on the nightly toolchain, whatever `rust-toolchain.toml` pins.
