@@ -250,6 +250,8 @@ fn tree_crate_names(tree: &str) -> Vec<&str> {
     names.sort_unstable();
     names.dedup();
     names
+}
+
 /// The library crates a release publishes, dependencies first.
 const LIBRARY_CRATES: &[&str] = &[
     "parlance-core",
