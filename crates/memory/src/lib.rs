@@ -1,3 +1,5 @@
+//! In-memory adapters of every Parlance port: the embedded default.
+//!
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

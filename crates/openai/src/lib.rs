@@ -1,3 +1,5 @@
+//! Parlance's LLM and embedding ports over any OpenAI-compatible HTTP endpoint.
+//!
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

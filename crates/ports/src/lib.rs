@@ -1,3 +1,5 @@
+//! Port traits of Parlance: storage, queue, LLM, clock and ids, with their errors.
+//!
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

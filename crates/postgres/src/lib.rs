@@ -1,3 +1,5 @@
+//! PostgreSQL adapters of every Parlance storage and queue port, with embedded migrations.
+//!
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,3 +1,5 @@
+//! Contract suites every Parlance adapter runs, a manual clock and sequential ids.
+//!
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
