@@ -23,6 +23,38 @@ use crate::store::StoreFixture;
 /// builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use parlance_memory::{MemoryAdoptionStore, MemoryAuditLog, MemoryTaskQueue};
+/// # use parlance_ports::{QueueConfig, SystemClock};
+/// use parlance_testkit::adoption::Subject;
+///
+/// /// The in-memory adoption store, through both its ports, with its audit
+/// /// log and queue.
+/// async fn subject() -> Option<Subject> {
+///     let audit = Arc::new(MemoryAuditLog::new());
+///     let queue = Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), QueueConfig::default()));
+///     let store = Arc::new(MemoryAdoptionStore::new(audit.clone(), queue.clone()));
+///     Some(Subject { records: store.clone(), store, audit, queue })
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod adoption {
+///     parlance_testkit::adoption_store_suite!(super::subject());
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::adoption::*;
+///
+///     let fresh = || async { subject().await.expect("always available") };
+///     a_rich_record_round_trips_with_its_audit_entry(fresh().await).await;
+///     delete_removes_only_that_record(fresh().await).await;
+///     plans_are_stored_per_product_and_role(fresh().await).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! adoption_store_suite {
     ($factory:expr) => {

@@ -18,6 +18,59 @@ use parlance_ports::{ErrorKind, PortResult};
 ///
 /// See how [the PostgreSQL key table](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) and [the service's start-up keys](https://github.com/parlance-rs/parlance/blob/main/crates/app/tests/it/contracts.rs)
 /// run it.
+///
+/// No in-memory adapter holds keys: here, a list of keys fixed at start-up.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// use async_trait::async_trait;
+/// use parlance_core::ProductId;
+/// use parlance_ports::{PortError, PortResult};
+/// use parlance_testkit::api_keys::{KeyStoreFixture, Subject};
+///
+/// /// Keys given at start-up, numbered from 1 as they are added.
+/// #[derive(Default)]
+/// struct StartUp(Mutex<Vec<(String, ProductId)>>);
+///
+/// #[async_trait]
+/// impl KeyStoreFixture for StartUp {
+///     async fn add(&self, product: &ProductId, key: &str) -> i64 {
+///         let mut keys = self.0.lock().expect("not poisoned");
+///         keys.push((key.to_owned(), product.clone()));
+///         i64::try_from(keys.len()).expect("a few keys")
+///     }
+///
+///     async fn resolve(&self, presented: &str) -> PortResult<Option<ProductId>> {
+///         let keys = self.0.lock().expect("not poisoned");
+///         Ok(keys.iter().find(|(k, _)| k == presented).map(|(_, p)| p.clone()))
+///     }
+///
+///     async fn revoke(&self, _: &ProductId, _: i64) -> PortResult<()> {
+///         Err(PortError::invalid("keys given at start-up are fixed"))
+///     }
+/// }
+///
+/// fn keys() -> Subject {
+///     Arc::new(StartUp::default())
+/// }
+///
+/// // In the service's tests, one `#[tokio::test]` per case:
+/// mod start_up_keys {
+///     parlance_testkit::api_key_suite!(async { Some(super::keys()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::api_keys::*;
+///
+///     a_stored_key_opens_its_product(keys()).await;
+///     an_empty_store_opens_nothing(keys()).await;
+///     keys_of_two_products_stay_apart(keys()).await;
+///     near_misses_open_nothing(keys()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! api_key_suite {
     ($factory:expr) => {
@@ -38,6 +91,68 @@ macro_rules! api_key_suite {
 /// Runs every revocation case against a store that can revoke.
 ///
 /// See how [the PostgreSQL key table](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) runs it.
+///
+/// No in-memory adapter holds keys: here, a list whose keys can be revoked.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// use async_trait::async_trait;
+/// use parlance_core::ProductId;
+/// use parlance_ports::{PortError, PortResult};
+/// use parlance_testkit::api_keys::{KeyStoreFixture, Subject};
+///
+/// /// Key `n` is entry `n - 1`: its text, its product, whether it is revoked.
+/// #[derive(Default)]
+/// struct Keys(Mutex<Vec<(String, ProductId, bool)>>);
+///
+/// #[async_trait]
+/// impl KeyStoreFixture for Keys {
+///     async fn add(&self, product: &ProductId, key: &str) -> i64 {
+///         let mut keys = self.0.lock().expect("not poisoned");
+///         keys.push((key.to_owned(), product.clone(), false));
+///         i64::try_from(keys.len()).expect("a few keys")
+///     }
+///
+///     async fn resolve(&self, presented: &str) -> PortResult<Option<ProductId>> {
+///         let keys = self.0.lock().expect("not poisoned");
+///         let live = keys.iter().find(|(k, _, revoked)| k == presented && !revoked);
+///         Ok(live.map(|(_, p, _)| p.clone()))
+///     }
+///
+///     async fn revoke(&self, product: &ProductId, id: i64) -> PortResult<()> {
+///         let mut keys = self.0.lock().expect("not poisoned");
+///         let n = usize::try_from(id - 1).ok();
+///         match n.and_then(|n| keys.get_mut(n)) {
+///             Some((_, owner, revoked)) if owner == product => {
+///                 *revoked = true;
+///                 Ok(())
+///             }
+///             _ => Err(PortError::not_found("no such key of this product")),
+///         }
+///     }
+/// }
+///
+/// fn keys() -> Subject {
+///     Arc::new(Keys::default())
+/// }
+///
+/// // In the adapter's tests, one `#[tokio::test]` per case:
+/// mod revocable_keys {
+///     parlance_testkit::api_key_revocation_suite!(async { Some(super::keys()) });
+/// }
+///
+/// // What those tests run, case by case:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::api_keys::*;
+///
+///     a_revoked_key_opens_nothing(keys()).await;
+///     revoking_twice_is_harmless(keys()).await;
+///     another_product_cannot_revoke_a_key(keys()).await;
+///     revoking_an_unknown_key_is_not_found(keys()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! api_key_revocation_suite {
     ($factory:expr) => {

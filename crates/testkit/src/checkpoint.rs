@@ -36,6 +36,37 @@ pub use history::*;
 /// Runs every case of this suite against the subject the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use parlance_memory::{MemoryAuditLog, MemoryCheckpointStore, MemoryTaskQueue};
+/// # use parlance_ports::{QueueConfig, SystemClock};
+/// use parlance_testkit::checkpoint::Subject;
+///
+/// /// The in-memory thread store with the audit and crisis logs it writes to.
+/// fn subject() -> Subject {
+///     let audit = Arc::new(MemoryAuditLog::new());
+///     let store = MemoryCheckpointStore::new(audit.clone());
+///     let queue = Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), QueueConfig::default()));
+///     Subject { crisis_log: store.crisis_log(), store: Arc::new(store), audit, queue }
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod checkpoint {
+///     parlance_testkit::checkpoint_store_suite!(async { Some(super::subject()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::checkpoint::*;
+///
+///     commits_append_lists_and_replace_objects(subject()).await;
+///     a_stale_version_conflicts_and_writes_nothing(subject()).await;
+///     history_lists_every_checkpoint_newest_first(subject()).await;
+///     a_fork_starts_a_thread_of_its_own(subject()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! checkpoint_store_suite {
     ($factory:expr) => {

@@ -33,6 +33,37 @@ use crate::store::StoreFixture;
 /// Runs every case of this suite against the adapter the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use parlance_memory::{MemoryAuditLog, MemoryConversationStore, MemoryTaskQueue};
+/// # use parlance_ports::{QueueConfig, SystemClock};
+/// use parlance_testkit::conversation::Subject;
+///
+/// /// The in-memory conversation store with its audit log and queue.
+/// fn subject() -> Subject {
+///     let audit = Arc::new(MemoryAuditLog::new());
+///     let queue = Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), QueueConfig::default()));
+///     let store = Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone()));
+///     Subject { store: store.clone(), index: store, audit, queue }
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod conversation {
+///     parlance_testkit::conversation_store_suite!(async { Some(super::subject()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::conversation::*;
+///
+///     create_get_and_list_are_scoped(subject()).await;
+///     a_commit_saves_appends_and_audits(subject()).await;
+///     a_terminal_transition_promotes_the_oldest_queued(subject()).await;
+///     unknown_ids_are_not_found(subject()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! conversation_store_suite {
     ($factory:expr) => {

@@ -26,6 +26,38 @@ use crate::store::StoreFixture;
 /// Runs every case of this suite against the fixture the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use parlance_memory::{MemoryAuditLog, MemoryFlowStore, MemoryTaskQueue};
+/// # use parlance_ports::{QueueConfig, SystemClock};
+/// use parlance_testkit::flow::Fixture;
+///
+/// /// The in-memory flow store, as both ports, with its audit log and queue.
+/// fn fixture() -> Fixture {
+///     let audit = Arc::new(MemoryAuditLog::new());
+///     let config = QueueConfig::default();
+///     let queue = Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), config));
+///     let limits = config.dag_limits;
+///     let store = Arc::new(MemoryFlowStore::with_queue(audit.clone(), queue.clone(), limits));
+///     Fixture::new(store.clone(), store, audit, queue)
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod flow {
+///     parlance_testkit::flow_store_suite!(async { Some(super::fixture()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::flow::*;
+///
+///     a_session_loads_back_with_its_dialogue_in_order(fixture()).await;
+///     a_commit_that_starts_a_dag_names_the_run_in_the_session(fixture()).await;
+///     reads_are_scoped_by_product(fixture()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! flow_store_suite {
     ($factory:expr) => {

@@ -20,6 +20,57 @@ use serde_json::{Value, json};
 /// Runs every case of this suite against the fixture the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the OpenAI-compatible client](https://github.com/parlance-rs/parlance/blob/main/crates/openai/tests/it/contract.rs) run it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use parlance_memory::{OfflineLlm, Reply};
+/// use parlance_ports::{CompletionRequest, LlmClient, LlmError};
+/// use parlance_testkit::llm::{LlmFixture, Scripted, Subject};
+///
+/// /// The offline client, scripted one reply at a time.
+/// struct Offline(Arc<OfflineLlm>);
+///
+/// impl LlmFixture for Offline {
+///     fn client(&self) -> Arc<dyn LlmClient> {
+///         self.0.clone()
+///     }
+///
+///     fn script(&self, answer: Scripted) {
+///         self.0.push_reply(match answer {
+///             Scripted::Answer { content, tool_calls, usage } => {
+///                 Reply::Answer { content, tool_calls, usage: Some(usage) }
+///             }
+///             Scripted::Status { status, retry_after, message } => {
+///                 Reply::Error(LlmError::from_status(status, retry_after, &message))
+///             }
+///         });
+///     }
+///
+///     fn received(&self) -> Vec<CompletionRequest> {
+///         self.0.received()
+///     }
+/// }
+///
+/// fn subject() -> Subject {
+///     Arc::new(Offline(Arc::new(OfflineLlm::new())))
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod llm {
+///     parlance_testkit::llm_client_suite!(async { Some(super::subject()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::llm::*;
+///
+///     text_answer_reports_usage(subject()).await;
+///     tool_calls_come_back_and_results_go_out(subject()).await;
+///     errors_are_classified(subject()).await;
+///     streaming_adds_up_to_the_answer(subject()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! llm_client_suite {
     ($factory:expr) => {

@@ -17,6 +17,33 @@ use serde_json::json;
 /// Runs every case of this suite against the adapter the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use parlance_memory::MemoryMemoryStore;
+/// use parlance_testkit::memory_store::Subject;
+///
+/// fn subject() -> Subject {
+///     Arc::new(MemoryMemoryStore::new())
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod memory_store {
+///     parlance_testkit::memory_store_suite!(async { Some(super::subject()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::memory_store::*;
+///
+///     add_list_and_round_trip(subject()).await;
+///     delete_by_filter(subject()).await;
+///     token_recall_ranks_the_corpus(subject()).await;
+///     hybrid_retrieval_fuses_by_reciprocal_rank(subject()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! memory_store_suite {
     ($factory:expr) => {

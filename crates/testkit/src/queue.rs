@@ -22,6 +22,38 @@ use uuid::Uuid;
 /// Runs every case of this suite against the adapter the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use parlance_memory::MemoryTaskQueue;
+/// use parlance_testkit::ManualClock;
+/// use parlance_testkit::queue::{Subject, config};
+///
+/// /// The in-memory queue, built with the suite's `config` and reading a
+/// /// manual clock.
+/// fn subject() -> Subject {
+///     let clock = Arc::new(ManualClock::new());
+///     let queue = Arc::new(MemoryTaskQueue::new(clock.clone(), config()));
+///     Subject::new(queue, clock)
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod queue {
+///     parlance_testkit::task_queue_suite!(async { Some(super::subject()) });
+/// }
+///
+/// // What some of those tests run (the clock only moves when a case moves it):
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::queue::*;
+///
+///     claims_by_priority_then_run_at(subject()).await;
+///     dedup_key_skips_live_duplicates(subject()).await;
+///     silent_worker_loses_its_tasks(subject()).await;
+///     dag_chain_passes_results_in_order(subject()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! task_queue_suite {
     ($factory:expr) => {

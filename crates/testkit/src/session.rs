@@ -80,6 +80,39 @@ impl StoreFixture for SessionFixture {
 /// Runs every case of this suite against the adapters the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use parlance_memory::{MemoryAuditLog, MemorySessionStore, MemoryTaskQueue, MemoryTourCatalogs};
+/// # use parlance_ports::{QueueConfig, SystemClock};
+/// use parlance_testkit::session::Subject;
+///
+/// /// The in-memory session store, through both its ports, with its
+/// /// catalogs and audit log.
+/// fn subject() -> Subject {
+///     let audit = Arc::new(MemoryAuditLog::new());
+///     let queue = Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), QueueConfig::default()));
+///     let store = Arc::new(MemorySessionStore::new(audit.clone(), queue));
+///     let tours = Arc::new(MemoryTourCatalogs::new());
+///     Subject { store: store.clone(), sessions: store, tours, audit }
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod session {
+///     parlance_testkit::session_store_suite!(async { Some(super::subject()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::session::*;
+///
+///     create_creates_once(subject()).await;
+///     commit_is_compare_and_swap(subject()).await;
+///     states_round_trip_exactly(subject()).await;
+///     tour_catalogs_round_trip_per_product(subject()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! session_store_suite {
     ($factory:expr) => {

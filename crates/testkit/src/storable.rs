@@ -29,6 +29,48 @@ pub const CASES: u32 = 32;
 /// Runs the suite's cases against the factories' subjects.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use parlance_memory::{MemoryAdoptionStore, MemoryAuditLog, MemoryConversationStore};
+/// # use parlance_memory::MemoryTaskQueue;
+/// # use parlance_ports::{QueueConfig, SystemClock, TaskQueue};
+/// use parlance_testkit::{adoption, conversation};
+///
+/// # fn queue() -> Arc<dyn TaskQueue> {
+/// #     Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), QueueConfig::default()))
+/// # }
+/// /// The in-memory adoption store, with its audit log and queue.
+/// async fn adoption_subject() -> Option<adoption::Subject> {
+///     let (audit, queue) = (Arc::new(MemoryAuditLog::new()), queue());
+///     let store = Arc::new(MemoryAdoptionStore::new(audit.clone(), queue.clone()));
+///     Some(adoption::Subject { records: store.clone(), store, audit, queue })
+/// }
+///
+/// /// The in-memory conversation store, with its audit log and queue.
+/// async fn conversation_subject() -> Option<conversation::Subject> {
+///     let (audit, queue) = (Arc::new(MemoryAuditLog::new()), queue());
+///     let store = Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone()));
+///     Some(conversation::Subject { store: store.clone(), index: store, audit, queue })
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per machine:
+/// mod storable {
+///     parlance_testkit::storable_suite!(
+///         adoption = super::adoption_subject(),
+///         conversation = super::conversation_subject(),
+///     );
+/// }
+///
+/// // What those tests run: `CASES` scenarios per machine.
+/// #[tokio::main]
+/// async fn main() {
+///     let adoption = adoption_subject().await.expect("in memory");
+///     parlance_testkit::storable::adoption(adoption).await;
+///     let conversation = conversation_subject().await.expect("in memory");
+///     parlance_testkit::storable::conversation(conversation).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! storable_suite {
     (adoption = $adoption:expr, conversation = $conversation:expr $(,)?) => {

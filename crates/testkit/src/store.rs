@@ -27,6 +27,40 @@ use parlance_ports::{
 /// Runs every case of this suite against the fixture the factory builds.
 ///
 /// See how [the in-memory adapters](https://github.com/parlance-rs/parlance/blob/main/crates/memory/tests/it/main.rs) and [the PostgreSQL adapters](https://github.com/parlance-rs/parlance/blob/main/crates/postgres/tests/it/main.rs) run it.
+///
+/// Any machine's fixture will do; here, conversations on the in-memory store
+/// (the [`conversation::Subject`](crate::conversation::Subject) is their
+/// fixture):
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use parlance_memory::{MemoryAuditLog, MemoryConversationStore, MemoryTaskQueue};
+/// # use parlance_ports::{QueueConfig, SystemClock};
+/// use parlance_testkit::conversation::Subject;
+///
+/// fn fixture() -> Subject {
+///     let audit = Arc::new(MemoryAuditLog::new());
+///     let queue = Arc::new(MemoryTaskQueue::new(Arc::new(SystemClock), QueueConfig::default()));
+///     let store = Arc::new(MemoryConversationStore::new(audit.clone(), queue.clone()));
+///     Subject { store: store.clone(), index: store, audit, queue }
+/// }
+///
+/// // In the adapter's `tests/it/main.rs`, one `#[tokio::test]` per case:
+/// mod conversation_protocol {
+///     parlance_testkit::machine_store_suite!(async { Some(super::fixture()) });
+/// }
+///
+/// // What some of those tests run:
+/// #[tokio::main]
+/// async fn main() {
+///     use parlance_testkit::store::*;
+///
+///     a_record_is_created_once_and_loads_back(fixture()).await;
+///     a_commit_is_a_compare_and_swap(fixture()).await;
+///     a_commit_writes_its_audit_entries_and_tasks(fixture()).await;
+///     records_are_scoped_by_product(fixture()).await;
+/// }
+/// ```
 #[macro_export]
 macro_rules! machine_store_suite {
     ($factory:expr) => {
