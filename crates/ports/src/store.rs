@@ -31,7 +31,11 @@ use crate::{AuditEntry, PortResult};
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 #[serde(transparent)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(description = "A record's version: 1 once created, one more on every commit.")
+)]
 pub struct Version(pub u64);
 
 impl Version {

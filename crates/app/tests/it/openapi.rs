@@ -27,6 +27,46 @@ async fn the_served_document_is_the_committed_one() {
     );
 }
 
+/// Every `description` in `v`, with its JSON path.
+fn descriptions<'a>(v: &'a Value, path: String, out: &mut Vec<(String, &'a str)>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("description", Value::String(s)) => out.push((path.clone(), s)),
+                    _ => descriptions(x, format!("{path}.{k}"), out),
+                }
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                descriptions(x, format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The document describes the wire, not the Rust API: a type's doc
+/// comment carries code examples and intra-doc links for rustdoc, which
+/// its schema must not repeat (it gets a `schema(description = ...)`).
+#[test]
+fn no_description_carries_rust_examples_or_links() {
+    let doc = committed();
+    let mut all = Vec::new();
+    descriptions(&doc, "$".to_owned(), &mut all);
+    assert!(all.len() > 100, "only {} descriptions found", all.len());
+    let leaked: Vec<&String> = all
+        .iter()
+        .filter(|(_, d)| d.contains("```") || d.contains("](crate::") || d.contains("](super::"))
+        .map(|(p, _)| p)
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "rustdoc text in the API document at {leaked:?}"
+    );
+}
+
 const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
 
 /// Fills a path template: the test key's product, a plausible id elsewhere.

@@ -129,7 +129,11 @@ pub struct NewInstance {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = ConversationRecord))]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(as = ConversationRecord, description = "One conversation instance.")
+)]
 pub struct Instance {
     /// The tenant.
     pub product_id: ProductId,

@@ -58,7 +58,11 @@ pub struct TourDefinition {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(description = "A product's tours.")
+)]
 pub struct TourCatalog {
     /// Timeout for tours that do not set their own (`None`: the session's).
     pub default_interaction_timeout_s: Option<f64>,
