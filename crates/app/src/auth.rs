@@ -169,6 +169,32 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
     }
 }
 
+/// The product a key opens, as `GET /v1/me` answers it.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct Me {
+    /// The product the presented key opens.
+    #[schema(value_type = parlance_core::ProductId, example = "acme")]
+    product_id: ProductId,
+}
+
+/// The product the presented key opens: what a client (the console) calls
+/// first to learn where its key leads.
+#[utoipa::path(
+    get,
+    path = "/me",
+    operation_id = "get_me",
+    tag = "keys",
+    responses(
+        (status = 200, description = "The key's product.", body = Me),
+        crate::http::openapi::ReadProblems,
+    ),
+)]
+pub(crate) async fn me(Tenant(product): Tenant) -> crate::http::ApiJson<Me> {
+    crate::http::ApiJson(Me {
+        product_id: product,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,7 @@ pub mod auth;
 pub mod budget;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod conversation;
 pub mod demo;
 pub mod execute;
@@ -506,9 +507,10 @@ pub fn keys_for(key: &ApiKey) -> ApiKeys {
     ApiKeys::single(key, ProductId::default_product())
 }
 
-/// The whole service: health probes, metrics and the API document open,
-/// every feature's routes under `/v1` behind a key (and its rate limit),
-/// every answer with a request id and an access line, CORS when configured.
+/// The whole service: health probes, metrics, the API document and the
+/// operator console open, every feature's routes under `/v1` behind a key
+/// (and its rate limit), every answer with a request id and an access line,
+/// CORS when configured.
 pub fn router(state: &AppState) -> Router {
     let (router, doc) = api(state);
     let doc = http::openapi::Document::render(&doc);
@@ -543,6 +545,7 @@ fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
         .merge(conversation::routes().with_state(state.conversations.clone()))
         .merge(flow::routes().with_state(state.flows.clone()))
         .merge(agent::routes().with_state(state.agent.clone()))
+        .routes(routes!(auth::me))
         .split_for_parts();
     let v1 = v1
         .fallback(http::not_found)
@@ -566,8 +569,11 @@ fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
             .routes(routes!(http::openapi::document))
             .routes(routes!(monitoring::render))
             .split_for_parts();
+    // The console is served beside the API, not described in its document.
     (
-        root.with_state(state.backend.clone()).nest("/v1", v1),
+        root.with_state(state.backend.clone())
+            .nest("/v1", v1)
+            .merge(console::router()),
         doc.nest("/v1", v1_doc),
     )
 }

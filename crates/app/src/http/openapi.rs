@@ -125,6 +125,7 @@ impl Modify for BearerKey {
         (name = "conversations", description = "Conversation instances: replies, follow-ups, pause, hand-off to a person."),
         (name = "agent", description = "Agent turns, threads, memory and the crisis log."),
         (name = "flows", description = "Flows: sessions driven by YAML flow definitions (genie-flow compatible routes)."),
+        (name = "keys", description = "What the presented key opens."),
         (name = "service", description = "Probes and the API document; no key needed."),
     )
 )]

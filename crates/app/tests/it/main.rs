@@ -7,6 +7,7 @@ mod agent_stream;
 mod bad_input;
 mod concurrency;
 mod connections;
+mod console;
 mod contracts;
 mod conversation;
 mod deadlines;

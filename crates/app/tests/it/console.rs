@@ -1,0 +1,237 @@
+//! The operator console: its pages and files are served without a key, with
+//! a strict security policy, and hold no data; `/v1/me` tells a key its
+//! product and nothing of another product.
+
+use std::sync::Arc;
+
+use parlance_app::AppState;
+use parlance_app::auth::{ApiKey, ApiKeys};
+use parlance_core::ProductId;
+use parlance_testkit::{ManualClock, SequentialIds};
+use reqwest::header::{HeaderMap, IF_NONE_MATCH};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::support::{KEY, TestServer};
+
+const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+                   connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; \
+                   base-uri 'none'; form-action 'none'";
+
+/// The second product's key.
+const OTHER_KEY: &str = "pk_test_beta";
+
+/// A server whose keys open `acme` (the test key) and `beta`.
+async fn two_products() -> TestServer {
+    let mut keys = ApiKeys::single(&ApiKey::new(KEY), ProductId::parse("acme").unwrap());
+    keys.insert(&ApiKey::new(OTHER_KEY), ProductId::parse("beta").unwrap());
+    let clock = Arc::new(ManualClock::new());
+    let state = AppState::memory_with(keys, clock.clone(), Arc::new(SequentialIds::new()));
+    TestServer::start(state, clock).await
+}
+
+/// A GET without a key: status, headers and body text.
+async fn get(
+    server: &TestServer,
+    path: &str,
+    extra: &[(reqwest::header::HeaderName, &str)],
+) -> (StatusCode, HeaderMap, String) {
+    let mut req = server.client.get(format!("http://{}{}", server.addr, path));
+    for (name, value) in extra {
+        req = req.header(name, *value);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status();
+    let headers = res.headers().clone();
+    (status, headers, res.text().await.unwrap())
+}
+
+/// A GET with `key` as bearer: status and JSON body.
+async fn get_with(server: &TestServer, path: &str, key: Option<&str>) -> (StatusCode, Value) {
+    let mut req = server.client.get(format!("http://{}{}", server.addr, path));
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> &'h str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+}
+
+fn assert_secured(headers: &HeaderMap, what: &str) {
+    assert_eq!(header(headers, "content-security-policy"), CSP, "{what}");
+    assert_eq!(header(headers, "referrer-policy"), "no-referrer", "{what}");
+    assert_eq!(
+        header(headers, "x-content-type-options"),
+        "nosniff",
+        "{what}"
+    );
+}
+
+#[tokio::test]
+async fn every_console_path_answers_the_page_without_a_key_and_with_no_data() {
+    let server = TestServer::memory().await;
+    let (status, _, _) = server
+        .send(
+            Method::POST,
+            "/v1/products/acme/conversations",
+            Some(&json!({"contact_id": "+15559990001", "objective": "confidential-objective-7"})),
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    for path in [
+        "/console",
+        "/console/",
+        "/console/conversations/0190b5a0-0000-7000-8000-000000000001",
+        "/console/anything/else",
+    ] {
+        let (status, headers, body) = get(&server, path, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(header(&headers, "content-type"), "text/html; charset=utf-8");
+        assert_eq!(header(&headers, "cache-control"), "no-cache");
+        assert!(headers.contains_key("etag"), "{path}");
+        assert_secured(&headers, path);
+        assert!(body.contains(r#"<script type="module" src="/console/assets/console.js">"#));
+        assert!(body.contains(r#"href="/console/assets/console.css""#));
+        assert!(body.contains(r#"data-test="sign-in""#));
+        assert!(
+            !body.contains("confidential-objective-7") && !body.contains("+15559990001"),
+            "the page holds no conversation data"
+        );
+        assert!(
+            !body.contains("http://") && !body.contains("https://"),
+            "nothing from elsewhere"
+        );
+    }
+}
+
+#[tokio::test]
+async fn assets_carry_their_type_a_tag_and_answer_not_modified() {
+    let server = TestServer::memory().await;
+    for (file, ctype, needle) in [
+        (
+            "console.js",
+            "text/javascript; charset=utf-8",
+            "sessionStorage",
+        ),
+        ("console.css", "text/css; charset=utf-8", "font-family"),
+    ] {
+        let path = format!("/console/assets/{file}");
+        let (status, headers, body) = get(&server, &path, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(header(&headers, "content-type"), ctype);
+        assert_eq!(header(&headers, "cache-control"), "no-cache");
+        assert_secured(&headers, &path);
+        assert!(body.contains(needle), "{path}");
+        let etag = header(&headers, "etag").to_owned();
+        assert!(etag.starts_with('"') && etag.ends_with('"') && etag.len() > 10);
+
+        let (status, again, body) = get(&server, &path, &[(IF_NONE_MATCH, &etag)]).await;
+        assert_eq!(status, StatusCode::NOT_MODIFIED, "{path}");
+        assert!(body.is_empty());
+        assert_eq!(header(&again, "etag"), etag);
+        assert_eq!(header(&again, "cache-control"), "no-cache");
+        assert_secured(&again, &path);
+
+        let listed = format!("\"stale\", {etag}");
+        let (status, _, _) = get(&server, &path, &[(IF_NONE_MATCH, &listed)]).await;
+        assert_eq!(status, StatusCode::NOT_MODIFIED, "a tag in a list matches");
+
+        let (status, _, body) = get(&server, &path, &[(IF_NONE_MATCH, "\"stale\"")]).await;
+        assert_eq!(status, StatusCode::OK, "another tag gets the file");
+        assert!(body.contains(needle));
+    }
+    let (_, js, _) = get(&server, "/console/assets/console.js", &[]).await;
+    let (_, css, _) = get(&server, "/console/assets/console.css", &[]).await;
+    assert_ne!(header(&js, "etag"), header(&css, "etag"));
+}
+
+#[tokio::test]
+async fn an_unknown_asset_is_a_not_found_problem() {
+    let server = TestServer::memory().await;
+    for file in ["nope.js", "index.html", "..%2Fmod.rs"] {
+        let path = format!("/console/assets/{file}");
+        let (status, headers, body) = get(&server, &path, &[]).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(header(&headers, "content-type"), "application/problem+json");
+        assert_secured(&headers, &path);
+        let problem: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["type"], "urn:parlance:problem:not-found");
+        assert_eq!(problem["status"], 404);
+    }
+}
+
+#[tokio::test]
+async fn me_answers_the_keys_product_and_401_without_a_valid_key() {
+    let server = TestServer::memory().await;
+    let (status, body) = get_with(&server, "/v1/me", Some(KEY)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"product_id": "acme"}));
+
+    for key in [None, Some("pk_wrong")] {
+        let res = server.client.get(format!("http://{}/v1/me", server.addr));
+        let res = match key {
+            Some(k) => res.bearer_auth(k),
+            None => res,
+        };
+        let res = res.send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{key:?}");
+        assert_eq!(
+            res.headers()["content-type"].to_str().unwrap(),
+            "application/problem+json"
+        );
+        let problem: Value = res.json().await.unwrap();
+        assert_eq!(problem["status"], 401);
+        assert!(problem.get("product_id").is_none());
+    }
+}
+
+#[tokio::test]
+async fn another_products_key_sees_its_own_product_and_not_the_first_ones_conversations() {
+    let server = two_products().await;
+    let (status, _, created) = server
+        .send(
+            Method::POST,
+            "/v1/products/acme/conversations",
+            Some(&json!({"contact_id": "+15559990002", "objective": "acme only"})),
+            true,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = created["conversation"]["instance_id"].as_str().unwrap();
+
+    let (status, me) = get_with(&server, "/v1/me", Some(OTHER_KEY)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(me, json!({"product_id": "beta"}));
+
+    let (status, body) = get_with(
+        &server,
+        &format!("/v1/products/acme/conversations/{id}"),
+        Some(KEY),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the owner sees it: {body}");
+
+    for path in [
+        format!("/v1/products/acme/conversations/{id}"),
+        format!("/v1/products/acme/conversations/{id}/audit"),
+        format!("/v1/products/beta/conversations/{id}"),
+        "/v1/products/acme/conversations".to_owned(),
+    ] {
+        let (status, body) = get_with(&server, &path, Some(OTHER_KEY)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(!body.to_string().contains("acme only"));
+    }
+    let (status, list) =
+        get_with(&server, "/v1/products/beta/conversations", Some(OTHER_KEY)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["items"], json!([]), "beta has no conversations");
+}
