@@ -29,6 +29,8 @@ OPERATIONS: Dict[str, Op] = {
     "readyz": Op("GET", "/readyz", m.Readiness),
     "document": Op("GET", "/openapi.json", m.JsonObject),
     "metrics": Op("GET", "/metrics", str),
+    # the key
+    "get_me": Op("GET", "/v1/me", m.Me),
     # sessions
     "get_session": Op("GET", P + "/sessions/{session_id}", m.SessionView),
     "post_event": Op("POST", P + "/sessions/{session_id}/events", m.EventView, m.SessionEvent),

@@ -434,6 +434,10 @@ class Client(_Namespaces):
     def readyz(self) -> m.Readiness:
         return self._send(OPERATIONS["readyz"], "/readyz", None, {})
 
+    def me(self) -> m.Me:
+        """The product the client's key opens."""
+        return self._send(OPERATIONS["get_me"], "/v1/me", None, {})
+
     def document(self) -> m.JsonObject:
         """The API document (OpenAPI 3.1)."""
         return self._send(OPERATIONS["document"], "/openapi.json", None, {})
@@ -477,6 +481,10 @@ class AsyncClient(_Namespaces):
 
     async def readyz(self) -> m.Readiness:
         return await self._send(OPERATIONS["readyz"], "/readyz", None, {})
+
+    async def me(self) -> m.Me:
+        """The product the client's key opens."""
+        return await self._send(OPERATIONS["get_me"], "/v1/me", None, {})
 
     async def document(self) -> m.JsonObject:
         return await self._send(OPERATIONS["document"], "/openapi.json", None, {})

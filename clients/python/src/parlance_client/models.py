@@ -31,6 +31,10 @@ class Health(Model):
     status: str
 
 
+class Me(Model):
+    product_id: str
+
+
 class Readiness(Model):
     status: str
     database: str
