@@ -1,6 +1,7 @@
 //! Tests against a live `parlance serve`: schemathesis on its API document
-//! (`xtask/api-test/`) and the Python client's pytest suite
-//! (`clients/python/tests`), in memory and on PostgreSQL.
+//! (`xtask/api-test/`), the Python client's pytest suite
+//! (`clients/python/tests`) and the operator console in a headless Chromium
+//! (`xtask/browser/`), in memory and on PostgreSQL.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -36,12 +37,14 @@ pub(crate) struct Plan {
     pub(crate) schemathesis: Option<Duration>,
     /// Whether to run the client's pytest suite.
     pub(crate) pytest: bool,
+    /// Whether to run the console's browser test.
+    pub(crate) browser: bool,
 }
 
 /// `cargo xtask api-test [--minutes N] [--backend memory|postgres]
 /// [--with-client]`: N minutes (default 2) of schemathesis, split between
-/// the backends, and with `--with-client` the client's tests on each (what
-/// `cargo xtask ci` runs).
+/// the backends, and with `--with-client` the client's tests and the
+/// console's browser test on each (what `cargo xtask ci` runs).
 pub(crate) fn api_test(args: &[String]) -> Result<()> {
     let mut minutes = 2.0_f64;
     let mut backends = vec![Backend::Memory, Backend::Postgres];
@@ -66,6 +69,7 @@ pub(crate) fn api_test(args: &[String]) -> Result<()> {
         backends,
         schemathesis: Some(each),
         pytest,
+        browser: pytest,
     })
 }
 
@@ -84,6 +88,26 @@ pub(crate) fn client_test(args: &[String]) -> Result<()> {
         backends,
         schemathesis: None,
         pytest: true,
+        browser: false,
+    })
+}
+
+/// `cargo xtask browser-test [--backend memory|postgres]`: the operator
+/// console's browser test (both backends by default).
+pub(crate) fn browser_test(args: &[String]) -> Result<()> {
+    let mut backends = vec![Backend::Memory, Backend::Postgres];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--backend" => backends = vec![backend(it.next())?],
+            other => bail!("unknown browser-test argument `{other}`"),
+        }
+    }
+    run(&Plan {
+        backends,
+        schemathesis: None,
+        pytest: false,
+        browser: true,
     })
 }
 
@@ -108,10 +132,11 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
     }
     let venv = py::ensure()?;
     let bin = serve::build()?;
+    let chromium = plan.browser && chromium()?;
     let mut failures = Vec::new();
     for &b in &plan.backends {
         let started = Instant::now();
-        let result = run_backend(plan, &venv, &bin, b);
+        let result = run_backend(plan, &venv, &bin, b, chromium);
         println!(
             "xtask: {} against `serve` on {} in {:.0?}",
             what(plan),
@@ -130,14 +155,17 @@ pub(crate) fn run(plan: &Plan) -> Result<()> {
 }
 
 fn what(plan: &Plan) -> &'static str {
-    match (plan.schemathesis.is_some(), plan.pytest) {
-        (true, true) => "schemathesis and the client's tests",
-        (true, false) => "schemathesis",
+    match (plan.schemathesis.is_some(), plan.pytest, plan.browser) {
+        (true, true, true) => "schemathesis, the client's tests and the console's browser test",
+        (true, true, false) => "schemathesis and the client's tests",
+        (true, false, _) => "schemathesis",
+        (false, true, true) => "the client's tests and the console's browser test",
+        (false, false, true) => "the console's browser test",
         _ => "the client's tests",
     }
 }
 
-fn run_backend(plan: &Plan, venv: &Venv, bin: &Path, b: Backend) -> Result<()> {
+fn run_backend(plan: &Plan, venv: &Venv, bin: &Path, b: Backend, chromium: bool) -> Result<()> {
     // Dropped in reverse order: the server stops before its database goes.
     let (db, scratch) = match b {
         Backend::Memory => (None, None),
@@ -164,6 +192,16 @@ fn run_backend(plan: &Plan, venv: &Venv, bin: &Path, b: Backend) -> Result<()> {
     }
     if plan.pytest {
         let r = pytest(venv, &server);
+        result = result.and(r);
+    }
+    if chromium {
+        let r = browser(
+            venv,
+            bin,
+            &server,
+            b,
+            scratch.as_ref().map(pg::Scratch::url),
+        );
         result = result.and(r);
     }
     drop(server);
@@ -215,6 +253,125 @@ fn pytest(venv: &Venv, server: &Server) -> Result<()> {
         .env("PARLANCE_API_KEY", API_KEY)
         .env("PARLANCE_PRODUCT", PRODUCT)
         .run()
+}
+
+/// Debian's Chromium, which the browser test drives (never a browser
+/// Playwright downloads).
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// Whether Chromium is there to run the browser test, installing Debian's
+/// `chromium` and `chromium-driver` with `apt-get` when it is missing (after
+/// `apt-get update` when the first try fails). Under `CI` a failed install
+/// is an error; elsewhere the test is skipped with the reason printed.
+fn chromium() -> Result<bool> {
+    if Path::new(CHROMIUM).is_file() {
+        return Ok(true);
+    }
+    println!("xtask: {CHROMIUM} is missing; installing Debian's chromium");
+    let install = || {
+        Cmd::new("apt-get")
+            .args(["install", "-y", "chromium", "chromium-driver"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .run()
+    };
+    let installed = install()
+        .or_else(|_| {
+            Cmd::new("apt-get")
+                .args(["update"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .run()?;
+            install()
+        })
+        .and_then(|()| {
+            if Path::new(CHROMIUM).is_file() {
+                Ok(())
+            } else {
+                bail!("apt-get installed chromium but {CHROMIUM} is still missing")
+            }
+        });
+    match installed {
+        Ok(()) => Ok(true),
+        Err(e) if on_ci() => {
+            Err(e.context("CI is set and Chromium could not be installed for the browser test"))
+        }
+        Err(e) => {
+            println!("xtask: console browser test skipped: no {CHROMIUM} ({e:#})");
+            Ok(false)
+        }
+    }
+}
+
+/// The console's browser test (`xtask/browser/console_test.py`) against
+/// `server`. On PostgreSQL a second product's key is made with `parlance
+/// keys create` on the server's database, so the test also checks that it
+/// does not see the first product's conversation; the in-memory server's
+/// keys live in its process, out of the command's reach.
+fn browser(
+    venv: &Venv,
+    bin: &Path,
+    server: &Server,
+    b: Backend,
+    database_url: Option<&str>,
+) -> Result<()> {
+    let shots = root()
+        .join("target")
+        .join("console-screenshots")
+        .join(b.name());
+    let checks_file = root()
+        .join("target")
+        .join("py")
+        .join(format!("console-checks-{}.txt", b.name()));
+    let _ = std::fs::remove_file(&checks_file);
+    let second_key = match database_url {
+        Some(url) => {
+            let out = Cmd::new(bin)
+                .args(["keys", "create", "--product", "console-second"])
+                .args(["--label", "console browser test"])
+                .env("DATABASE_URL", url)
+                .output()?;
+            let made: serde_json::Value =
+                serde_json::from_str(out.trim()).context("read `keys create`'s answer")?;
+            made["key"]
+                .as_str()
+                .context("`keys create` printed no key")?
+                .to_owned()
+        }
+        None => String::new(),
+    };
+    let status = Cmd::new(venv.bin("python"))
+        .arg("xtask/browser/console_test.py")
+        .env("PARLANCE_URL", &server.url)
+        .env("PARLANCE_API_KEY", API_KEY)
+        .env("PARLANCE_PRODUCT", PRODUCT)
+        .env("PARLANCE_SECOND_KEY", &second_key)
+        .env("PARLANCE_CHROMIUM", CHROMIUM)
+        .env("PARLANCE_SCREENSHOTS", &shots)
+        .env("PARLANCE_CHECKS_FILE", &checks_file)
+        .run();
+    let checks = std::fs::read_to_string(&checks_file)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "no".to_owned());
+    let mut pictures: Vec<_> = std::fs::read_dir(&shots)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    pictures.sort();
+    for p in &pictures {
+        println!("xtask: screenshot {}", p.display());
+    }
+    println!(
+        "xtask: console browser test on {}: {checks} checks{}, screenshots in {}",
+        b.name(),
+        if second_key.is_empty() {
+            " (no second product: its keys cannot be made for the in-memory server)"
+        } else {
+            ""
+        },
+        shots.display()
+    );
+    status
 }
 
 /// The counts of one schemathesis run, from its JSON report and the

@@ -1,5 +1,5 @@
 //! Project automation: `cargo xtask ci | test | features | docs | fuzz | bench |
-//! soak | api-test | client-test`.
+//! soak | api-test | client-test | browser-test`.
 //!
 //! Depends on no `parlance-*` crate, so it builds in seconds. It finds the
 //! workspace root from `CARGO_MANIFEST_DIR`, runs cargo through the `CARGO`
@@ -65,6 +65,8 @@ commands:
          against the same servers (as ci does); Python tools in target/py/venv
   client-test [--backend memory|postgres]
          the Python client's tests (clients/python) against `parlance serve`
+  browser-test [--backend memory|postgres]
+         the operator console in headless Chromium against `parlance serve`
   soak [--minutes N] [--out DIR]
          mixed load on every machine against two serves and two workers on
          PostgreSQL, with slow clients and oversized inputs; records requests,
@@ -86,6 +88,7 @@ fn main() -> Result<()> {
         Some("fuzz") => fuzz(&args[1..]),
         Some("api-test") => api::api_test(&args[1..]),
         Some("client-test") => api::client_test(&args[1..]),
+        Some("browser-test") => api::browser_test(&args[1..]),
         _ => {
             eprint!("{USAGE}");
             bail!("unknown or missing command")
