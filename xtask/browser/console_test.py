@@ -175,6 +175,23 @@ def main():
             expect(page.get_by_test_id("conv-state")).to_have_text("WAITING_FOR_REPLY")
             check("the page shows WAITING_FOR_REPLY after the send")
 
+            # The contact answers through the API; the open page (asking
+            # again every 5 s) shows the reply, the agent's answer and the
+            # transitions.
+            status, _ = api(
+                "POST",
+                f"/v1/products/{PRODUCT}/conversations/{cid}/replies",
+                {"text": "Tuesday morning is fine."},
+            )
+            check("the contact's reply is accepted", status == 200)
+            check("the agent answers it", wait_state(cid, {"WAITING_FOR_REPLY"}) == "WAITING_FOR_REPLY")
+            expect(page.get_by_test_id("message")).to_have_count(4)
+            check("the open page shows the reply and the agent's answer")
+            expect(page.locator("[data-test=message].contact")).to_contain_text("Tuesday morning is fine.")
+            check("the reply is shown as the contact's")
+            expect(page.get_by_test_id("audit-row").filter(has_text="contact_reply")).to_have_count(1)
+            check("the history shows the reply's transition")
+
             # Pause and resume change the state the page shows, as the API says.
             page.get_by_test_id("pause").click()
             expect(page.get_by_test_id("conv-state")).to_have_text("PAUSED")
