@@ -62,7 +62,8 @@ commands:
          schemathesis against `parlance serve` on its /openapi.json: every operation,
          positive and negative data, stateful links; N minutes (default 2) split
          between memory and PostgreSQL; --with-client runs the Python client's tests
-         against the same servers (as ci does); Python tools in target/py/venv
+         and the console's browser test against the same servers (as ci does);
+         Python tools in target/py/venv
   client-test [--backend memory|postgres]
          the Python client's tests (clients/python) against `parlance serve`
   browser-test [--backend memory|postgres]
