@@ -19,6 +19,7 @@ use parlance_ports::{Checkpointer, CrisisLog, MemoryStore};
 
 pub use data::{AgentData, EXAMPLE_DIRECTORY, EXAMPLE_KNOWLEDGE};
 pub use routes::routes;
+pub(crate) use stages::graph;
 
 use crate::state::Shared;
 

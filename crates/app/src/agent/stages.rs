@@ -137,7 +137,7 @@ fn after_dispatch(s: &SupportState) -> &'static str {
 }
 
 /// The reference agent's graph.
-pub(super) fn graph() -> Graph<SupportState> {
+pub(crate) fn graph() -> Graph<SupportState> {
     const REPLIES: [&str; 5] = [
         "therapeutic_reply",
         "safety_check",

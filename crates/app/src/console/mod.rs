@@ -20,6 +20,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use parlance_core::TransitionTable;
+use parlance_core::flow::Flow;
+use parlance_core::turn::Graph;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::http::ApiError;
@@ -108,7 +112,141 @@ pub fn router() -> Router {
         .route("/console/", get(index))
         .route("/console/{*path}", get(index))
         .route("/console/assets/{file}", get(asset))
+        .route("/console/machines.json", get(machines))
         .layer(middleware::from_fn(secure))
+}
+
+/// The machines' diagrams as data, built once from their tables: the
+/// product's code, not its data, so served without a key.
+static MACHINES: LazyLock<Asset> = LazyLock::new(|| {
+    let body = serde_json::to_vec(&machines_json()).expect("the machines serialize");
+    Asset::new(
+        "machines.json",
+        "application/json",
+        Box::leak(body.into_boxed_slice()),
+    )
+});
+
+async fn machines(headers: HeaderMap) -> Response {
+    MACHINES.answer(&headers)
+}
+
+/// One machine's diagram: its states (initial first), the terminal ones and
+/// every edge with its cause.
+fn machine(
+    name: &str,
+    title: &str,
+    initial: &str,
+    states: Vec<String>,
+    terminal: Vec<String>,
+    edges: Vec<(String, String, String)>,
+) -> Value {
+    json!({
+        "name": name,
+        "title": title,
+        "initial": initial,
+        "states": states,
+        "terminal": terminal,
+        "edges": edges
+            .into_iter()
+            .map(|(from, to, cause)| json!({"from": from, "to": to, "cause": cause}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+/// A transition table as a diagram; an edge from `[*]` (how an instance is
+/// created) names the initial state instead of being drawn.
+fn from_table(name: &str, table: &TransitionTable) -> Value {
+    let initial = table
+        .edges
+        .iter()
+        .find(|e| e.from == "[*]")
+        .map_or(table.states[0], |e| e.to);
+    machine(
+        name,
+        table.machine,
+        initial,
+        table.states.iter().map(|s| (*s).to_owned()).collect(),
+        table.terminal.iter().map(|s| (*s).to_owned()).collect(),
+        table
+            .edges
+            .iter()
+            .filter(|e| e.from != "[*]")
+            .map(|e| (e.from.to_owned(), e.to.to_owned(), e.cause.to_owned()))
+            .collect(),
+    )
+}
+
+/// The agent's turn graph, read from its Mermaid flowchart: plain edges
+/// have no cause, route targets `route`; `END` is its terminal state.
+fn from_graph<S>(name: &str, graph: &Graph<S>) -> Value {
+    let mut states: Vec<String> = graph.stages().iter().map(|s| (*s).to_owned()).collect();
+    let mut initial = String::new();
+    let mut edges = Vec::new();
+    for line in graph.to_mermaid().lines().skip(1) {
+        let line = line.trim();
+        if let Some(entry) = line.strip_prefix("START([start]) --> ") {
+            entry.clone_into(&mut initial);
+            continue;
+        }
+        let (from, to, cause) = match (line.split_once(" -.-> "), line.split_once(" --> ")) {
+            (Some((f, t)), _) => (f, t, "route"),
+            (None, Some((f, t))) => (f, t, ""),
+            (None, None) => continue,
+        };
+        for s in [from, to] {
+            if !states.iter().any(|k| k == s) {
+                states.push(s.to_owned());
+            }
+        }
+        let edge = (from.to_owned(), to.to_owned(), cause.to_owned());
+        if !edges.contains(&edge) {
+            edges.push(edge);
+        }
+    }
+    let terminal = states.iter().filter(|s| *s == "END").cloned().collect();
+    machine(name, graph.name(), &initial, states, terminal, edges)
+}
+
+/// A flow's diagram: its declared states and transitions, events sharing
+/// endpoints kept apart.
+fn from_flow(name: &str, flow: &Flow) -> Value {
+    let def = flow.def();
+    let states: Vec<String> = def.states.iter().map(|s| s.id.clone()).collect();
+    let terminal = states
+        .iter()
+        .filter(|s| !def.transitions.iter().any(|t| &t.from == *s))
+        .cloned()
+        .collect();
+    let initial = def.initial.clone().unwrap_or_else(|| states[0].clone());
+    machine(
+        name,
+        &format!("flow {}", def.name),
+        &initial,
+        states,
+        terminal,
+        def.transitions
+            .iter()
+            .map(|t| (t.from.clone(), t.to.clone(), t.event.clone()))
+            .collect(),
+    )
+}
+
+/// Every machine the console draws: the four tables and graphs of the
+/// service, and the reference flow (`qa`) for the flow machine (each loaded
+/// flow is drawn from `GET /v1/products/{p}/flows`).
+fn machines_json() -> Value {
+    let catalog = crate::flow::example_catalog().expect("the example flows are valid");
+    let qa = catalog.get("qa").expect("the qa example is built in");
+    json!({
+        "machines": [
+            from_table("session", &parlance_core::session::TRANSITIONS),
+            from_table("adoption", &parlance_core::adoption::JOURNEY_TABLE),
+            from_table("conversation", &parlance_core::conversation::TABLE),
+            from_graph("turn", &crate::agent::graph()),
+            from_flow("flow", &qa),
+        ]
+    })
 }
 
 async fn index(headers: HeaderMap) -> Response {

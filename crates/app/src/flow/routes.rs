@@ -569,6 +569,19 @@ struct FlowSummary {
     name: String,
     /// Its states, in declaration order.
     states: Vec<FlowStateSummary>,
+    /// Its transitions, in declaration order.
+    transitions: Vec<FlowTransitionSummary>,
+}
+
+/// One transition of a flow.
+#[derive(Debug, Serialize, ToSchema)]
+struct FlowTransitionSummary {
+    /// The event that fires it.
+    event: String,
+    /// Source state.
+    from: String,
+    /// Target state.
+    to: String,
 }
 
 /// One state of a flow.
@@ -609,6 +622,15 @@ async fn list(State(state): State<Flows>, Tenant(_product): Tenant) -> ApiJson<F
                         id: s.id.clone(),
                         kind: s.kind,
                         events: f.events_from(&s.id),
+                    })
+                    .collect(),
+                transitions: def
+                    .transitions
+                    .iter()
+                    .map(|t| FlowTransitionSummary {
+                        event: t.event.clone(),
+                        from: t.from.clone(),
+                        to: t.to.clone(),
                     })
                     .collect(),
             }

@@ -235,3 +235,92 @@ async fn another_products_key_sees_its_own_product_and_not_the_first_ones_conver
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list["items"], json!([]), "beta has no conversations");
 }
+
+#[tokio::test]
+async fn the_machines_are_served_without_a_key_with_every_edge_between_their_states() {
+    let server = TestServer::memory().await;
+    let (status, headers, body) = get(&server, "/console/machines.json", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header(&headers, "content-type"), "application/json");
+    assert_eq!(header(&headers, "cache-control"), "no-cache");
+    assert!(headers.contains_key("etag"));
+    assert_secured(&headers, "/console/machines.json");
+
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    let machines = doc["machines"].as_array().unwrap();
+    let names: Vec<&str> = machines
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["session", "adoption", "conversation", "turn", "flow"]
+    );
+    for m in machines {
+        let name = m["name"].as_str().unwrap();
+        let states: Vec<&str> = m["states"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        assert!(!states.is_empty(), "{name}");
+        assert!(
+            states.contains(&m["initial"].as_str().unwrap()),
+            "{name}: the initial state is a state"
+        );
+        for t in m["terminal"].as_array().unwrap() {
+            assert!(states.contains(&t.as_str().unwrap()), "{name}: {t}");
+        }
+        let edges = m["edges"].as_array().unwrap();
+        assert!(!edges.is_empty(), "{name} has edges");
+        for e in edges {
+            for end in ["from", "to"] {
+                let s = e[end].as_str().unwrap();
+                assert!(states.contains(&s), "{name}: {end} {s} is not a state");
+            }
+            assert!(e["cause"].is_string(), "{name}: {e}");
+        }
+    }
+    insta::assert_json_snapshot!("console_machines", doc);
+}
+
+#[tokio::test]
+async fn the_flows_listing_carries_each_flows_transitions() {
+    let mut c = parlance_app::Components::memory(ApiKeys::single(
+        &ApiKey::new(KEY),
+        ProductId::parse("acme").unwrap(),
+    ));
+    c.flows = parlance_app::flow::example_catalog().unwrap();
+    let clock = Arc::new(ManualClock::new());
+    c.clock = clock.clone();
+    let server = TestServer::start(c.build(), clock).await;
+    let (status, body) = get_with(&server, "/v1/products/acme/flows", Some(KEY)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let flows = body["flows"].as_array().unwrap();
+    assert!(!flows.is_empty());
+    for flow in flows {
+        let states: Vec<&str> = flow["states"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap())
+            .collect();
+        let transitions = flow["transitions"].as_array().unwrap();
+        assert!(!transitions.is_empty(), "{flow}");
+        for t in transitions {
+            assert!(states.contains(&t["from"].as_str().unwrap()), "{t}");
+            assert!(states.contains(&t["to"].as_str().unwrap()), "{t}");
+            let from = flow["states"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["id"] == t["from"])
+                .unwrap();
+            assert!(
+                from["events"].as_array().unwrap().contains(&t["event"]),
+                "each transition's event is listed on its state: {t}"
+            );
+        }
+    }
+}

@@ -121,12 +121,14 @@ async fn every_documented_operation_is_served_and_no_other_method_is() {
 
 /// Routes the router serves on purpose without describing them: the
 /// operator console's page (at every path below `/console`, which it routes
-/// itself) and its embedded files. They are not part of the API.
-const UNDOCUMENTED: [&str; 4] = [
+/// itself), its embedded files and the machines' diagrams it draws. They are
+/// not part of the API.
+const UNDOCUMENTED: [&str; 5] = [
     "/console",
     "/console/",
     "/console/{*path}",
     "/console/assets/{file}",
+    "/console/machines.json",
 ];
 
 #[tokio::test]

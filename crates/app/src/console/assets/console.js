@@ -110,12 +110,13 @@ function failed(errorId) {
 }
 
 function showOnly(id) {
-  for (const section of ["sign-in", "inbox", "conversation"]) {
+  for (const section of ["sign-in", "inbox", "conversation", "entity", "flows"]) {
     $(section).hidden = section !== id;
   }
   const s = session();
   $("product").textContent = s ? `product ${s.product}` : "";
   $("sign-out").hidden = !s;
+  $("nav").hidden = !s;
 }
 
 function navigate(path) {
@@ -131,6 +132,19 @@ function route() {
   if (!session()) {
     showOnly("sign-in");
     $("key").focus();
+    return;
+  }
+  const page = location.pathname.match(
+    /^\/console\/(sessions|adoption|flow-sessions|threads)(?:\/([^/]+))?(?:\/([^/]+))?\/?$/,
+  );
+  if (page) {
+    showOnly("entity");
+    showEntity(page[1], page.slice(2).filter(Boolean).map(decodeURIComponent));
+    return;
+  }
+  if (/^\/console\/flows\/?$/.test(location.pathname)) {
+    showOnly("flows");
+    loadFlows();
     return;
   }
   const m = location.pathname.match(/^\/console\/conversations\/([^/]+)\/?$/);
@@ -317,6 +331,7 @@ function init() {
     loadInbox();
   });
   $("send-form").addEventListener("submit", sendAsPerson);
+  $("entity-form").addEventListener("submit", openEntity);
   for (const button of document.querySelectorAll("[data-action]")) {
     button.addEventListener("click", () => command(button.dataset.action));
   }
@@ -333,6 +348,413 @@ function init() {
   });
   window.addEventListener("popstate", route);
   route();
+}
+
+// ---- read-only pages: one entity each, its state on its machine's diagram --
+
+const SVG = "http://www.w3.org/2000/svg";
+let machinesCache = null;
+
+// The machines' diagrams, from the product's code (no key needed).
+async function machines() {
+  if (!machinesCache) {
+    const res = await fetch("/console/machines.json");
+    if (!res.ok) {
+      throw new Error(`machines: HTTP ${res.status}`);
+    }
+    const data = await res.json();
+    machinesCache = Object.fromEntries(data.machines.map((m) => [m.name, m]));
+  }
+  return machinesCache;
+}
+
+// A loaded flow's diagram, in the machines' form.
+function flowMachine(flow) {
+  const states = flow.states.map((s) => s.id);
+  const leaves = new Set(flow.transitions.map((t) => t.from));
+  return {
+    name: flow.name,
+    title: `flow ${flow.name}`,
+    initial: flow.initial || states[0],
+    states,
+    terminal: states.filter((s) => !leaves.has(s)),
+    edges: flow.transitions.map((t) => ({ from: t.from, to: t.to, cause: t.event })),
+  };
+}
+
+function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    node.setAttribute(k, String(v));
+  }
+  if (text !== undefined) {
+    node.textContent = String(text);
+  }
+  return node;
+}
+
+// Layered layout: one row per BFS depth from the initial state; states not
+// reached go in a last row. Edges sharing endpoints share one label.
+function layout(machine) {
+  const depth = new Map([[machine.initial, 0]]);
+  const queue = [machine.initial];
+  while (queue.length) {
+    const at = queue.shift();
+    for (const e of machine.edges) {
+      if (e.from === at && !depth.has(e.to)) {
+        depth.set(e.to, depth.get(at) + 1);
+        queue.push(e.to);
+      }
+    }
+  }
+  const last = Math.max(0, ...depth.values()) + 1;
+  const rows = [];
+  for (const s of machine.states) {
+    const d = depth.has(s) ? depth.get(s) : last;
+    (rows[d] = rows[d] || []).push(s);
+  }
+  return rows.filter(Boolean);
+}
+
+const BOX_W = 150;
+const BOX_H = 30;
+const GAP_X = 40;
+const ROW_H = 90;
+
+function drawMachine(machine, current) {
+  const rows = layout(machine);
+  const widest = Math.max(...rows.map((r) => r.length));
+  const width = widest * (BOX_W + GAP_X) + GAP_X;
+  const height = rows.length * ROW_H + 20;
+  const at = new Map();
+  rows.forEach((row, r) => {
+    const offset = (width - row.length * (BOX_W + GAP_X) + GAP_X) / 2;
+    row.forEach((s, i) => {
+      at.set(s, { x: offset + i * (BOX_W + GAP_X), y: 20 + r * ROW_H });
+    });
+  });
+  const root = svg("svg", {
+    viewBox: `0 0 ${width} ${height}`,
+    width,
+    height,
+    role: "img",
+    "data-test": "diagram",
+    "data-machine": machine.name,
+  });
+  root.append(svg("title", {}, machine.title));
+  const defs = svg("defs");
+  const marker = svg("marker", {
+    id: `arrow-${machine.name}`,
+    viewBox: "0 0 10 10",
+    refX: 10,
+    refY: 5,
+    markerWidth: 7,
+    markerHeight: 7,
+    orient: "auto-start-reverse",
+  });
+  marker.append(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrowhead" }));
+  defs.append(marker);
+  root.append(defs);
+
+  const merged = new Map();
+  for (const e of machine.edges) {
+    const k = `${e.from}\u0000${e.to}`;
+    if (!merged.has(k)) {
+      merged.set(k, { from: e.from, to: e.to, causes: [] });
+    }
+    if (e.cause && !merged.get(k).causes.includes(e.cause)) {
+      merged.get(k).causes.push(e.cause);
+    }
+  }
+  const edges = svg("g", { class: "edges" });
+  for (const e of merged.values()) {
+    const a = at.get(e.from);
+    const b = at.get(e.to);
+    if (!a || !b) {
+      continue;
+    }
+    let d;
+    let lx;
+    let ly;
+    if (e.from === e.to) {
+      const x = a.x + BOX_W;
+      const y = a.y + BOX_H / 2;
+      d = `M ${x} ${y - 8} C ${x + 40} ${y - 30}, ${x + 40} ${y + 30}, ${x} ${y + 8}`;
+      lx = x + 34;
+      ly = y;
+    } else {
+      const down = b.y >= a.y;
+      const x1 = a.x + BOX_W / 2;
+      const y1 = down && b.y > a.y ? a.y + BOX_H : a.y;
+      const x2 = b.x + BOX_W / 2;
+      const y2 = down && b.y > a.y ? b.y : b.y + BOX_H;
+      // Edges within a row or going back bend aside so they stay visible.
+      const bend = b.y > a.y ? 0 : 50;
+      const cx = (x1 + x2) / 2 + bend;
+      const cy = (y1 + y2) / 2 + (b.y === a.y ? -40 : 0);
+      d = `M ${x1} ${y1} Q ${cx} ${cy} ${x2} ${y2}`;
+      lx = (x1 + 2 * cx + x2) / 4;
+      ly = (y1 + 2 * cy + y2) / 4;
+    }
+    const active = current && e.from === current;
+    edges.append(
+      svg("path", {
+        d,
+        class: active ? "edge from-current" : "edge",
+        "marker-end": `url(#arrow-${machine.name})`,
+      }),
+    );
+    if (e.causes.length) {
+      edges.append(svg("text", { x: lx, y: ly, class: "edge-label" }, e.causes.join(", ")));
+    }
+  }
+  root.append(edges);
+
+  const nodes = svg("g", { class: "states" });
+  for (const [s, p] of at) {
+    const classes = ["state-box"];
+    if (s === machine.initial) {
+      classes.push("initial");
+    }
+    if ((machine.terminal || []).includes(s)) {
+      classes.push("terminal");
+    }
+    if (s === current) {
+      classes.push("current");
+    }
+    const g = svg("g", { class: classes.join(" "), "data-state": s });
+    if (s === current) {
+      g.setAttribute("data-test", "current-state");
+    }
+    g.append(svg("rect", { x: p.x, y: p.y, width: BOX_W, height: BOX_H, rx: 6 }));
+    g.append(svg("text", { x: p.x + BOX_W / 2, y: p.y + BOX_H / 2 + 4 }, s));
+    nodes.append(g);
+  }
+  root.append(nodes);
+  return root;
+}
+
+// The pages: how an entity is looked up, where its state is, and its history.
+const PAGES = {
+  sessions: {
+    title: "Session",
+    idLabel: "Session id",
+    machine: () => "session",
+    async load([id]) {
+      const base = productPath(`/sessions/${encodeURIComponent(id)}`);
+      const [view, audit] = await Promise.all([api("GET", base), api("GET", `${base}/audit`)]);
+      return {
+        state: view.snapshot.current_state,
+        version: view.version,
+        fields: view.snapshot,
+        history: audit.records.map(auditRow),
+        columns: AUDIT_COLUMNS,
+      };
+    },
+  },
+  adoption: {
+    title: "Adoption",
+    idLabel: "User id",
+    machine: () => "adoption",
+    async load([id]) {
+      const record = await api("GET", productPath(`/users/${encodeURIComponent(id)}/adoption`));
+      const sessions = (record.state.sessions && record.state.sessions.index) || [];
+      return {
+        state: record.state.journey_state,
+        version: record.version,
+        fields: record.state,
+        history: sessions.map((s) => [s.session_number, s.session_id, s.started_at, s.captured_at]),
+        columns: ["#", "Session", "Started", "Captured"],
+      };
+    },
+  },
+  "flow-sessions": {
+    title: "Flow session",
+    idLabel: "Session id",
+    flow: true,
+    machine: (args) => `flow:${args[0]}`,
+    async load([flow, id]) {
+      const answer = await api(
+        "GET",
+        `/v1/ai/${encodeURIComponent(flow)}/model/${encodeURIComponent(id)}`,
+      );
+      let response = {};
+      try {
+        response = JSON.parse(answer.response || "{}") || {};
+      } catch {
+        response = {};
+      }
+      const dialogue = Array.isArray(response.dialogue) ? response.dialogue : [];
+      return {
+        state: response.state_name,
+        version: null,
+        fields: { ...response, dialogue: undefined, next_actions: answer.next_actions },
+        history: dialogue.map((d, i) => [i + 1, d.role || d.kind || "", text(d)]),
+        columns: ["#", "Who", "What"],
+      };
+    },
+  },
+  threads: {
+    title: "Agent thread",
+    idLabel: "Thread id",
+    machine: () => "turn",
+    async load([id]) {
+      const base = productPath(`/agent/threads/${encodeURIComponent(id)}`);
+      const [thread, history] = await Promise.all([
+        api("GET", base),
+        api("GET", `${base}/history`),
+      ]);
+      const diagnostics = (thread.state && thread.state.diagnostics) || {};
+      return {
+        // The reply stage the last turn was dispatched to.
+        state: diagnostics.dispatch || null,
+        version: thread.version,
+        fields: { owner: thread.owner, interrupt: thread.interrupt, ...thread.state },
+        history: history.checkpoints.map((c) => [
+          c.version,
+          c.at,
+          c.source,
+          c.interrupted ? "yes" : "",
+        ]),
+        columns: ["Version", "At", "Source", "Interrupted"],
+      };
+    },
+  },
+};
+
+const AUDIT_COLUMNS = ["#", "At", "From", "To", "Cause"];
+
+function auditRow(r) {
+  return [r.seq, r.at, r.from || "", r.to, r.cause];
+}
+
+function text(value) {
+  if (value === null || value === undefined) {
+    return "";
+  }
+  if (typeof value === "object") {
+    return value.content || value.text || JSON.stringify(value);
+  }
+  return String(value);
+}
+
+let flowsCache = null;
+
+async function loadedFlows() {
+  if (!flowsCache) {
+    flowsCache = (await api("GET", productPath("/flows"))).flows;
+  }
+  return flowsCache;
+}
+
+async function diagramFor(name) {
+  if (name.startsWith("flow:")) {
+    const flow = (await loadedFlows()).find((f) => f.name === name.slice(5));
+    return flow ? flowMachine(flow) : null;
+  }
+  return (await machines())[name] || null;
+}
+
+function showEntity(kind, args) {
+  const page = PAGES[kind];
+  $("entity").dataset.page = kind;
+  $("entity-title").textContent = page.title;
+  $("entity-id-label").textContent = page.idLabel;
+  $("entity-flow-label").hidden = !page.flow;
+  showError("entity-error", null);
+  const id = page.flow ? args[1] : args[0];
+  $("entity-id").value = id || "";
+  $("entity-body").hidden = true;
+  const ready = page.flow ? fillFlowChoice(args[0]) : Promise.resolve();
+  ready
+    .then(() => {
+      if (!id) {
+        $("entity-id").focus();
+        return null;
+      }
+      return loadEntity(page, args);
+    })
+    .catch(failed("entity-error"));
+}
+
+async function fillFlowChoice(selected) {
+  const select = $("entity-flow");
+  select.replaceChildren();
+  for (const f of await loadedFlows()) {
+    select.append(el("option", f.name, { value: f.name }));
+  }
+  if (selected) {
+    select.value = selected;
+  }
+}
+
+async function loadEntity(page, args) {
+  const [data, machine] = await Promise.all([page.load(args), diagramFor(page.machine(args))]);
+  $("entity-state").textContent = data.state || "—";
+  $("entity-version").textContent = data.version === null ? "—" : String(data.version);
+  const diagram = $("entity-diagram");
+  diagram.replaceChildren();
+  if (machine) {
+    diagram.append(drawMachine(machine, data.state));
+  }
+  const fields = $("entity-fields");
+  fields.replaceChildren();
+  for (const [k, v] of Object.entries(data.fields || {})) {
+    if (v === undefined) {
+      continue;
+    }
+    const row = el("tr");
+    row.append(el("th", k));
+    const cell = el("td");
+    cell.append(el("code", typeof v === "string" ? v : JSON.stringify(v)));
+    row.append(cell);
+    fields.append(row);
+  }
+  const head = el("tr");
+  for (const c of data.columns) {
+    head.append(el("th", c));
+  }
+  $("entity-history-head").replaceChildren(head);
+  const body = $("entity-history");
+  body.replaceChildren();
+  for (const cells of data.history) {
+    const row = el("tr");
+    for (const c of cells) {
+      row.append(el("td", c));
+    }
+    body.append(row);
+  }
+  $("entity-body").hidden = false;
+}
+
+function openEntity(event) {
+  event.preventDefault();
+  const kind = $("entity").dataset.page;
+  const id = $("entity-id").value.trim();
+  if (!id) {
+    return;
+  }
+  const parts = PAGES[kind].flow ? [$("entity-flow").value, id] : [id];
+  navigate(`/console/${kind}/${parts.map(encodeURIComponent).join("/")}`);
+}
+
+function loadFlows() {
+  showError("flows-error", null);
+  loadedFlows()
+    .then((flows) => {
+      const list = $("flow-list");
+      list.replaceChildren();
+      for (const flow of flows) {
+        const box = el("article", undefined, { class: "flow", "data-test": "flow" });
+        box.append(el("h2", flow.name));
+        box.append(el("p", flow.description));
+        const diagram = el("div", undefined, { class: "diagram" });
+        diagram.append(drawMachine(flowMachine(flow), null));
+        box.append(diagram);
+        list.append(box);
+      }
+    })
+    .catch(failed("flows-error"));
 }
 
 init();
