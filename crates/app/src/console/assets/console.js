@@ -489,12 +489,13 @@ function drawMachine(machine, current) {
       const x2 = b.x + BOX_W / 2;
       const y2 = down && b.y > a.y ? b.y : b.y + BOX_H;
       // Edges within a row or going back bend aside so they stay visible.
-      const bend = b.y > a.y ? 0 : 50;
+      const bend = b.y > a.y ? 0 : 70;
       const cx = (x1 + x2) / 2 + bend;
       const cy = (y1 + y2) / 2 + (b.y === a.y ? -40 : 0);
       d = `M ${x1} ${y1} Q ${cx} ${cy} ${x2} ${y2}`;
       lx = (x1 + 2 * cx + x2) / 4;
-      ly = (y1 + 2 * cy + y2) / 4;
+      // Labels of edges going back sit lower, clear of those going forward.
+      ly = (y1 + 2 * cy + y2) / 4 + (b.y < a.y ? 16 : 0);
     }
     const active = current && e.from === current;
     edges.append(
