@@ -590,8 +590,8 @@ const PAGES = {
         state: response.state_name,
         version: null,
         fields: { ...response, dialogue: undefined, next_actions: answer.next_actions },
-        history: dialogue.map((d, i) => [i + 1, d.role || d.kind || "", text(d)]),
-        columns: ["#", "Who", "What"],
+        history: dialogue.map((d, i) => [i + 1, d.actor || "", d.event || "", text(d)]),
+        columns: ["#", "Who", "Event", "What"],
       };
     },
   },
@@ -634,7 +634,7 @@ function text(value) {
     return "";
   }
   if (typeof value === "object") {
-    return value.content || value.text || JSON.stringify(value);
+    return value.actor_text || value.content || value.text || JSON.stringify(value);
   }
   return String(value);
 }
