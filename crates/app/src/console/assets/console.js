@@ -598,12 +598,15 @@ const PAGES = {
   threads: {
     title: "Agent thread",
     idLabel: "Thread id",
+    owner: true,
     machine: () => "turn",
     async load([id]) {
       const base = productPath(`/agent/threads/${encodeURIComponent(id)}`);
+      const owner = new URLSearchParams(location.search).get("owner");
+      const query = owner ? `?user_id=${encodeURIComponent(owner)}` : "";
       const [thread, history] = await Promise.all([
-        api("GET", base),
-        api("GET", `${base}/history`),
+        api("GET", `${base}${query}`),
+        api("GET", `${base}/history${query}`),
       ]);
       const diagnostics = (thread.state && thread.state.diagnostics) || {};
       return {
@@ -662,6 +665,8 @@ function showEntity(kind, args) {
   $("entity-title").textContent = page.title;
   $("entity-id-label").textContent = page.idLabel;
   $("entity-flow-label").hidden = !page.flow;
+  $("entity-owner-label").hidden = !page.owner;
+  $("entity-owner").value = new URLSearchParams(location.search).get("owner") || "";
   showError("entity-error", null);
   const id = page.flow ? args[1] : args[0];
   $("entity-id").value = id || "";
@@ -736,7 +741,9 @@ function openEntity(event) {
     return;
   }
   const parts = PAGES[kind].flow ? [$("entity-flow").value, id] : [id];
-  navigate(`/console/${kind}/${parts.map(encodeURIComponent).join("/")}`);
+  const owner = $("entity-owner").value.trim();
+  const query = PAGES[kind].owner && owner ? `?owner=${encodeURIComponent(owner)}` : "";
+  navigate(`/console/${kind}/${parts.map(encodeURIComponent).join("/")}${query}`);
 }
 
 function loadFlows() {
