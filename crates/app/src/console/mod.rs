@@ -1,7 +1,8 @@
 //! The operator console: a single page served at `/console`, its script and
 //! style sheet embedded in the binary.
 //!
-//! The pages hold no data and are served without a key. Everything they
+//! The pages hold no data and are served without a key; nor does
+//! `machines.json`, the machines' states and transitions the pages draw. Everything they
 //! show comes from the `/v1` API, called from the browser with the key the
 //! operator signs in with, so the API's own key checks and product scoping
 //! apply. Every answer here carries a strict content security policy: the
@@ -105,7 +106,8 @@ static ASSETS: LazyLock<[Asset; 2]> = LazyLock::new(|| {
 
 /// The console's routes: the page at `/console` and every path below it
 /// (the page routes on the client), the embedded files at
-/// `/console/assets/{file}`. None needs a key.
+/// `/console/assets/{file}`, and the machines' diagrams at
+/// `/console/machines.json`. None needs a key.
 pub fn router() -> Router {
     Router::new()
         .route("/console", get(index))
@@ -117,7 +119,8 @@ pub fn router() -> Router {
 }
 
 /// The machines' diagrams as data, built once from their tables: the
-/// product's code, not its data, so served without a key.
+/// product's code, not its data, so served without a key. The body lives as
+/// long as the process, like the embedded files.
 static MACHINES: LazyLock<Asset> = LazyLock::new(|| {
     let body = serde_json::to_vec(&machines_json()).expect("the machines serialize");
     Asset::new(
