@@ -159,7 +159,9 @@ const DELETE_THREAD: &str = "\
 /// Deletes a thread's list entries and history. Run after
 /// [`DELETE_THREAD`] in the same transaction, in a statement of its own:
 /// its snapshot then holds the rows of every commit the row's deletion
-/// waited for, which one statement's single snapshot would miss.
+/// waited for, which one statement's single snapshot would miss. Run only
+/// when that deletion took a row: without a row there is no lock, and a
+/// thread created meanwhile would lose its rows and keep its head.
 const DELETE_THREAD_ROWS: &str = "\
     WITH entries AS ( \
         DELETE FROM turn_list_entry WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
@@ -359,12 +361,18 @@ impl Checkpointer for PgCheckpointStore {
             .execute(&mut *tx)
             .await
             .map_err(pg_err("delete thread"))?;
+        if deleted.rows_affected() == 0 {
+            // No row, so no lock: a commit creating the thread may land
+            // now, and the rows it writes are not this deletion's to take.
+            tx.rollback().await.map_err(pg_err("delete thread"))?;
+            return Ok(false);
+        }
         bind_thread!(sqlx::query(DELETE_THREAD_ROWS), thread)
             .execute(&mut *tx)
             .await
             .map_err(pg_err("delete thread's rows"))?;
         tx.commit().await.map_err(pg_err("delete thread"))?;
-        Ok(deleted.rows_affected() > 0)
+        Ok(true)
     }
 
     async fn threads(

@@ -95,6 +95,7 @@ macro_rules! checkpoint_store_suite {
                 racing_turns_leave_a_history_without_gaps,
                 deleting_a_thread_leaves_nothing_of_it,
                 a_thread_deleted_while_turns_race_leaves_nothing_behind,
+                a_deletion_racing_a_threads_creation_leaves_it_whole_or_gone,
                 threads_are_listed_newest_first_and_paged,
             ]
         }

@@ -924,6 +924,48 @@ pub async fn a_thread_deleted_while_turns_race_leaves_nothing_behind(s: Subject)
     assert_eq!(summary(&s, &k).await, None);
 }
 
+/// A deletion that finds no thread races the commit creating it, again and
+/// again: the thread the commit created is either gone whole or whole, its
+/// first checkpoint with it. (A deletion that found nothing to delete once
+/// went on to delete the rows of the thread created meanwhile, leaving a
+/// thread without the checkpoint it started with.)
+pub async fn a_deletion_racing_a_threads_creation_leaves_it_whole_or_gone(s: Subject) {
+    const ROUNDS: u64 = 150;
+    let k = key("p", "u", "t");
+    let mut kept = 0;
+    for n in 0..ROUNDS {
+        let deleting = {
+            let (s, k) = (s.clone(), k.clone());
+            tokio::spawn(async move { s.store.delete_thread(&k).await.expect("delete") })
+        };
+        let created = run(&s, &k, &TurnCommand::commit(0, varied(n)), at(1)).await;
+        deleting.await.expect("deleter");
+        let current = load(&s, &k, LoadWindow::all()).await;
+        let versions: Vec<_> = history(&s, &k).await.iter().map(|m| m.version).collect();
+        match (&created, &current) {
+            (Ok(state), Some(current)) => {
+                kept += 1;
+                assert_eq!(current, state, "round {n}: the thread as created");
+                assert_eq!(versions, [1], "round {n}: its history");
+                assert_eq!(load_at(&s, &k, 1).await.as_ref(), Some(state), "round {n}");
+            }
+            (_, None) => {
+                assert_eq!(
+                    versions,
+                    Vec::<u64>::new(),
+                    "round {n}: rows of a deleted thread"
+                );
+                assert_eq!(load_at(&s, &k, 1).await, None, "round {n}");
+            }
+            (Err(r), Some(_)) => {
+                panic!("round {n}: the creation was refused ({r:?}) yet a thread is stored")
+            }
+        }
+        s.store.delete_thread(&k).await.expect("delete");
+    }
+    assert!(kept > 0, "no creation outlived its racing deletion");
+}
+
 /// The owner's threads read in pages of `limit`, each after the last one
 /// read.
 async fn paged_threads(
