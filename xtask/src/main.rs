@@ -266,19 +266,33 @@ const LIBRARY_CRATES: &[&str] = &[
     "parlance-openai",
 ];
 
+/// The root manifest's `[profile.dev]` settings as `--config` values. A
+/// packaged crate is a root of its own, so the workspace's profiles are not
+/// in it; given to `cargo package`, they let the verification builds reuse
+/// the test build's dependencies instead of building them all again with
+/// full debug information. A test checks them against `Cargo.toml`.
+const DEV_PROFILE: [&str; 2] = [
+    "profile.dev.debug=\"line-tables-only\"",
+    "profile.dev.package.\"*\".debug=false",
+];
+
 /// `cargo package` of every library crate in one run, each verified by
 /// building it from its `.crate` (cargo overlays the crates not yet on
 /// crates.io as a local registry). The builds share the workspace's target
-/// directory, so a warm run takes seconds. Offline first: once any build
-/// has fetched the dependencies nothing needs the network; with a cold
-/// cache it runs again with registry access. `--allow-dirty` lets it run
-/// before the change is committed.
+/// directory and, through [`DEV_PROFILE`], its profile, so they reuse what
+/// the tests built. Offline first: once any build has fetched the
+/// dependencies nothing needs the network; with a cold cache it runs again
+/// with registry access. `--allow-dirty` lets it run before the change is
+/// committed.
 fn package() -> Result<()> {
     let started = std::time::Instant::now();
     let cmd = || {
         let mut c = cargo(["package", "--locked", "--allow-dirty"]);
         for krate in LIBRARY_CRATES {
             c = c.args(["--package", krate]);
+        }
+        for setting in DEV_PROFILE {
+            c = c.args(["--config", setting]);
         }
         c
     };
@@ -717,5 +731,43 @@ mod fuzz_stats {
         );
         assert_eq!(FuzzStats::parse("INFO: seed corpus: files: 169"), None);
         assert_eq!(FuzzStats::parse("#2\tINITED exec/s: 0 rss: 40Mb"), None);
+    }
+}
+
+#[cfg(test)]
+mod package_profile {
+    use super::DEV_PROFILE;
+
+    /// The `key = value` lines of `[section]` in `manifest`, comments and
+    /// blank lines left out.
+    fn section(manifest: &str, name: &str) -> Vec<String> {
+        let header = format!("[{name}]");
+        manifest
+            .lines()
+            .skip_while(|l| l.trim() != header)
+            .skip(1)
+            .take_while(|l| !l.trim_start().starts_with('['))
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| l.replace(' ', ""))
+            .collect()
+    }
+
+    #[test]
+    fn the_packaging_profile_is_the_root_manifests() {
+        let manifest = std::fs::read_to_string(crate::run::root().join("Cargo.toml")).unwrap();
+        let mut found: Vec<String> = section(&manifest, "profile.dev")
+            .into_iter()
+            .map(|kv| format!("profile.dev.{kv}"))
+            .collect();
+        found.extend(
+            section(&manifest, "profile.dev.package.\"*\"")
+                .into_iter()
+                .map(|kv| format!("profile.dev.package.\"*\".{kv}")),
+        );
+        assert_eq!(
+            found, DEV_PROFILE,
+            "[profile.dev] in Cargo.toml and DEV_PROFILE differ"
+        );
     }
 }
