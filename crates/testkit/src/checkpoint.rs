@@ -7,12 +7,9 @@
 //! the listing of an owner's threads.
 //!
 //! [`Subject`] is also the thread's [`StoreFixture`], so an adapter runs
-//! both suites on one factory:
-//!
-//! ```ignore
-//! parlance_testkit::machine_store_suite!(async { Some(subject) });
-//! parlance_testkit::checkpoint_store_suite!(async { Some(subject) });
-//! ```
+//! both suites on one factory: [`machine_store_suite!`](crate::machine_store_suite) and
+//! [`checkpoint_store_suite!`](crate::checkpoint_store_suite), each given
+//! the same `async { Some(subject) }`, as that macro's example shows.
 
 use std::sync::Arc;
 
