@@ -49,7 +49,7 @@ use parlance_core::flow::{FlowRecord, RunnerOptions};
 use parlance_memory::{
     HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryCheckpointStore,
     MemoryConversationStore, MemoryFlowStore, MemoryMemoryStore, MemorySessionStore,
-    MemoryTaskQueue, MemoryTourCatalogs, OfflineLlm,
+    MemoryTaskQueue, MemoryTourCatalogs,
 };
 use parlance_ports::{
     AuditLog, Channel, Clock, EmbeddingProvider, IdGen, LlmClient, QueueConfig, SystemClock,
@@ -159,7 +159,8 @@ pub struct Components {
 
 impl Components {
     /// The embedded default: in-memory adapters, the system clock, UUIDv7
-    /// ids, the offline model and embedder, the loopback channel, no flows.
+    /// ids, the offline model ([`models::offline_llm`]) and embedder, the
+    /// loopback channel, no flows.
     pub fn memory(keys: ApiKeys) -> Self {
         Self::on(Backend::Memory, keys)
     }
@@ -174,7 +175,7 @@ impl Components {
             backend,
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),
-            llm: Arc::new(OfflineLlm::new()),
+            llm: Arc::new(models::offline_llm()),
             embedder: Arc::new(HashingEmbedder::default()),
             channel: Arc::new(LoopbackChannel::new()),
             flows: FlowCatalog::new(),
