@@ -223,6 +223,14 @@ def test_conversations_sync(client):
     assert client.conversations.resume(conv.instance_id).conversation.state != "PAUSED"
     listed = client.conversations.list(contact_id=contact)
     assert [c.instance_id for c in listed.items] == [conv.instance_id]
+    assert listed.next_cursor is None
+    second = client.conversations.create(contact, "a second one").conversation
+    assert second.state == "QUEUED"
+    states = ["QUEUED", "WAITING_FOR_REPLY", "WAITING_FOR_AGENT", "ACTIVE", "PAUSED"]
+    page = client.conversations.list(contact_id=contact, state=states, order="newest", limit=1)
+    assert [c.instance_id for c in page.items] == [second.instance_id] and page.next_cursor
+    rest = client.conversations.list(contact_id=contact, state=states, order="newest", after=page.next_cursor)
+    assert [c.instance_id for c in rest.items] == [conv.instance_id] and rest.next_cursor is None
     client.conversations.cancel(conv.instance_id)
     with pytest.raises(NotAllowed) as refused:
         client.conversations.pause(conv.instance_id)

@@ -19,8 +19,8 @@ use parlance_core::conversation::{
 use parlance_core::queue::DagLimits;
 use parlance_core::{Decision, Machine, ProductId, Timestamp};
 use parlance_ports::{
-    Commit, Committed, ConversationStore, ListFilter, MachineStore, PortError, PortResult, Stored,
-    TaskQueue, Version,
+    Commit, Committed, ConversationPage, ConversationStore, ListCursor, ListFilter, ListOrder,
+    MAX_LIST, MachineStore, PortError, PortResult, Stored, TaskQueue, Version,
 };
 
 use crate::MemoryAuditLog;
@@ -30,10 +30,13 @@ use crate::records::{Gate, Records, Write, record_key};
 /// (claims and delivery keys aside).
 #[derive(Default)]
 struct Side {
-    /// Each product's instances, oldest first.
-    by_product: HashMap<ProductId, Vec<InstanceId>>,
-    /// Each contact's instances, oldest first.
-    by_contact: HashMap<(ProductId, ContactId), Vec<InstanceId>>,
+    /// The creation number of the last instance created: numbers only grow,
+    /// and are the listings' cursors.
+    created: u64,
+    /// Each product's instances with their creation numbers, oldest first.
+    by_product: HashMap<ProductId, Vec<(u64, InstanceId)>>,
+    /// Each contact's instances with their creation numbers, oldest first.
+    by_contact: HashMap<(ProductId, ContactId), Vec<(u64, InstanceId)>>,
     transcripts: HashMap<ConversationKey, Vec<Message>>,
     /// Armed heartbeats: the deadline index.
     due: BTreeSet<(Timestamp, ConversationKey)>,
@@ -120,7 +123,7 @@ impl MemoryConversationStore {
     /// }
     ///
     /// let all = store.list(&acme, &ListFilter::default()).await?;
-    /// let states: Vec<ConversationState> = all.iter().map(|s| s.state.state).collect();
+    /// let states: Vec<ConversationState> = all.items.iter().map(|s| s.state.state).collect();
     /// assert_eq!(states, [ConversationState::Created, ConversationState::Queued]);
     /// # Ok(())
     /// # }
@@ -149,10 +152,12 @@ impl MemoryConversationStore {
             return false;
         };
         let map = gate.lock();
-        ids.iter().filter(|id| Some(**id) != except).any(|id| {
-            map.get(&record_key(&key(product, *id)))
-                .is_some_and(|s| s.state.holds_contact())
-        })
+        ids.iter()
+            .filter(|(_, id)| Some(*id) != except)
+            .any(|(_, id)| {
+                map.get(&record_key(&key(product, *id)))
+                    .is_some_and(|s| s.state.holds_contact())
+            })
     }
 
     /// The promotion `main` asks for: the contact's oldest `QUEUED`
@@ -182,7 +187,7 @@ impl MemoryConversationStore {
             side.by_contact
                 .get(&(product.clone(), contact.clone()))?
                 .iter()
-                .find_map(|id| {
+                .find_map(|(_, id)| {
                     if *id == main.key.instance_id {
                         (main.state.state == ConversationState::Queued)
                             .then(|| (main.state.clone(), main.version))
@@ -213,15 +218,17 @@ impl MemoryConversationStore {
         let mut side = self.side();
         for w in written {
             if !side.transcripts.contains_key(&w.key) {
+                side.created += 1;
+                let entry = (side.created, w.key.instance_id);
                 let product = w.key.product_id.clone();
                 side.by_product
                     .entry(product.clone())
                     .or_default()
-                    .push(w.key.instance_id);
+                    .push(entry);
                 side.by_contact
                     .entry((product, w.state.contact_id.clone()))
                     .or_default()
-                    .push(w.key.instance_id);
+                    .push(entry);
             }
             if let Some(old) = side.deadlines.remove(&w.key) {
                 side.due.remove(&(old, w.key.clone()));
@@ -344,27 +351,46 @@ fn redecide_creation(
 
 #[async_trait]
 impl ConversationStore for MemoryConversationStore {
-    async fn list(
-        &self,
-        product: &ProductId,
-        filter: &ListFilter,
-    ) -> PortResult<Vec<Stored<Instance>>> {
-        let limit = filter.limit.unwrap_or(1000).min(1000);
+    async fn list(&self, product: &ProductId, filter: &ListFilter) -> PortResult<ConversationPage> {
+        let limit = filter.limit.unwrap_or(MAX_LIST).min(MAX_LIST);
         let _settled = self.records.settled().await;
         let side = self.side();
-        let ids = match &filter.contact_id {
+        let entries = match &filter.contact_id {
             Some(contact) => side.by_contact.get(&(product.clone(), contact.clone())),
             None => side.by_product.get(product),
+        }
+        .map_or(&[][..], Vec::as_slice);
+        // Creation numbers ascend along `entries`.
+        let after = filter.after.map(|c| c.0);
+        let listed: Box<dyn Iterator<Item = &(u64, InstanceId)>> = match filter.order {
+            ListOrder::OldestFirst => {
+                let from = after.map_or(0, |a| entries.partition_point(|(n, _)| *n <= a));
+                Box::new(entries[from..].iter())
+            }
+            ListOrder::NewestFirst => {
+                let to = after.map_or(entries.len(), |a| entries.partition_point(|(n, _)| *n < a));
+                Box::new(entries[..to].iter().rev())
+            }
         };
         let map = self.records.lock();
-        Ok(ids
-            .into_iter()
-            .flatten()
-            .filter_map(|id| map.get(&record_key(&key(product, *id))))
-            .filter(|s| filter.state.is_none_or(|st| s.state.state == st))
-            .take(limit)
-            .cloned()
-            .collect())
+        let mut items = Vec::new();
+        let mut last = None;
+        let mut next = None;
+        for (n, id) in listed {
+            let Some(stored) = map.get(&record_key(&key(product, *id))) else {
+                continue;
+            };
+            if !filter.states.is_empty() && !filter.states.contains(&stored.state.state) {
+                continue;
+            }
+            if items.len() == limit {
+                next = last.map(ListCursor);
+                break;
+            }
+            items.push(stored.clone());
+            last = Some(*n);
+        }
+        Ok(ConversationPage { items, next })
     }
 
     async fn transcript(&self, key: &ConversationKey) -> PortResult<Vec<Message>> {

@@ -253,9 +253,19 @@ class Conversations(_Base):
         return self._call("create_conversation", _make(m.ConversationCreate, contact_id=contact_id, objective=objective, **fields))
 
     def list(
-        self, contact_id: Optional[str] = None, state: Optional[str] = None, limit: Optional[int] = None
+        self,
+        contact_id: Optional[str] = None,
+        state: Union[str, Sequence[str], None] = None,
+        limit: Optional[int] = None,
+        order: Optional[str] = None,
+        after: Optional[str] = None,
     ) -> m.ConversationList:
-        return self._call("list_conversations", params={"contact_id": contact_id, "state": state, "limit": limit})
+        """A page of conversations: ``state`` is one state or several,
+        ``order`` ``"oldest"`` (the default) or ``"newest"``; pass a page's
+        ``next_cursor`` as ``after`` for the next page."""
+        states = state if state is None or isinstance(state, str) else ",".join(state)
+        params = {"contact_id": contact_id, "state": states, "limit": limit, "order": order, "after": after}
+        return self._call("list_conversations", params=params)
 
     def get(self, id: str) -> m.ConversationView:
         return self._call("get_conversation", id=id)

@@ -793,6 +793,7 @@ class ConversationChange(Model):
 
 class ConversationList(Model):
     items: List[Conversation]
+    next_cursor: Optional[str] = None
 
 
 class ConversationAudit(Model):
