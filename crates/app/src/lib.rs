@@ -548,10 +548,12 @@ fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
         .merge(agent::routes().with_state(state.agent.clone()))
         .routes(routes!(auth::me))
         .split_for_parts();
+    let v1_doc = http::openapi::document_tags(v1_doc);
     let v1 = v1
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
-        .route_layer(middleware::from_fn(http::check_params));
+        .route_layer(middleware::from_fn(http::check_params))
+        .layer(middleware::from_fn(http::etag::tag_reads));
     let v1 = state
         .edge
         .limit_keys(v1)

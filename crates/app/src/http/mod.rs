@@ -1,12 +1,13 @@
 //! What every route shares: problem+json errors, the JSON extractor, body
 //! and head limits, the fallbacks, the health probes, request ids, the
-//! access log, CORS and per-key rate limits (`edge`), and the serving loop
-//! with its connection limits (`serve`). It names no feature; the crate root
+//! access log, CORS and per-key rate limits (`edge`), entity tags on reads
+//! (`etag`), and the serving loop with its connection limits (`serve`). It names no feature; the crate root
 //! assembles the routers.
 
 mod budget;
 mod edge;
 mod error;
+pub(crate) mod etag;
 pub(crate) mod health;
 mod json;
 pub(crate) mod openapi;
