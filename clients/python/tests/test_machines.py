@@ -405,6 +405,8 @@ def test_flows_sync(client):
     flows = documented(client.flows.list()).flows
     qa = next(f for f in flows if f.name == "qa")
     assert qa.initial == qa.states[0].id and qa.states[0].kind in ("user", "invoker")
+    ids = {st.id for st in qa.states}
+    assert qa.transitions and all(t.from_ in ids and t.to in ids for t in qa.transitions)
     # The optional body of start_session: the user is kept, the seed is not.
     ada = {"email": f"ada-{uuid.uuid4().hex[:8]}@example.com", "firstname": "Ada", "lastname": "Lovelace"}
     seeded = documented(client.flows.start("qa", seed_data="seed", user_info=ada))
