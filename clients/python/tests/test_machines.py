@@ -140,6 +140,9 @@ def test_adoption_sync(client):
     with pytest.raises(Invalid) as refused:
         client.adoption.events(user, [{"kind": "set_journey_state", "state": "exploring"}])
     assert refused.value.status == 422
+    client.adoption.events(user, [{"kind": "set_journey_state", "state": "onboarded"}])
+    trail = documented(client.adoption.audit(user)).records
+    assert trail[-1].entity_id == user and (trail[-1].from_, trail[-1].to) == ("onboarding", "onboarded")
     client.adoption.delete(user)
     with pytest.raises(NotFound):
         client.adoption.get(user)
@@ -402,6 +405,10 @@ def test_flows_sync(client):
         client.flows.event("qa", started.session_id, "advance")
     assert refused.value.command == "advance"
     assert client.flows.model("qa", started.session_id).response
+    trail = documented(client.flows.audit("qa", started.session_id)).records
+    assert trail and all(r.entity_id == started.session_id for r in trail)
+    with pytest.raises(NotFound):
+        client.flows.audit("qa", "never-started")
     flows = documented(client.flows.list()).flows
     qa = next(f for f in flows if f.name == "qa")
     assert qa.initial == qa.states[0].id and qa.states[0].kind in ("user", "invoker")

@@ -294,6 +294,7 @@ impl Components {
         let flows = FlowService::new(FlowDeps {
             catalog: Arc::new(flows),
             records: stores.flow_records,
+            audit: shared.audit.clone(),
             store: stores.flows,
             runner: Arc::new(QueueRunner::new(stores.queue)),
             options: runner,

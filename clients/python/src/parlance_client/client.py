@@ -121,6 +121,10 @@ class Adoption(_Base):
     def get(self, user_id: str) -> m.AdoptionRecord:
         return self._call("get_adoption", user_id=user_id)
 
+    def audit(self, user_id: str, after_seq: Optional[int] = None, limit: Optional[int] = None) -> m.AuditPage:
+        """The user's journey transitions, oldest first."""
+        return self._call("adoption_audit", params={"after_seq": after_seq, "limit": limit}, user_id=user_id)
+
     def put(
         self,
         user_id: str,
@@ -394,6 +398,13 @@ class Flows(_Base):
 
     def task_state(self, flow: str, session_id: str) -> m.TaskState:
         return self._call("task_state", flow=flow, session_id=session_id)
+
+    def audit(
+        self, flow: str, session_id: str, after_seq: Optional[int] = None, limit: Optional[int] = None
+    ) -> m.AuditPage:
+        """The session's transitions, oldest first."""
+        params = {"after_seq": after_seq, "limit": limit}
+        return self._call("flow_audit", params=params, flow=flow, session_id=session_id)
 
     def model(self, flow: str, session_id: str, path: Optional[str] = None) -> m.FlowAnswer:
         """The session as a JSON string in ``response``; with ``path`` (a

@@ -390,6 +390,7 @@ async fn every_read_a_console_page_makes_is_not_found_with_another_products_key(
         "/v1/products/{p}/sessions/ses-acme".to_owned(),
         "/v1/products/{p}/sessions/ses-acme/audit".to_owned(),
         "/v1/products/{p}/users/user-acme/adoption".to_owned(),
+        "/v1/products/{p}/users/user-acme/adoption/audit".to_owned(),
         "/v1/products/{p}/conversations".to_owned(),
         "/v1/products/{p}/conversations?state=CREATED,WAITING_FOR_REPLY&order=newest".to_owned(),
         format!("/v1/products/{{p}}/conversations/{conversation}"),
@@ -397,6 +398,7 @@ async fn every_read_a_console_page_makes_is_not_found_with_another_products_key(
         "/v1/products/{p}/agent/threads/thread-acme?user_id=owner-acme".to_owned(),
         "/v1/products/{p}/agent/threads/thread-acme/history?user_id=owner-acme".to_owned(),
         format!("/v1/ai/qa/model/{flow}"),
+        format!("/v1/ai/qa/audit/{flow}"),
     ];
     let mut secrets = 0;
     for read in &reads {
