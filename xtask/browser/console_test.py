@@ -124,13 +124,19 @@ def only_sign_in(page, what):
 
 def entities(tag):
     """One record of each read-only page's kind, made through the API: the
-    console URL of each and the state the API gives it."""
+    console URL of each, the state the API gives it, and the rows its audit
+    trail and its own history have at least (None: the page has none)."""
     p = f"/v1/products/{PRODUCT}"
     session_id = f"ses-{tag}"
     ok(api("POST", f"{p}/sessions/{session_id}/events", {"type": "proactive_trigger", "trigger_id": "t-1"}), "session")
     session_state = ok(api("GET", f"{p}/sessions/{session_id}"), "session")["snapshot"]["current_state"]
     user = f"user-{tag}"
-    events = {"events": [{"kind": "set_mastery", "rating": 7, "level": "proficient", "description": "console"}]}
+    events = {
+        "events": [
+            {"kind": "set_mastery", "rating": 7, "level": "proficient", "description": "console"},
+            {"kind": "set_journey_state", "state": "onboarded"},
+        ]
+    }
     ok(api("POST", f"{p}/users/{user}/adoption/events", events), "adoption")
     journey = ok(api("GET", f"{p}/users/{user}/adoption"), "adoption")["state"]["journey_state"]
     flow = ok(api("POST", "/v1/ai/qa/start_session"), "flow")["session_id"]
@@ -140,10 +146,11 @@ def entities(tag):
     ok(api("POST", f"{p}/agent/turns", {"message": "hello", "user_id": owner, "session_id": thread}), "turn")
     ok(api("GET", f"{p}/agent/threads/{thread}?user_id={owner}"), "thread")
     return [
-        ("session", f"/console/sessions/{session_id}", session_state, 1),
-        ("adoption", f"/console/adoption/{user}", journey, 0),
-        ("flow-session", f"/console/flow-sessions/qa/{flow}", flow_state, 0),
-        ("agent-thread", f"/console/threads/{thread}?owner={owner}", None, 1),
+        # name, address, state, least rows of the audit trail, of the history
+        ("session", f"/console/sessions/{session_id}", session_state, 1, None),
+        ("adoption", f"/console/adoption/{user}", journey, 1, 0),
+        ("flow-session", f"/console/flow-sessions/qa/{flow}", flow_state, 1, 1),
+        ("agent-thread", f"/console/threads/{thread}?owner={owner}", None, None, 1),
     ]
 
 
@@ -366,7 +373,7 @@ def main():
             # 4d. The read-only pages, one record each, its state drawn on
             # its machine's diagram.
             pages = entities(uuid.uuid4().hex[:10])
-            for name, path, state, history in pages:
+            for name, path, state, trail, history in pages:
                 page.goto(f"{URL}{path}")
                 expect(page.get_by_test_id("entity-state")).to_be_visible()
                 expect(page.get_by_test_id("entity-diagram").locator("svg")).to_have_count(1)
@@ -377,8 +384,14 @@ def main():
                     check(f"the {name} page shows state {state}, drawn on its diagram")
                 else:
                     check(f"the {name} page shows its diagram")
-                rows = page.get_by_test_id("entity-history").locator("tr").count()
-                check(f"the {name} page shows its history ({rows} rows)", rows >= history)
+                for part, least in (("audit", trail), ("history", history)):
+                    rows = page.get_by_test_id(f"entity-{part}").locator("tr")
+                    if least is None:
+                        check(f"the {name} page has no {part} table", page.locator(f"#entity-{part}-box").is_hidden())
+                    else:
+                        if least:
+                            expect(rows.first).to_be_visible()
+                        check(f"the {name} page shows its {part} ({rows.count()} rows)", rows.count() >= least)
                 shot(page, name)
             page.get_by_test_id("nav-flows").click()
             expect(page.get_by_test_id("flow").first).to_be_visible()
@@ -428,14 +441,15 @@ def main():
                 check("opening it by address shows an error", page2.get_by_test_id("conv-id").inner_text() == "")
                 check("and no transcript", page2.get_by_test_id("message").count() == 0)
                 shot(page2, "second-product-conversation")
-                for name, path, _, _ in pages:
+                for name, path, *_ in pages:
                     page2.goto(f"{URL}{path}")
                     expect(page2.get_by_test_id("entity-error")).to_be_visible()
                     check(
                         f"the first product's {name}, opened by address, shows an error and no data",
                         page2.locator("#entity-body").is_hidden()
                         and page2.get_by_test_id("entity-state").inner_text() == ""
-                        and page2.get_by_test_id("entity-history").locator("tr").count() == 0,
+                        and page2.get_by_test_id("entity-history").locator("tr").count() == 0
+                        and page2.get_by_test_id("entity-audit").locator("tr").count() == 0,
                     )
                     shot(page2, f"second-product-{name}")
                 other.close()

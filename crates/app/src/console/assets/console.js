@@ -648,7 +648,8 @@ function drawMachine(machine, current) {
   return root;
 }
 
-// The pages: how an entity is looked up, where its state is, and its history.
+// The pages: how an entity is looked up, where its state is, its audit
+// trail (the machine's transitions) and, for some, a history of their own.
 const PAGES = {
   sessions: {
     title: "Session",
@@ -661,8 +662,7 @@ const PAGES = {
         state: view.snapshot.current_state,
         version: view.version,
         fields: view.snapshot,
-        history: audit.records.map(auditRow),
-        columns: AUDIT_COLUMNS,
+        audit: audit.records,
       };
     },
   },
@@ -671,12 +671,15 @@ const PAGES = {
     idLabel: "User id",
     machine: () => "adoption",
     async load([id]) {
-      const record = await api("GET", productPath(`/users/${encodeURIComponent(id)}/adoption`));
+      const base = productPath(`/users/${encodeURIComponent(id)}/adoption`);
+      const [record, audit] = await Promise.all([api("GET", base), api("GET", `${base}/audit`)]);
       const sessions = (record.state.sessions && record.state.sessions.index) || [];
       return {
         state: record.state.journey_state,
         version: record.version,
         fields: record.state,
+        audit: audit.records,
+        historyTitle: "Sessions",
         history: sessions.map((s) => [
           s.session_number,
           s.session_id,
@@ -693,10 +696,11 @@ const PAGES = {
     flow: true,
     machine: (args) => `flow:${args[0]}`,
     async load([flow, id]) {
-      const answer = await api(
-        "GET",
-        `/v1/ai/${encodeURIComponent(flow)}/model/${encodeURIComponent(id)}`,
-      );
+      const base = `/v1/ai/${encodeURIComponent(flow)}`;
+      const [answer, audit] = await Promise.all([
+        api("GET", `${base}/model/${encodeURIComponent(id)}`),
+        api("GET", `${base}/audit/${encodeURIComponent(id)}`),
+      ]);
       let response = {};
       try {
         response = JSON.parse(answer.response || "{}") || {};
@@ -706,8 +710,10 @@ const PAGES = {
       const dialogue = Array.isArray(response.dialogue) ? response.dialogue : [];
       return {
         state: response.state_name,
-        version: null,
+        version: typeof response.version === "number" ? response.version : null,
         fields: { ...response, dialogue: undefined, next_actions: answer.next_actions },
+        audit: audit.records,
+        historyTitle: "Dialogue",
         history: dialogue.map((d, i) => [i + 1, d.actor || "", d.event || "", text(d)]),
         columns: ["#", "Who", "Event", "What"],
       };
@@ -732,6 +738,9 @@ const PAGES = {
         state: diagnostics.dispatch || null,
         version: thread.version,
         fields: { owner: thread.owner, interrupt: thread.interrupt, ...thread.state },
+        // A thread's trail is its checkpoints.
+        audit: null,
+        historyTitle: "Checkpoints",
         history: history.checkpoints.map((c) => [
           c.version,
           when(c.at),
@@ -744,7 +753,17 @@ const PAGES = {
   },
 };
 
-const AUDIT_COLUMNS = ["#", "At", "From", "To", "Cause"];
+// A table's body, one row of cells each.
+function fillRows(body, rows) {
+  body.replaceChildren();
+  for (const cells of rows) {
+    const row = el("tr");
+    for (const c of cells) {
+      row.append(el("td", c));
+    }
+    body.append(row);
+  }
+}
 
 function auditRow(r) {
   return [r.seq, when(r.at), r.from || "", r.to, r.cause];
@@ -835,19 +854,17 @@ async function loadEntity(page, args) {
     row.append(cell);
     fields.append(row);
   }
-  const head = el("tr");
-  for (const c of data.columns) {
-    head.append(el("th", c));
-  }
-  $("entity-history-head").replaceChildren(head);
-  const body = $("entity-history");
-  body.replaceChildren();
-  for (const cells of data.history) {
-    const row = el("tr");
-    for (const c of cells) {
-      row.append(el("td", c));
+  $("entity-audit-box").hidden = !data.audit;
+  fillRows($("entity-audit"), (data.audit || []).map(auditRow));
+  $("entity-history-box").hidden = !data.history;
+  if (data.history) {
+    $("entity-history-title").textContent = data.historyTitle;
+    const head = el("tr");
+    for (const c of data.columns) {
+      head.append(el("th", c));
     }
-    body.append(row);
+    $("entity-history-head").replaceChildren(head);
+    fillRows($("entity-history"), data.history);
   }
   $("entity-body").hidden = false;
 }
