@@ -582,41 +582,71 @@ impl MachineStore<Instance> for PgConversationStore {
 impl ConversationStore for PgConversationStore {
     async fn list(&self, product: &ProductId, filter: &ListFilter) -> PortResult<ConversationPage> {
         let limit = filter.limit.unwrap_or(MAX_LIST).min(MAX_LIST);
+        // One more than the page, to know whether another follows.
+        let fetch = i64::try_from(limit).unwrap_or(1000) + 1;
+        let newest = filter.order == ListOrder::NewestFirst;
+        let mut states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        states.sort_unstable();
+        states.dedup();
         // Only the conditions asked for are in the statement, so each shape
         // gets a plan of its own on the indexes by contact, by state and by
         // product, each in creation order (`seq`).
-        let mut q = QueryBuilder::<Postgres>::new(
-            "SELECT record, version, seq FROM conversation_instances WHERE product_id = ",
-        );
-        q.push_bind(product.as_str());
-        if let Some(contact) = &filter.contact_id {
-            q.push(" AND contact_id = ").push_bind(contact.as_str());
-        }
-        match filter.states.as_slice() {
-            [] => {}
-            [one] => {
-                q.push(" AND state = ").push_bind(one.as_str());
+        let page = |q: &mut QueryBuilder<'_, Postgres>, state: Option<&str>| {
+            q.push("SELECT record, version, seq FROM conversation_instances WHERE product_id = ")
+                .push_bind(product.as_str().to_owned());
+            if let Some(contact) = &filter.contact_id {
+                q.push(" AND contact_id = ")
+                    .push_bind(contact.as_str().to_owned());
             }
-            several => {
-                let names: Vec<&str> = several.iter().map(|s| s.as_str()).collect();
-                q.push(" AND state = ANY(").push_bind(names).push(")");
+            match (state, states.as_slice()) {
+                (Some(one), _) | (None, &[one]) => {
+                    q.push(" AND state = ").push_bind(one.to_owned());
+                }
+                (None, []) => {}
+                (None, several) => {
+                    let names: Vec<String> = several.iter().map(|s| (*s).to_owned()).collect();
+                    q.push(" AND state = ANY(").push_bind(names).push(")");
+                }
             }
-        }
-        let newest = filter.order == ListOrder::NewestFirst;
-        if let Some(ListCursor(after)) = filter.after {
-            // A cursor past any `seq` leaves nothing after (or everything
-            // before) it.
-            let after = i64::try_from(after).unwrap_or(i64::MAX);
-            q.push(if newest { " AND seq < " } else { " AND seq > " })
-                .push_bind(after);
-        }
-        q.push(if newest {
-            " ORDER BY seq DESC LIMIT "
+            if let Some(ListCursor(after)) = filter.after {
+                // A cursor past any `seq` leaves nothing after (or
+                // everything before) it.
+                let after = i64::try_from(after).unwrap_or(i64::MAX);
+                q.push(if newest { " AND seq < " } else { " AND seq > " })
+                    .push_bind(after);
+            }
+            q.push(if newest {
+                " ORDER BY seq DESC LIMIT "
+            } else {
+                " ORDER BY seq LIMIT "
+            })
+            .push_bind(fetch);
+        };
+        let mut q = QueryBuilder::<Postgres>::new("");
+        if filter.contact_id.is_none() && states.len() > 1 {
+            // Several states of a whole product: a page of each, read in
+            // order from the index by state, merged. Its cost is the
+            // page's, however many instances each state holds; one scan
+            // filtering on every state would read all of them.
+            q.push("SELECT record, version, seq FROM (");
+            for (i, state) in states.iter().enumerate() {
+                if i > 0 {
+                    q.push(" UNION ALL ");
+                }
+                q.push("(");
+                page(&mut q, Some(state));
+                q.push(")");
+            }
+            q.push(if newest {
+                ") AS pages ORDER BY seq DESC LIMIT "
+            } else {
+                ") AS pages ORDER BY seq LIMIT "
+            })
+            .push_bind(fetch);
         } else {
-            " ORDER BY seq LIMIT "
-        });
-        // One more than the page, to know whether another follows.
-        q.push_bind(i64::try_from(limit).unwrap_or(1000) + 1);
+            // One state, any state, or one contact's few instances.
+            page(&mut q, None);
+        }
         let rows = q
             .build()
             .fetch_all(&self.pool)

@@ -458,6 +458,20 @@ pub async fn listings_filter_by_states_and_page_either_way(s: Subject) {
     let two = newest(vec![S::Paused, S::NeedsHumanIntervention], None);
     let got = s.index.list(&product("a"), &two).await.expect("list");
     assert_eq!(listed(&got), [5, 3, 2], "any of the states, newest first");
+    let two = newest(vec![S::Paused, S::NeedsHumanIntervention], Some(2));
+    assert_eq!(pages(&s, "a", two).await, [vec![5, 3], vec![2]]);
+    let two_oldest = ListFilter {
+        states: vec![S::NeedsHumanIntervention, S::Paused],
+        limit: Some(1),
+        ..ListFilter::default()
+    };
+    assert_eq!(
+        pages(&s, "a", two_oldest).await,
+        [vec![2], vec![3], vec![5]]
+    );
+    let twice = newest(vec![S::Paused, S::Paused], None);
+    let got = s.index.list(&product("a"), &twice).await.expect("list");
+    assert_eq!(listed(&got), [3], "a state named twice is listed once");
     let created = newest(vec![S::Created], Some(2));
     assert_eq!(pages(&s, "a", created).await, [vec![7, 4], vec![1]]);
     let none = newest(vec![S::Completed], None);
