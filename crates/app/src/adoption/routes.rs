@@ -29,8 +29,8 @@ use super::schema::AdoptionSnapshot;
 use super::service;
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
-use crate::http::openapi::{CommandProblems, Problem, ProductPath, PutProblems, ReadProblems};
 use crate::http::audit::{AuditPage, AuditQuery};
+use crate::http::openapi::{CommandProblems, Problem, ProductPath, PutProblems, ReadProblems};
 use crate::http::{ApiError, ApiJson};
 
 /// The adoption routes.

@@ -22,8 +22,8 @@ use super::Flows;
 use super::service::{AiResponse, TaskState};
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
-use crate::http::openapi::{CommandProblems, Problem, ReadProblems, SearchProblems, StateProblems};
 use crate::http::audit::{AuditPage, AuditQuery};
+use crate::http::openapi::{CommandProblems, Problem, ReadProblems, SearchProblems, StateProblems};
 use crate::http::{ApiError, ApiJson};
 
 /// The flow routes.

@@ -17,8 +17,8 @@ use super::Sessions;
 use super::service::{self, EventApplied};
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
-use crate::http::openapi::{CommandProblems, PutProblems, ReadProblems};
 use crate::http::audit::{AuditPage, AuditQuery};
+use crate::http::openapi::{CommandProblems, PutProblems, ReadProblems};
 use crate::http::{ApiError, ApiJson};
 
 /// The session routes.
