@@ -4,10 +4,11 @@
 //! version, decides a creation again with whether the contact is held now,
 //! decides the promotion of the contact's oldest `QUEUED` instance when the
 //! decision frees the contact, checks and enqueues the tasks of both, and
-//! writes both instances, their transcript lines, the deadline index and
-//! their audit entries. A commit that fails writes nothing.
+//! writes both instances, their transcript lines, the listings (by product,
+//! by contact, by state), the deadline index and their audit entries. A
+//! commit that fails writes nothing.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -37,6 +38,10 @@ struct Side {
     by_product: HashMap<ProductId, Vec<(u64, InstanceId)>>,
     /// Each contact's instances with their creation numbers, oldest first.
     by_contact: HashMap<(ProductId, ContactId), Vec<(u64, InstanceId)>>,
+    /// Each product's instances in each state, by creation number.
+    by_state: HashMap<(ProductId, ConversationState), BTreeMap<u64, InstanceId>>,
+    /// Each instance's creation number and the state `by_state` holds it in.
+    listed: HashMap<ConversationKey, (u64, ConversationState)>,
     transcripts: HashMap<ConversationKey, Vec<Message>>,
     /// Armed heartbeats: the deadline index.
     due: BTreeSet<(Timestamp, ConversationKey)>,
@@ -212,23 +217,41 @@ impl MemoryConversationStore {
         })
     }
 
-    /// Writes the listings, transcript lines and deadline index of
-    /// `written`, in order, and ends their claims.
+    /// Writes the listings (a new instance's creation number, and every
+    /// instance's state), transcript lines and deadline index of `written`,
+    /// in order, and ends their claims.
     fn write_side(&self, written: &[Written]) {
         let mut side = self.side();
         for w in written {
-            if !side.transcripts.contains_key(&w.key) {
-                side.created += 1;
-                let entry = (side.created, w.key.instance_id);
-                let product = w.key.product_id.clone();
-                side.by_product
-                    .entry(product.clone())
+            let product = w.key.product_id.clone();
+            let (n, before) = match side.listed.get(&w.key) {
+                Some(&(n, state)) => (n, Some(state)),
+                None => {
+                    side.created += 1;
+                    let entry = (side.created, w.key.instance_id);
+                    side.by_product
+                        .entry(product.clone())
+                        .or_default()
+                        .push(entry);
+                    side.by_contact
+                        .entry((product.clone(), w.state.contact_id.clone()))
+                        .or_default()
+                        .push(entry);
+                    (side.created, None)
+                }
+            };
+            let now = w.state.state;
+            if before != Some(now) {
+                if let Some(old) = before
+                    && let Some(held) = side.by_state.get_mut(&(product.clone(), old))
+                {
+                    held.remove(&n);
+                }
+                side.by_state
+                    .entry((product, now))
                     .or_default()
-                    .push(entry);
-                side.by_contact
-                    .entry((product, w.state.contact_id.clone()))
-                    .or_default()
-                    .push(entry);
+                    .insert(n, w.key.instance_id);
+                side.listed.insert(w.key.clone(), (n, now));
             }
             if let Some(old) = side.deadlines.remove(&w.key) {
                 side.due.remove(&(old, w.key.clone()));
@@ -247,6 +270,53 @@ impl MemoryConversationStore {
                 .or_default()
                 .extend(lines);
         }
+    }
+}
+
+impl MemoryConversationStore {
+    /// A page of a whole product's instances in some states: a page of
+    /// each state, read in order from `by_state`, merged, so its cost is
+    /// the page's however many instances each state holds.
+    fn list_by_state(
+        &self,
+        side: &Side,
+        product: &ProductId,
+        filter: &ListFilter,
+        limit: usize,
+    ) -> ConversationPage {
+        let newest = filter.order == ListOrder::NewestFirst;
+        let mut states = filter.states.clone();
+        states.sort_unstable();
+        states.dedup();
+        let mut picked: Vec<(u64, InstanceId)> = Vec::new();
+        for state in states {
+            let Some(held) = side.by_state.get(&(product.clone(), state)) else {
+                continue;
+            };
+            let page: Box<dyn Iterator<Item = (&u64, &InstanceId)>> = match (newest, filter.after) {
+                (false, Some(c)) => Box::new(held.range(c.0.saturating_add(1)..)),
+                (false, None) => Box::new(held.iter()),
+                (true, Some(c)) => Box::new(held.range(..c.0).rev()),
+                (true, None) => Box::new(held.iter().rev()),
+            };
+            picked.extend(page.take(limit + 1).map(|(n, id)| (*n, *id)));
+        }
+        if newest {
+            picked.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        } else {
+            picked.sort_unstable_by_key(|p| p.0);
+        }
+        let more = picked.len() > limit;
+        picked.truncate(limit);
+        let map = self.records.lock();
+        let items: Vec<Stored<Instance>> = picked
+            .iter()
+            .filter_map(|(_, id)| map.get(&record_key(&key(product, *id))).cloned())
+            .collect();
+        let next = more
+            .then(|| picked.last().map(|(n, _)| ListCursor(*n)))
+            .flatten();
+        ConversationPage { items, next }
     }
 }
 
@@ -355,6 +425,9 @@ impl ConversationStore for MemoryConversationStore {
         let limit = filter.limit.unwrap_or(MAX_LIST).min(MAX_LIST);
         let _settled = self.records.settled().await;
         let side = self.side();
+        if filter.contact_id.is_none() && !filter.states.is_empty() {
+            return Ok(self.list_by_state(&side, product, filter, limit));
+        }
         let entries = match &filter.contact_id {
             Some(contact) => side.by_contact.get(&(product.clone(), contact.clone())),
             None => side.by_product.get(product),

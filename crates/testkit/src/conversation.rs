@@ -748,6 +748,17 @@ pub async fn a_terminal_transition_promotes_the_oldest_queued(s: Subject) {
     );
     assert_eq!(&load(&s, "p", 2).await, promoted, "stored as reported");
     assert_eq!(load(&s, "p", 3).await.state.state, S::Queued);
+    // Listings by state see the promotion written in the same commit.
+    let in_state = |state| ListFilter {
+        states: vec![state],
+        ..ListFilter::default()
+    };
+    let queued = s.index.list(&product("p"), &in_state(S::Queued)).await;
+    assert_eq!(listed(&queued.expect("list")), [3]);
+    let created = s.index.list(&product("p"), &in_state(S::Created)).await;
+    assert_eq!(listed(&created.expect("list")), [2]);
+    let ended = s.index.list(&product("p"), &in_state(S::Completed)).await;
+    assert_eq!(listed(&ended.expect("list")), [1]);
     // Cancelling the queued one promotes nothing: the contact is held.
     let applied = run(&s, "p", 3, 5, C::Cancel).await;
     assert!(applied.also.is_empty());
