@@ -302,7 +302,7 @@ impl MemoryConversationStore {
             picked.extend(page.take(limit + 1).map(|(n, id)| (*n, *id)));
         }
         if newest {
-            picked.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            picked.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
         } else {
             picked.sort_unstable_by_key(|p| p.0);
         }
