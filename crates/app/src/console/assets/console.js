@@ -779,11 +779,19 @@ function text(value) {
   return String(value);
 }
 
+// The loaded flows, asked for once per page load; concurrent callers share
+// the one request.
 let flowsCache = null;
 
-async function loadedFlows() {
+function loadedFlows() {
   if (!flowsCache) {
-    flowsCache = (await api("GET", productPath("/flows"))).flows;
+    flowsCache = api("GET", productPath("/flows")).then(
+      (list) => list.flows,
+      (err) => {
+        flowsCache = null;
+        throw err;
+      },
+    );
   }
   return flowsCache;
 }
@@ -808,15 +816,15 @@ function showEntity(kind, args) {
   const id = page.flow ? args[1] : args[0];
   $("entity-id").value = id || "";
   $("entity-body").hidden = true;
-  const ready = page.flow ? fillFlowChoice(args[0]) : Promise.resolve();
-  ready
+  // The flow list and the entity are asked for at once.
+  const choice = page.flow ? fillFlowChoice(args[0]) : Promise.resolve();
+  const entity = id ? loadEntity(page, args) : Promise.resolve();
+  Promise.all([choice, entity])
     .then(() => {
       if (!id) {
         $("entity-id").focus();
-        rendered(kind);
-        return null;
       }
-      return loadEntity(page, args).then(() => rendered(kind));
+      rendered(kind);
     })
     .catch(failed("entity-error"));
 }
