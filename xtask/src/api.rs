@@ -257,13 +257,13 @@ fn pytest(venv: &Venv, server: &Server) -> Result<()> {
 
 /// Debian's Chromium, which the browser test drives (never a browser
 /// Playwright downloads).
-const CHROMIUM: &str = "/usr/bin/chromium";
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// Whether Chromium is there to run the browser test, installing Debian's
 /// `chromium` and `chromium-driver` with `apt-get` when it is missing (after
 /// `apt-get update` when the first try fails). Under `CI` a failed install
 /// is an error; elsewhere the test is skipped with the reason printed.
-fn chromium() -> Result<bool> {
+pub(crate) fn chromium() -> Result<bool> {
     if Path::new(CHROMIUM).is_file() {
         return Ok(true);
     }

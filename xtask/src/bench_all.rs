@@ -40,6 +40,7 @@ pub(crate) const BENCHES: &[(&str, &[&str])] = &[
     ("flow", &[]),
     ("conversation", &[]),
     ("flow-storage", &[]),
+    ("console", &[]),
 ];
 
 pub(crate) const BEGIN: &str = "<!-- bench-all:begin -->";
@@ -202,7 +203,8 @@ fn run_all() -> Result<()> {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let command = xtask_command(name, &args);
         say(&log, &start_line(&command));
-        let outcome = match run_teed(crate::bench_cmd(name, &args, Some(db.url())), &log) {
+        let ran = crate::bench_cmd(name, &args, Some(db.url())).and_then(|c| run_teed(c, &log));
+        let outcome = match ran {
             Ok(s) if s.success() => "ok".to_owned(),
             Ok(s) => format!("failed: {s}"),
             Err(e) => format!("failed: {e:#}"),

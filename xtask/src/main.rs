@@ -52,7 +52,9 @@ commands:
                 run the benchmark `crates/app/benches/<name>.rs` (release build)
                 against PostgreSQL found or started as for ci (`session core`
                 and `session replay` need none; replay makes a venv with the
-                reference SDK under target/)
+                reference SDK under target/; `console [memory] [pg]` loads the
+                operator console's pages in Chromium with 10,000 conversations
+                stored, with the venv and Chromium of the browser test)
   bench all [--from-log FILE]
                 every benchmark but soak, one after the other after one release
                 build, the output logged under target/bench-all/; then the tables
@@ -425,7 +427,7 @@ fn bench(args: &[String]) -> Result<()> {
     }
     let url = db.as_ref().map(pg::Db::url);
     let cmd = match args.split_first() {
-        Some((name, rest)) => bench_cmd(name, rest, url),
+        Some((name, rest)) => bench_cmd(name, rest, url)?,
         None => with_url(
             cargo(["bench", "--package", "parlance-app", "--locked"]),
             url,
@@ -447,13 +449,24 @@ fn bench(args: &[String]) -> Result<()> {
 }
 
 /// `cargo bench` of the benchmark `name` with its arguments, on the
-/// database at `url` when there is one.
-fn bench_cmd(name: &str, args: &[String], url: Option<&str>) -> Cmd {
-    let cmd = cargo(["bench", "--package", "parlance-app", "--locked"])
+/// database at `url` when there is one. The console's benchmark also gets
+/// the Python venv (with Playwright) and Debian's Chromium, made or
+/// installed when missing, as the browser test does.
+fn bench_cmd(name: &str, args: &[String], url: Option<&str>) -> Result<Cmd> {
+    let mut cmd = cargo(["bench", "--package", "parlance-app", "--locked"])
         .args(["--bench", name])
         .arg("--")
         .args(args);
-    with_url(cmd, url)
+    if name == "console" {
+        let venv = py::ensure()?;
+        if !api::chromium()? {
+            bail!("the console benchmark needs Chromium ({})", api::CHROMIUM);
+        }
+        cmd = cmd
+            .env("PARLANCE_BENCH_PYTHON", venv.bin("python"))
+            .env("PARLANCE_CHROMIUM", api::CHROMIUM);
+    }
+    Ok(with_url(cmd, url))
 }
 
 fn with_url(cmd: Cmd, url: Option<&str>) -> Cmd {
@@ -464,7 +477,8 @@ fn with_url(cmd: Cmd, url: Option<&str>) -> Cmd {
 }
 
 /// True for benchmark parts that touch no database (`session core`,
-/// `session replay`, `session adoption`): they run without PostgreSQL.
+/// `session replay`, `session adoption`, `console memory`): they run
+/// without PostgreSQL.
 fn in_memory_only(args: &[String]) -> bool {
     let parts: Vec<&str> = args
         .iter()
@@ -472,11 +486,12 @@ fn in_memory_only(args: &[String]) -> bool {
         .map(String::as_str)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    args.first().map(String::as_str) == Some("session")
-        && !parts.is_empty()
-        && parts
-            .iter()
-            .all(|p| matches!(*p, "core" | "replay" | "adoption"))
+    let memory_parts: &[&str] = match args.first().map(String::as_str) {
+        Some("session") => &["core", "replay", "adoption"],
+        Some("console") => &["memory"],
+        _ => return false,
+    };
+    !parts.is_empty() && parts.iter().all(|p| memory_parts.contains(p))
 }
 
 /// The soak run (`crates/app/benches/soak.rs`) in release mode.

@@ -140,6 +140,9 @@ def test_adoption_sync(client):
     with pytest.raises(Invalid) as refused:
         client.adoption.events(user, [{"kind": "set_journey_state", "state": "exploring"}])
     assert refused.value.status == 422
+    client.adoption.events(user, [{"kind": "set_journey_state", "state": "onboarded"}])
+    trail = documented(client.adoption.audit(user)).records
+    assert trail[-1].entity_id == user and (trail[-1].from_, trail[-1].to) == ("onboarding", "onboarded")
     client.adoption.delete(user)
     with pytest.raises(NotFound):
         client.adoption.get(user)
@@ -223,6 +226,14 @@ def test_conversations_sync(client):
     assert client.conversations.resume(conv.instance_id).conversation.state != "PAUSED"
     listed = client.conversations.list(contact_id=contact)
     assert [c.instance_id for c in listed.items] == [conv.instance_id]
+    assert listed.next_cursor is None
+    second = client.conversations.create(contact, "a second one").conversation
+    assert second.state == "QUEUED"
+    states = ["QUEUED", "WAITING_FOR_REPLY", "WAITING_FOR_AGENT", "ACTIVE", "PAUSED"]
+    page = client.conversations.list(contact_id=contact, state=states, order="newest", limit=1)
+    assert [c.instance_id for c in page.items] == [second.instance_id] and page.next_cursor
+    rest = client.conversations.list(contact_id=contact, state=states, order="newest", after=page.next_cursor)
+    assert [c.instance_id for c in rest.items] == [conv.instance_id] and rest.next_cursor is None
     client.conversations.cancel(conv.instance_id)
     with pytest.raises(NotAllowed) as refused:
         client.conversations.pause(conv.instance_id)
@@ -394,9 +405,15 @@ def test_flows_sync(client):
         client.flows.event("qa", started.session_id, "advance")
     assert refused.value.command == "advance"
     assert client.flows.model("qa", started.session_id).response
+    trail = documented(client.flows.audit("qa", started.session_id)).records
+    assert trail and all(r.entity_id == started.session_id for r in trail)
+    with pytest.raises(NotFound):
+        client.flows.audit("qa", "never-started")
     flows = documented(client.flows.list()).flows
     qa = next(f for f in flows if f.name == "qa")
     assert qa.initial == qa.states[0].id and qa.states[0].kind in ("user", "invoker")
+    ids = {st.id for st in qa.states}
+    assert qa.transitions and all(t.from_ in ids and t.to in ids for t in qa.transitions)
     # The optional body of start_session: the user is kept, the seed is not.
     ada = {"email": f"ada-{uuid.uuid4().hex[:8]}@example.com", "firstname": "Ada", "lastname": "Lovelace"}
     seeded = documented(client.flows.start("qa", seed_data="seed", user_info=ada))

@@ -49,7 +49,7 @@ use parlance_core::flow::{FlowRecord, RunnerOptions};
 use parlance_memory::{
     HashingEmbedder, LoopbackChannel, MemoryAdoptionStore, MemoryAuditLog, MemoryCheckpointStore,
     MemoryConversationStore, MemoryFlowStore, MemoryMemoryStore, MemorySessionStore,
-    MemoryTaskQueue, MemoryTourCatalogs, OfflineLlm,
+    MemoryTaskQueue, MemoryTourCatalogs,
 };
 use parlance_ports::{
     AuditLog, Channel, Clock, EmbeddingProvider, IdGen, LlmClient, QueueConfig, SystemClock,
@@ -159,7 +159,8 @@ pub struct Components {
 
 impl Components {
     /// The embedded default: in-memory adapters, the system clock, UUIDv7
-    /// ids, the offline model and embedder, the loopback channel, no flows.
+    /// ids, the offline model ([`models::offline_llm`]) and embedder, the
+    /// loopback channel, no flows.
     pub fn memory(keys: ApiKeys) -> Self {
         Self::on(Backend::Memory, keys)
     }
@@ -174,7 +175,7 @@ impl Components {
             backend,
             clock: Arc::new(SystemClock),
             ids: Arc::new(UuidV7Ids),
-            llm: Arc::new(OfflineLlm::new()),
+            llm: Arc::new(models::offline_llm()),
             embedder: Arc::new(HashingEmbedder::default()),
             channel: Arc::new(LoopbackChannel::new()),
             flows: FlowCatalog::new(),
@@ -293,6 +294,7 @@ impl Components {
         let flows = FlowService::new(FlowDeps {
             catalog: Arc::new(flows),
             records: stores.flow_records,
+            audit: shared.audit.clone(),
             store: stores.flows,
             runner: Arc::new(QueueRunner::new(stores.queue)),
             options: runner,
@@ -547,10 +549,12 @@ fn api(state: &AppState) -> (Router, utoipa::openapi::OpenApi) {
         .merge(agent::routes().with_state(state.agent.clone()))
         .routes(routes!(auth::me))
         .split_for_parts();
+    let v1_doc = http::openapi::document_tags(v1_doc);
     let v1 = v1
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
-        .route_layer(middleware::from_fn(http::check_params));
+        .route_layer(middleware::from_fn(http::check_params))
+        .layer(middleware::from_fn(http::etag::tag_reads));
     let v1 = state
         .edge
         .limit_keys(v1)

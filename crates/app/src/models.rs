@@ -20,11 +20,20 @@ pub struct Models {
     pub embedder: Arc<dyn EmbeddingProvider>,
 }
 
+/// The offline model of the embedded default: deterministic, with the
+/// conversation agent's hand-off rule
+/// ([`offline_hand_off`](crate::conversation::offline_hand_off)).
+pub fn offline_llm() -> OfflineLlm {
+    let llm = OfflineLlm::new();
+    llm.add_rule(crate::conversation::offline_hand_off());
+    llm
+}
+
 impl Models {
-    /// The offline model and the feature-hashing embedder.
+    /// The offline model ([`offline_llm`]) and the feature-hashing embedder.
     pub fn offline() -> Self {
         Self {
-            llm: Arc::new(OfflineLlm::new()),
+            llm: Arc::new(offline_llm()),
             embedder: Arc::new(HashingEmbedder::default()),
         }
     }
@@ -109,6 +118,41 @@ mod tests {
         assert!(m.llm.describe().starts_with("offline"));
         assert_eq!(m.llm.default_model(), "offline");
         assert_eq!(m.embedder.model(), "feature-hash-256");
+    }
+
+    #[tokio::test]
+    async fn the_offline_model_hands_over_only_when_it_may_and_is_asked() {
+        use parlance_ports::{CompletionRequest, Message, ToolChoice, ToolDefinition};
+        let llm = Models::offline().llm;
+        let tool = |name: &str| ToolDefinition {
+            name: name.into(),
+            description: name.into(),
+            parameters: serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+        };
+        let ask = |tools: &[&str], text: &str| {
+            let mut r = CompletionRequest::new(vec![Message::system("talk"), Message::user(text)])
+                .with_tools(tools.iter().map(|t| tool(t)).collect());
+            r.tool_choice = Some(ToolChoice::Required);
+            r
+        };
+        let called = |r: CompletionRequest| {
+            let llm = llm.clone();
+            async move { llm.complete(&r).await.unwrap().tool_calls[0].name.clone() }
+        };
+        let both = ["send_message", "request_human"];
+        assert_eq!(
+            called(ask(&both, "a person, please")).await,
+            "request_human"
+        );
+        assert_eq!(
+            called(ask(&both, "Any HUMAN there?")).await,
+            "request_human"
+        );
+        assert_eq!(called(ask(&both, "Tuesday")).await, "send_message");
+        assert_eq!(
+            called(ask(&["send_message"], "a person!")).await,
+            "send_message"
+        );
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //! version, decides a creation again with whether the contact is held now,
 //! decides the promotion of the contact's oldest `QUEUED` instance when the
 //! decision frees the contact, checks and enqueues the tasks of both, and
-//! writes both instances, their transcript lines, the deadline index and
-//! their audit entries. A commit that fails writes nothing.
+//! writes both instances, their transcript lines, the listings (by product,
+//! by contact, by state), the deadline index and their audit entries. A
+//! commit that fails writes nothing.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -19,8 +20,8 @@ use parlance_core::conversation::{
 use parlance_core::queue::DagLimits;
 use parlance_core::{Decision, Machine, ProductId, Timestamp};
 use parlance_ports::{
-    Commit, Committed, ConversationStore, ListFilter, MachineStore, PortError, PortResult, Stored,
-    TaskQueue, Version,
+    Commit, Committed, ConversationPage, ConversationStore, ListCursor, ListFilter, ListOrder,
+    MAX_LIST, MachineStore, PortError, PortResult, Stored, TaskQueue, Version,
 };
 
 use crate::MemoryAuditLog;
@@ -30,10 +31,17 @@ use crate::records::{Gate, Records, Write, record_key};
 /// (claims and delivery keys aside).
 #[derive(Default)]
 struct Side {
-    /// Each product's instances, oldest first.
-    by_product: HashMap<ProductId, Vec<InstanceId>>,
-    /// Each contact's instances, oldest first.
-    by_contact: HashMap<(ProductId, ContactId), Vec<InstanceId>>,
+    /// The creation number of the last instance created: numbers only grow,
+    /// and are the listings' cursors.
+    created: u64,
+    /// Each product's instances with their creation numbers, oldest first.
+    by_product: HashMap<ProductId, Vec<(u64, InstanceId)>>,
+    /// Each contact's instances with their creation numbers, oldest first.
+    by_contact: HashMap<(ProductId, ContactId), Vec<(u64, InstanceId)>>,
+    /// Each product's instances in each state, by creation number.
+    by_state: HashMap<(ProductId, ConversationState), BTreeMap<u64, InstanceId>>,
+    /// Each instance's creation number and the state `by_state` holds it in.
+    listed: HashMap<ConversationKey, (u64, ConversationState)>,
     transcripts: HashMap<ConversationKey, Vec<Message>>,
     /// Armed heartbeats: the deadline index.
     due: BTreeSet<(Timestamp, ConversationKey)>,
@@ -120,7 +128,7 @@ impl MemoryConversationStore {
     /// }
     ///
     /// let all = store.list(&acme, &ListFilter::default()).await?;
-    /// let states: Vec<ConversationState> = all.iter().map(|s| s.state.state).collect();
+    /// let states: Vec<ConversationState> = all.items.iter().map(|s| s.state.state).collect();
     /// assert_eq!(states, [ConversationState::Created, ConversationState::Queued]);
     /// # Ok(())
     /// # }
@@ -149,10 +157,12 @@ impl MemoryConversationStore {
             return false;
         };
         let map = gate.lock();
-        ids.iter().filter(|id| Some(**id) != except).any(|id| {
-            map.get(&record_key(&key(product, *id)))
-                .is_some_and(|s| s.state.holds_contact())
-        })
+        ids.iter()
+            .filter(|(_, id)| Some(*id) != except)
+            .any(|(_, id)| {
+                map.get(&record_key(&key(product, *id)))
+                    .is_some_and(|s| s.state.holds_contact())
+            })
     }
 
     /// The promotion `main` asks for: the contact's oldest `QUEUED`
@@ -182,7 +192,7 @@ impl MemoryConversationStore {
             side.by_contact
                 .get(&(product.clone(), contact.clone()))?
                 .iter()
-                .find_map(|id| {
+                .find_map(|(_, id)| {
                     if *id == main.key.instance_id {
                         (main.state.state == ConversationState::Queued)
                             .then(|| (main.state.clone(), main.version))
@@ -207,21 +217,41 @@ impl MemoryConversationStore {
         })
     }
 
-    /// Writes the listings, transcript lines and deadline index of
-    /// `written`, in order, and ends their claims.
+    /// Writes the listings (a new instance's creation number, and every
+    /// instance's state), transcript lines and deadline index of `written`,
+    /// in order, and ends their claims.
     fn write_side(&self, written: &[Written]) {
         let mut side = self.side();
         for w in written {
-            if !side.transcripts.contains_key(&w.key) {
-                let product = w.key.product_id.clone();
-                side.by_product
-                    .entry(product.clone())
+            let product = w.key.product_id.clone();
+            let (n, before) = match side.listed.get(&w.key) {
+                Some(&(n, state)) => (n, Some(state)),
+                None => {
+                    side.created += 1;
+                    let entry = (side.created, w.key.instance_id);
+                    side.by_product
+                        .entry(product.clone())
+                        .or_default()
+                        .push(entry);
+                    side.by_contact
+                        .entry((product.clone(), w.state.contact_id.clone()))
+                        .or_default()
+                        .push(entry);
+                    (side.created, None)
+                }
+            };
+            let now = w.state.state;
+            if before != Some(now) {
+                if let Some(old) = before
+                    && let Some(held) = side.by_state.get_mut(&(product.clone(), old))
+                {
+                    held.remove(&n);
+                }
+                side.by_state
+                    .entry((product, now))
                     .or_default()
-                    .push(w.key.instance_id);
-                side.by_contact
-                    .entry((product, w.state.contact_id.clone()))
-                    .or_default()
-                    .push(w.key.instance_id);
+                    .insert(n, w.key.instance_id);
+                side.listed.insert(w.key.clone(), (n, now));
             }
             if let Some(old) = side.deadlines.remove(&w.key) {
                 side.due.remove(&(old, w.key.clone()));
@@ -240,6 +270,53 @@ impl MemoryConversationStore {
                 .or_default()
                 .extend(lines);
         }
+    }
+}
+
+impl MemoryConversationStore {
+    /// A page of a whole product's instances in some states: a page of
+    /// each state, read in order from `by_state`, merged, so its cost is
+    /// the page's however many instances each state holds.
+    fn list_by_state(
+        &self,
+        side: &Side,
+        product: &ProductId,
+        filter: &ListFilter,
+        limit: usize,
+    ) -> ConversationPage {
+        let newest = filter.order == ListOrder::NewestFirst;
+        let mut states = filter.states.clone();
+        states.sort_unstable();
+        states.dedup();
+        let mut picked: Vec<(u64, InstanceId)> = Vec::new();
+        for state in states {
+            let Some(held) = side.by_state.get(&(product.clone(), state)) else {
+                continue;
+            };
+            let page: Box<dyn Iterator<Item = (&u64, &InstanceId)>> = match (newest, filter.after) {
+                (false, Some(c)) => Box::new(held.range(c.0.saturating_add(1)..)),
+                (false, None) => Box::new(held.iter()),
+                (true, Some(c)) => Box::new(held.range(..c.0).rev()),
+                (true, None) => Box::new(held.iter().rev()),
+            };
+            picked.extend(page.take(limit + 1).map(|(n, id)| (*n, *id)));
+        }
+        if newest {
+            picked.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
+        } else {
+            picked.sort_unstable_by_key(|p| p.0);
+        }
+        let more = picked.len() > limit;
+        picked.truncate(limit);
+        let map = self.records.lock();
+        let items: Vec<Stored<Instance>> = picked
+            .iter()
+            .filter_map(|(_, id)| map.get(&record_key(&key(product, *id))).cloned())
+            .collect();
+        let next = more
+            .then(|| picked.last().map(|(n, _)| ListCursor(*n)))
+            .flatten();
+        ConversationPage { items, next }
     }
 }
 
@@ -344,27 +421,49 @@ fn redecide_creation(
 
 #[async_trait]
 impl ConversationStore for MemoryConversationStore {
-    async fn list(
-        &self,
-        product: &ProductId,
-        filter: &ListFilter,
-    ) -> PortResult<Vec<Stored<Instance>>> {
-        let limit = filter.limit.unwrap_or(1000).min(1000);
+    async fn list(&self, product: &ProductId, filter: &ListFilter) -> PortResult<ConversationPage> {
+        let limit = filter.limit.unwrap_or(MAX_LIST).min(MAX_LIST);
         let _settled = self.records.settled().await;
         let side = self.side();
-        let ids = match &filter.contact_id {
+        if filter.contact_id.is_none() && !filter.states.is_empty() {
+            return Ok(self.list_by_state(&side, product, filter, limit));
+        }
+        let entries = match &filter.contact_id {
             Some(contact) => side.by_contact.get(&(product.clone(), contact.clone())),
             None => side.by_product.get(product),
+        }
+        .map_or(&[][..], Vec::as_slice);
+        // Creation numbers ascend along `entries`.
+        let after = filter.after.map(|c| c.0);
+        let listed: Box<dyn Iterator<Item = &(u64, InstanceId)>> = match filter.order {
+            ListOrder::OldestFirst => {
+                let from = after.map_or(0, |a| entries.partition_point(|(n, _)| *n <= a));
+                Box::new(entries[from..].iter())
+            }
+            ListOrder::NewestFirst => {
+                let to = after.map_or(entries.len(), |a| entries.partition_point(|(n, _)| *n < a));
+                Box::new(entries[..to].iter().rev())
+            }
         };
         let map = self.records.lock();
-        Ok(ids
-            .into_iter()
-            .flatten()
-            .filter_map(|id| map.get(&record_key(&key(product, *id))))
-            .filter(|s| filter.state.is_none_or(|st| s.state.state == st))
-            .take(limit)
-            .cloned()
-            .collect())
+        let mut items = Vec::new();
+        let mut last = None;
+        let mut next = None;
+        for (n, id) in listed {
+            let Some(stored) = map.get(&record_key(&key(product, *id))) else {
+                continue;
+            };
+            if !filter.states.is_empty() && !filter.states.contains(&stored.state.state) {
+                continue;
+            }
+            if items.len() == limit {
+                next = last.map(ListCursor);
+                break;
+            }
+            items.push(stored.clone());
+            last = Some(*n);
+        }
+        Ok(ConversationPage { items, next })
     }
 
     async fn transcript(&self, key: &ConversationKey) -> PortResult<Vec<Message>> {

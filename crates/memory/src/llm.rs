@@ -3,8 +3,10 @@
 //!
 //! Scripted rules come first (tried in the order added; a rule may be
 //! limited to a number of uses): they match on the prompt name, on text in
-//! the messages (any, or the last user message) or on an offered tool, and
-//! reply with text, JSON, tool calls or an error. Without a matching rule the fallback answers:
+//! the messages (any, or the last user message), on whether the newest
+//! message is the user's, on an offered tool, or on several of these at
+//! once ([`When::All`], [`When::AnyOf`]), and reply with text, JSON, tool
+//! calls or an error. Without a matching rule the fallback answers:
 //!
 //! - a tool call when the request requires one (`ToolChoice::Required` or a
 //!   named function), its arguments filled from the tool's parameter schema;
@@ -27,7 +29,7 @@ use async_trait::async_trait;
 use parlance_core::find_json_values;
 use parlance_ports::{
     CompletionChunk, CompletionRequest, CompletionResponse, CompletionStream, FinishReason,
-    LlmClient, LlmError, LlmResult, ResponseFormat, ToolCall, ToolChoice, Usage, chunks_of,
+    LlmClient, LlmError, LlmResult, ResponseFormat, Role, ToolCall, ToolChoice, Usage, chunks_of,
 };
 use serde_json::{Map, Value, json};
 
@@ -48,6 +50,13 @@ pub enum When {
     UserContains(String),
     /// Requests offering a tool of this name.
     ToolOffered(String),
+    /// Requests whose newest message is a user message (not the model's,
+    /// nor a tool result, nor instructions).
+    LastFromUser,
+    /// Requests every one of these matches (every request when empty).
+    All(Vec<When>),
+    /// Requests at least one of these matches (none when empty).
+    AnyOf(Vec<When>),
 }
 
 impl When {
@@ -67,6 +76,12 @@ impl When {
                 .to_lowercase()
                 .contains(&text.to_lowercase()),
             When::ToolOffered(name) => request.tools.iter().any(|t| &t.name == name),
+            When::LastFromUser => request
+                .messages
+                .last()
+                .is_some_and(|m| m.role == Role::User),
+            When::All(all) => all.iter().all(|w| w.matches(request)),
+            When::AnyOf(any) => any.iter().any(|w| w.matches(request)),
         }
     }
 }
@@ -906,6 +921,78 @@ mod tests {
         assert_eq!(llm.complete(&named).await.unwrap().content, "scripted");
         assert_eq!(llm.complete(&named).await.unwrap().content, "scripted");
         assert_eq!(llm.received().len(), 6);
+    }
+
+    #[tokio::test]
+    async fn combined_conditions_match_as_a_whole() {
+        let tool = ToolDefinition {
+            name: "request_human".into(),
+            description: "hand over".into(),
+            parameters: json!({"type": "object", "properties": {"reason": {"type": "string"}}}),
+        };
+        let hand_off = When::All(vec![
+            When::ToolOffered("request_human".into()),
+            When::LastFromUser,
+            When::AnyOf(vec![
+                When::UserContains("person".into()),
+                When::UserContains("human".into()),
+            ]),
+        ]);
+        let llm = OfflineLlm::new().with_rule(
+            hand_off,
+            Reply::tool_call("request_human", json!({"reason": "asked for a person"})),
+        );
+        let ask = |messages: Vec<Message>, offered: bool| {
+            let request = CompletionRequest::new(messages);
+            if offered {
+                request.with_tools(vec![tool.clone()])
+            } else {
+                request
+            }
+        };
+        let wants = || vec![Message::system("be kind"), Message::user("A HUMAN please")];
+        let called = llm.complete(&ask(wants(), true)).await.unwrap();
+        assert_eq!(called.tool_calls[0].name, "request_human");
+        assert_eq!(
+            called.tool_calls[0].arguments,
+            r#"{"reason":"asked for a person"}"#
+        );
+        let person = vec![Message::user("can I talk to a person?")];
+        assert_eq!(
+            llm.complete(&ask(person, true))
+                .await
+                .unwrap()
+                .tool_calls
+                .len(),
+            1
+        );
+
+        // Each part is needed: the tool offered, the newest message the
+        // user's, and one of the words in it.
+        let not_offered = llm.complete(&ask(wants(), false)).await.unwrap();
+        assert!(not_offered.tool_calls.is_empty());
+        let mut answered = wants();
+        answered.push(Message::assistant("[operator] Sam here, how can I help?"));
+        assert!(
+            llm.complete(&ask(answered, true))
+                .await
+                .unwrap()
+                .tool_calls
+                .is_empty()
+        );
+        let other = vec![Message::user("Tuesday is fine")];
+        assert!(
+            llm.complete(&ask(other, true))
+                .await
+                .unwrap()
+                .tool_calls
+                .is_empty()
+        );
+
+        let empty = CompletionRequest::new(vec![Message::user("hi")]);
+        assert!(When::All(Vec::new()).matches(&empty));
+        assert!(!When::AnyOf(Vec::new()).matches(&empty));
+        assert!(!When::LastFromUser.matches(&CompletionRequest::new(vec![Message::system("x")])));
     }
 
     #[tokio::test]

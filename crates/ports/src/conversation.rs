@@ -37,15 +37,49 @@ use parlance_core::{ProductId, Timestamp};
 
 use crate::{PortResult, Stored};
 
-/// Which instances to list.
+/// Which instances to list, in which order, and from where.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListFilter {
     /// Only this contact's.
     pub contact_id: Option<ContactId>,
-    /// Only in this state.
-    pub state: Option<ConversationState>,
-    /// At most this many (the adapter caps it at 1000).
+    /// Only in one of these states; any state when empty.
+    pub states: Vec<ConversationState>,
+    /// Oldest or newest first, by creation.
+    pub order: ListOrder,
+    /// Only those after this position in `order`: the
+    /// [`next`](ConversationPage::next) of the page before.
+    pub after: Option<ListCursor>,
+    /// At most this many (the adapter caps it at [`MAX_LIST`]).
     pub limit: Option<usize>,
+}
+
+/// The most instances one listing answers, and its default.
+pub const MAX_LIST: usize = 1000;
+
+/// The order of a listing: by creation, the oldest or the newest first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ListOrder {
+    /// The order the instances were created in.
+    #[default]
+    OldestFirst,
+    /// The reverse.
+    NewestFirst,
+}
+
+/// A position in a product's instances in the order they were created: a
+/// listing goes on after it. Stores make it from a number they keep per
+/// instance that only grows; callers pass it back as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ListCursor(pub u64);
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConversationPage {
+    /// The instances, in the order asked for, with their versions.
+    pub items: Vec<Stored<Instance>>,
+    /// Where the next page starts, when more instances matched than this
+    /// page holds; `None` on the last page.
+    pub next: Option<ListCursor>,
 }
 
 /// Conversation storage besides `load` and `commit`, scoped by product.
@@ -62,12 +96,9 @@ pub struct ListFilter {
 /// constructors' examples call it.
 #[async_trait]
 pub trait ConversationStore: Send + Sync + 'static {
-    /// Instances matching `filter`, oldest first, with their versions.
-    async fn list(
-        &self,
-        product: &ProductId,
-        filter: &ListFilter,
-    ) -> PortResult<Vec<Stored<Instance>>>;
+    /// A page of the instances matching `filter`, in its order, at most
+    /// its limit (capped at [`MAX_LIST`]), with where the next page starts.
+    async fn list(&self, product: &ProductId, filter: &ListFilter) -> PortResult<ConversationPage>;
 
     /// The instance's transcript, oldest first; `NotFound` for an unknown
     /// instance.

@@ -33,7 +33,9 @@ pub use audit::{AuditEntry, AuditLog, AuditRecord};
 pub use channel::{Channel, Outbound};
 pub use clock::{Clock, IdGen, ManualClock, SequentialIds, SystemClock, UuidV7Ids};
 #[cfg(feature = "conversation")]
-pub use conversation::{ConversationStore, ListFilter};
+pub use conversation::{
+    ConversationPage, ConversationStore, ListCursor, ListFilter, ListOrder, MAX_LIST,
+};
 #[cfg(feature = "turn")]
 pub use crisis::{
     CRISIS_LOG_DELTA, CrisisLog, CrisisLogEntry, CrisisLogRecord, carry_crisis_entries,

@@ -24,16 +24,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parlance_core::conversation::{
-    ConversationCommand, ConversationContext, ConversationEffect, ConversationKey,
-    ConversationState, Instance, InstanceId, Message, Role,
+    ConversationCommand, ConversationContext, ConversationEffect, ConversationKey, Instance,
+    InstanceId, Message, Role,
 };
 use parlance_core::{Command as _, Decision, Machine, ProductId, Task, Timestamp};
 use parlance_ports::{
-    Commit, Committed, ConversationStore, ListFilter, MachineStore, PortError, PortResult, Stored,
-    Version,
+    Commit, Committed, ConversationPage, ConversationStore, ListCursor, ListFilter, ListOrder,
+    MAX_LIST, MachineStore, PortError, PortResult, Stored, Version,
 };
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row as _};
+use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder, Row as _};
 
 use crate::PgTaskQueue;
 use crate::error::pg_err;
@@ -101,8 +101,8 @@ impl PgConversationStore {
     ///     .await?;
     ///
     /// let listed = store.list(&acme, &ListFilter::default()).await?;
-    /// assert_eq!(listed.len(), 1);
-    /// assert_eq!(listed[0].state.state, ConversationState::Created);
+    /// assert_eq!(listed.items.len(), 1);
+    /// assert_eq!(listed.items[0].state.state, ConversationState::Created);
     /// assert!(store.transcript(&key).await?.is_empty());
     /// # Ok(())
     /// # }
@@ -580,25 +580,91 @@ impl MachineStore<Instance> for PgConversationStore {
 
 #[async_trait]
 impl ConversationStore for PgConversationStore {
-    async fn list(
-        &self,
-        product: &ProductId,
-        filter: &ListFilter,
-    ) -> PortResult<Vec<Stored<Instance>>> {
-        let limit = filter.limit.unwrap_or(1000).min(1000);
-        let rows = sqlx::query(
-            "SELECT record, version FROM conversation_instances \
-             WHERE product_id = $1 AND ($2::text IS NULL OR contact_id = $2) \
-             AND ($3::text IS NULL OR state = $3) ORDER BY seq LIMIT $4",
-        )
-        .bind(product.as_str())
-        .bind(filter.contact_id.as_ref().map(|c| c.as_str()))
-        .bind(filter.state.map(ConversationState::as_str))
-        .bind(i64::try_from(limit).unwrap_or(1000))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(pg_err("list conversations"))?;
-        rows.iter().map(decode).collect()
+    async fn list(&self, product: &ProductId, filter: &ListFilter) -> PortResult<ConversationPage> {
+        let limit = filter.limit.unwrap_or(MAX_LIST).min(MAX_LIST);
+        // One more than the page, to know whether another follows.
+        let fetch = i64::try_from(limit).unwrap_or(1000) + 1;
+        let newest = filter.order == ListOrder::NewestFirst;
+        let mut states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        states.sort_unstable();
+        states.dedup();
+        // Only the conditions asked for are in the statement, so each shape
+        // gets a plan of its own on the indexes by contact, by state and by
+        // product, each in creation order (`seq`).
+        let page = |q: &mut QueryBuilder<'_, Postgres>, state: Option<&str>| {
+            q.push("SELECT record, version, seq FROM conversation_instances WHERE product_id = ")
+                .push_bind(product.as_str().to_owned());
+            if let Some(contact) = &filter.contact_id {
+                q.push(" AND contact_id = ")
+                    .push_bind(contact.as_str().to_owned());
+            }
+            match (state, states.as_slice()) {
+                (Some(one), _) | (None, &[one]) => {
+                    q.push(" AND state = ").push_bind(one.to_owned());
+                }
+                (None, []) => {}
+                (None, several) => {
+                    let names: Vec<String> = several.iter().map(|s| (*s).to_owned()).collect();
+                    q.push(" AND state = ANY(").push_bind(names).push(")");
+                }
+            }
+            if let Some(ListCursor(after)) = filter.after {
+                // A cursor past any `seq` leaves nothing after (or
+                // everything before) it.
+                let after = i64::try_from(after).unwrap_or(i64::MAX);
+                q.push(if newest { " AND seq < " } else { " AND seq > " })
+                    .push_bind(after);
+            }
+            q.push(if newest {
+                " ORDER BY seq DESC LIMIT "
+            } else {
+                " ORDER BY seq LIMIT "
+            })
+            .push_bind(fetch);
+        };
+        let mut q = QueryBuilder::<Postgres>::new("");
+        if filter.contact_id.is_none() && states.len() > 1 {
+            // Several states of a whole product: a page of each, read in
+            // order from the index by state, merged. Its cost is the
+            // page's, however many instances each state holds; one scan
+            // filtering on every state would read all of them.
+            q.push("SELECT record, version, seq FROM (");
+            for (i, state) in states.iter().enumerate() {
+                if i > 0 {
+                    q.push(" UNION ALL ");
+                }
+                q.push("(");
+                page(&mut q, Some(state));
+                q.push(")");
+            }
+            q.push(if newest {
+                ") AS pages ORDER BY seq DESC LIMIT "
+            } else {
+                ") AS pages ORDER BY seq LIMIT "
+            })
+            .push_bind(fetch);
+        } else {
+            // One state, any state, or one contact's few instances.
+            page(&mut q, None);
+        }
+        let rows = q
+            .build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_err("list conversations"))?;
+        let mut items = Vec::with_capacity(rows.len().min(limit));
+        let mut next = None;
+        for row in &rows {
+            if items.len() == limit {
+                break;
+            }
+            items.push(decode(row)?);
+            let seq: i64 = row.try_get("seq").map_err(pg_err("list conversations"))?;
+            if rows.len() > limit && items.len() == limit {
+                next = u64::try_from(seq).ok().map(ListCursor);
+            }
+        }
+        Ok(ConversationPage { items, next })
     }
 
     async fn transcript(&self, key: &ConversationKey) -> PortResult<Vec<Message>> {

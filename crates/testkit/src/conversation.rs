@@ -23,8 +23,8 @@ use parlance_core::conversation::{
 use parlance_core::{Decision, EntityKind, Machine as _, NotAllowed, ProductId, Timestamp};
 use parlance_ports::conversation::{DELIVER_KIND, FOLLOW_UP_KIND, TURN_KIND};
 use parlance_ports::{
-    AuditLog, AuditRecord, Commit, ConversationStore, ErrorKind, ListFilter, MachineStore,
-    PortError, Stored, TaskQueue, Version, WorkerId,
+    AuditLog, AuditRecord, Commit, ConversationPage, ConversationStore, ErrorKind, ListFilter,
+    ListOrder, MachineStore, PortError, Stored, TaskQueue, Version, WorkerId,
 };
 use serde_json::Map;
 
@@ -72,6 +72,8 @@ macro_rules! conversation_store_suite {
             suite = $crate::conversation;
             cases = [
                 create_get_and_list_are_scoped,
+                listings_filter_by_states_and_page_either_way,
+                a_cursor_goes_on_past_instances_created_meanwhile,
                 a_creation_is_decided_again_under_the_contact_lock,
                 concurrent_creates_yield_exactly_one_created,
                 a_commit_saves_appends_and_audits,
@@ -365,9 +367,10 @@ pub async fn create_get_and_list_are_scoped(s: Subject) {
         .list(&product("a"), &ListFilter::default())
         .await
         .expect("list");
-    let ids: Vec<_> = all.iter().map(|i| i.state.instance_id).collect();
+    assert_eq!(all.next, None, "one page holds them all");
+    let ids: Vec<_> = all.items.iter().map(|i| i.state.instance_id).collect();
     assert_eq!(ids, [id(1), id(2), id(3)], "oldest first, product a only");
-    assert!(all.iter().all(|i| i.version == Version::FIRST));
+    assert!(all.items.iter().all(|i| i.version == Version::FIRST));
     let alice = ListFilter {
         contact_id: Some(ContactId::parse("alice").expect("valid")),
         ..ListFilter::default()
@@ -377,24 +380,168 @@ pub async fn create_get_and_list_are_scoped(s: Subject) {
             .list(&product("a"), &alice)
             .await
             .expect("list")
+            .items
             .len(),
         2
     );
     let queued = ListFilter {
-        state: Some(S::Queued),
+        states: vec![S::Queued],
         ..ListFilter::default()
     };
     let got = s.index.list(&product("a"), &queued).await.expect("list");
-    assert_eq!(
-        got.iter().map(|i| i.state.instance_id).collect::<Vec<_>>(),
-        [id(2)]
-    );
+    assert_eq!(listed(&got), [2]);
     let audit = audit_of(&s, "a", 2).await;
     assert_eq!(audit.len(), 1);
     assert_eq!(
         (audit[0].entry.from.as_deref(), audit[0].entry.to.as_str()),
         (None, "QUEUED")
     );
+}
+
+/// The instance numbers of a page, in its order.
+fn listed(page: &ConversationPage) -> Vec<u128> {
+    page.items
+        .iter()
+        .map(|i| {
+            (1..=64)
+                .find(|n| id(*n) == i.state.instance_id)
+                .expect("an instance of the suite")
+        })
+        .collect()
+}
+
+/// Every page of a listing, following each page's cursor.
+async fn pages(s: &Subject, p: &str, mut filter: ListFilter) -> Vec<Vec<u128>> {
+    let mut pages = Vec::new();
+    loop {
+        let page = s.index.list(&product(p), &filter).await.expect("list");
+        pages.push(listed(&page));
+        match page.next {
+            Some(next) => filter.after = Some(next),
+            None => return pages,
+        }
+        assert!(pages.len() < 64, "a listing that never ends");
+    }
+}
+
+/// Listings take any set of states, either order, and go on from the
+/// cursor of the page before, a page at a time, until a page says it is
+/// the last; they see one product only.
+pub async fn listings_filter_by_states_and_page_either_way(s: Subject) {
+    for n in 1..=7 {
+        create(&s, "a", n, &format!("c{n}"), n as u64).await;
+    }
+    create(&s, "b", 8, "c1", 8).await;
+    for n in [2, 5] {
+        run(&s, "a", n, 10, C::BeginAgentTurn).await;
+        let reason = "asks for a person".to_owned();
+        run(&s, "a", n, 11, C::RequestHuman { reason }).await;
+    }
+    run(&s, "a", 3, 12, C::Pause).await;
+    run(&s, "a", 6, 12, C::Cancel).await;
+    let newest = |states: Vec<S>, limit: Option<usize>| ListFilter {
+        states,
+        order: ListOrder::NewestFirst,
+        limit,
+        ..ListFilter::default()
+    };
+
+    let human = s
+        .index
+        .list(
+            &product("a"),
+            &newest(vec![S::NeedsHumanIntervention], None),
+        )
+        .await
+        .expect("list");
+    assert_eq!((listed(&human), human.next), (vec![5, 2], None));
+    let two = newest(vec![S::Paused, S::NeedsHumanIntervention], None);
+    let got = s.index.list(&product("a"), &two).await.expect("list");
+    assert_eq!(listed(&got), [5, 3, 2], "any of the states, newest first");
+    let two = newest(vec![S::Paused, S::NeedsHumanIntervention], Some(2));
+    assert_eq!(pages(&s, "a", two).await, [vec![5, 3], vec![2]]);
+    let two_oldest = ListFilter {
+        states: vec![S::NeedsHumanIntervention, S::Paused],
+        limit: Some(1),
+        ..ListFilter::default()
+    };
+    assert_eq!(
+        pages(&s, "a", two_oldest).await,
+        [vec![2], vec![3], vec![5]]
+    );
+    let twice = newest(vec![S::Paused, S::Paused], None);
+    let got = s.index.list(&product("a"), &twice).await.expect("list");
+    assert_eq!(listed(&got), [3], "a state named twice is listed once");
+    let created = newest(vec![S::Created], Some(2));
+    assert_eq!(pages(&s, "a", created).await, [vec![7, 4], vec![1]]);
+    let none = newest(vec![S::Completed], None);
+    let got = s.index.list(&product("a"), &none).await.expect("list");
+    assert_eq!((got.items.len(), got.next), (0, None));
+
+    let oldest = |limit| ListFilter {
+        limit: Some(limit),
+        ..ListFilter::default()
+    };
+    assert_eq!(
+        pages(&s, "a", oldest(3)).await,
+        [vec![1, 2, 3], vec![4, 5, 6], vec![7]]
+    );
+    assert_eq!(
+        pages(&s, "a", oldest(7)).await,
+        [vec![1, 2, 3, 4, 5, 6, 7]],
+        "a page that holds the rest is the last"
+    );
+    assert_eq!(
+        pages(&s, "a", newest(Vec::new(), Some(3))).await,
+        [vec![7, 6, 5], vec![4, 3, 2], vec![1]]
+    );
+    let empty = s.index.list(&product("a"), &oldest(0)).await.expect("list");
+    assert_eq!((empty.items.len(), empty.next), (0, None));
+    assert_eq!(pages(&s, "b", oldest(1)).await, [vec![8]]);
+
+    let c5 = ListFilter {
+        contact_id: Some(ContactId::parse("c5").expect("valid")),
+        states: vec![S::NeedsHumanIntervention, S::Created],
+        ..ListFilter::default()
+    };
+    assert_eq!(pages(&s, "a", c5).await, [vec![5]]);
+}
+
+/// A cursor is a position, not an instance: pages newest first go on to
+/// older instances whatever is created meanwhile, and pages oldest first
+/// reach the new ones.
+pub async fn a_cursor_goes_on_past_instances_created_meanwhile(s: Subject) {
+    for n in 1..=4 {
+        create(&s, "a", n, &format!("c{n}"), n as u64).await;
+    }
+    let first = |order| ListFilter {
+        order,
+        limit: Some(2),
+        ..ListFilter::default()
+    };
+    let newest = s
+        .index
+        .list(&product("a"), &first(ListOrder::NewestFirst))
+        .await
+        .expect("list");
+    let oldest = s
+        .index
+        .list(&product("a"), &first(ListOrder::OldestFirst))
+        .await
+        .expect("list");
+    assert_eq!((listed(&newest), listed(&oldest)), (vec![4, 3], vec![1, 2]));
+    create(&s, "a", 5, "c5", 5).await;
+    let mut after = first(ListOrder::NewestFirst);
+    after.after = newest.next;
+    let got = s.index.list(&product("a"), &after).await.expect("list");
+    assert_eq!((listed(&got), got.next), (vec![2, 1], None));
+    let mut after = first(ListOrder::OldestFirst);
+    after.after = oldest.next;
+    let got = s.index.list(&product("a"), &after).await.expect("list");
+    assert_eq!(listed(&got), [3, 4]);
+    after.after = got.next;
+    let got = s.index.list(&product("a"), &after).await.expect("list");
+    assert_eq!((listed(&got), got.next), (vec![5], None));
 }
 
 /// A creation decided with the contact free is decided again by the store
@@ -601,6 +748,17 @@ pub async fn a_terminal_transition_promotes_the_oldest_queued(s: Subject) {
     );
     assert_eq!(&load(&s, "p", 2).await, promoted, "stored as reported");
     assert_eq!(load(&s, "p", 3).await.state.state, S::Queued);
+    // Listings by state see the promotion written in the same commit.
+    let in_state = |state| ListFilter {
+        states: vec![state],
+        ..ListFilter::default()
+    };
+    let queued = s.index.list(&product("p"), &in_state(S::Queued)).await;
+    assert_eq!(listed(&queued.expect("list")), [3]);
+    let created = s.index.list(&product("p"), &in_state(S::Created)).await;
+    assert_eq!(listed(&created.expect("list")), [2]);
+    let ended = s.index.list(&product("p"), &in_state(S::Completed)).await;
+    assert_eq!(listed(&ended.expect("list")), [1]);
     // Cancelling the queued one promotes nothing: the contact is held.
     let applied = run(&s, "p", 3, 5, C::Cancel).await;
     assert!(applied.also.is_empty());

@@ -40,6 +40,7 @@ OPERATIONS: Dict[str, Op] = {
     "put_tours": Op("PUT", P + "/tours", m.TourCatalog, m.TourCatalog),
     # user adoption
     "get_adoption": Op("GET", P + "/users/{user_id}/adoption", m.AdoptionRecord),
+    "adoption_audit": Op("GET", P + "/users/{user_id}/adoption/audit", m.AuditPage),
     "put_adoption": Op("PUT", P + "/users/{user_id}/adoption", m.AdoptionRecord, m.AdoptionReplace),
     "delete_adoption": Op("DELETE", P + "/users/{user_id}/adoption", None),
     "post_adoption_events": Op(
@@ -106,6 +107,7 @@ OPERATIONS: Dict[str, Op] = {
     "flow_event": Op("POST", "/v1/ai/{flow}/event", m.FlowAnswer, m.FlowEvent),
     "task_state": Op("GET", "/v1/ai/{flow}/task_state/{session_id}", m.TaskState),
     "flow_model": Op("GET", "/v1/ai/{flow}/model/{session_id}", m.FlowAnswer),
+    "flow_audit": Op("GET", "/v1/ai/{flow}/audit/{session_id}", m.AuditPage),
     "user_sessions": Op("POST", "/v1/ai/{flow}/user_sessions", List[str], m.FlowUser),
     "list_flows": Op("GET", P + "/flows", m.FlowList),
 }

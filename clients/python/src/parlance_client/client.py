@@ -121,6 +121,10 @@ class Adoption(_Base):
     def get(self, user_id: str) -> m.AdoptionRecord:
         return self._call("get_adoption", user_id=user_id)
 
+    def audit(self, user_id: str, after_seq: Optional[int] = None, limit: Optional[int] = None) -> m.AuditPage:
+        """The user's journey transitions, oldest first."""
+        return self._call("adoption_audit", params={"after_seq": after_seq, "limit": limit}, user_id=user_id)
+
     def put(
         self,
         user_id: str,
@@ -253,9 +257,19 @@ class Conversations(_Base):
         return self._call("create_conversation", _make(m.ConversationCreate, contact_id=contact_id, objective=objective, **fields))
 
     def list(
-        self, contact_id: Optional[str] = None, state: Optional[str] = None, limit: Optional[int] = None
+        self,
+        contact_id: Optional[str] = None,
+        state: Union[str, Sequence[str], None] = None,
+        limit: Optional[int] = None,
+        order: Optional[str] = None,
+        after: Optional[str] = None,
     ) -> m.ConversationList:
-        return self._call("list_conversations", params={"contact_id": contact_id, "state": state, "limit": limit})
+        """A page of conversations: ``state`` is one state or several,
+        ``order`` ``"oldest"`` (the default) or ``"newest"``; pass a page's
+        ``next_cursor`` as ``after`` for the next page."""
+        states = state if state is None or isinstance(state, str) else ",".join(state)
+        params = {"contact_id": contact_id, "state": states, "limit": limit, "order": order, "after": after}
+        return self._call("list_conversations", params=params)
 
     def get(self, id: str) -> m.ConversationView:
         return self._call("get_conversation", id=id)
@@ -384,6 +398,13 @@ class Flows(_Base):
 
     def task_state(self, flow: str, session_id: str) -> m.TaskState:
         return self._call("task_state", flow=flow, session_id=session_id)
+
+    def audit(
+        self, flow: str, session_id: str, after_seq: Optional[int] = None, limit: Optional[int] = None
+    ) -> m.AuditPage:
+        """The session's transitions, oldest first."""
+        params = {"after_seq": after_seq, "limit": limit}
+        return self._call("flow_audit", params=params, flow=flow, session_id=session_id)
 
     def model(self, flow: str, session_id: str, path: Optional[str] = None) -> m.FlowAnswer:
         """The session as a JSON string in ``response``; with ``path`` (a

@@ -793,6 +793,7 @@ class ConversationChange(Model):
 
 class ConversationList(Model):
     items: List[Conversation]
+    next_cursor: Optional[str] = None
 
 
 class ConversationAudit(Model):
@@ -1081,10 +1082,17 @@ class FlowStateSummary(Model):
     events: List[str]
 
 
+class FlowTransitionSummary(Model):
+    event: str
+    from_: str = Field(alias="from")
+    to: str
+
+
 class FlowSummary(Model):
     name: str
     description: str
     states: List[FlowStateSummary]
+    transitions: List[FlowTransitionSummary]
     initial: Optional[str] = None
 
 

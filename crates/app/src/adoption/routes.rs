@@ -29,6 +29,7 @@ use super::schema::AdoptionSnapshot;
 use super::service;
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
+use crate::http::audit::{AuditPage, AuditQuery};
 use crate::http::openapi::{CommandProblems, Problem, ProductPath, PutProblems, ReadProblems};
 use crate::http::{ApiError, ApiJson};
 
@@ -36,6 +37,7 @@ use crate::http::{ApiError, ApiJson};
 pub fn routes() -> OpenApiRouter<Adoptions> {
     OpenApiRouter::new()
         .routes(routes!(get_state, put_state, delete_state))
+        .routes(routes!(get_audit))
         .routes(routes!(post_events))
         .routes(routes!(post_activity))
         .routes(routes!(post_gate))
@@ -153,6 +155,34 @@ async fn get_state(
     let key = record_key(product, path)?;
     let stored = service::find(&app, &key).await?.ok_or_else(no_record)?;
     Ok(ApiJson(view(&stored)))
+}
+
+/// The user's journey transitions, oldest first.
+#[utoipa::path(
+    get,
+    path = "/products/{product_id}/users/{user_id}/adoption/audit",
+    operation_id = "get_adoption_audit",
+    tag = "adoption",
+    params(UserPath, AuditQuery),
+    responses((status = 200, description = "A page of the audit trail.", body = AuditPage), ReadProblems),
+)]
+async fn get_audit(
+    State(app): State<Adoptions>,
+    Tenant(product): Tenant,
+    path: Result<Path<UserPath>, PathRejection>,
+    Query(q): Query<AuditQuery>,
+) -> Result<ApiJson<AuditPage>, ApiError> {
+    let key = record_key(product, path)?;
+    service::find(&app, &key).await?.ok_or_else(no_record)?;
+    let page = q
+        .page(
+            app.shared.audit.as_ref(),
+            &key.product_id,
+            parlance_core::EntityKind::Adoption,
+            key.user_id.as_str(),
+        )
+        .await?;
+    Ok(ApiJson(page))
 }
 
 /// `PUT .../adoption`: replace the whole state with a snapshot.

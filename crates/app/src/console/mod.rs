@@ -14,8 +14,8 @@ use std::sync::LazyLock;
 use axum::Router;
 use axum::extract::{Path, Request};
 use axum::http::header::{
-    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG, HeaderName, IF_NONE_MATCH,
-    REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
+    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG, HeaderName, REFERRER_POLICY,
+    X_CONTENT_TYPE_OPTIONS,
 };
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -25,9 +25,9 @@ use parlance_core::TransitionTable;
 use parlance_core::flow::Flow;
 use parlance_core::turn::Graph;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::http::ApiError;
+use crate::http::etag::{none_match, tag_of};
 
 /// The policy every console answer carries.
 pub const CONTENT_SECURITY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
@@ -44,25 +44,17 @@ struct Asset {
 
 impl Asset {
     fn new(name: &'static str, content_type: &'static str, body: &'static [u8]) -> Self {
-        let digest = Sha256::digest(body);
-        let tag = format!("\"{}\"", hex::encode(&digest[..16]));
         Self {
             name,
             content_type,
             body,
-            etag: HeaderValue::from_str(&tag).expect("hex is a valid header value"),
+            etag: tag_of(body),
         }
     }
 
     /// The file, or 304 when the client's copy has the same tag.
     fn answer(&self, headers: &HeaderMap) -> Response {
-        let cached = headers
-            .get_all(IF_NONE_MATCH)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == self.etag);
+        let cached = none_match(headers, &self.etag);
         let head = [
             (ETAG, self.etag.clone()),
             (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
@@ -292,6 +284,7 @@ mod tests {
 
     #[test]
     fn a_matching_tag_answers_not_modified() {
+        use axum::http::header::IF_NONE_MATCH;
         let a = &ASSETS[0];
         let mut headers = HeaderMap::new();
         headers.insert(IF_NONE_MATCH, HeaderValue::from_static("\"other\""));

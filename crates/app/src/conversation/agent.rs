@@ -2,10 +2,11 @@
 //! transcript, asks the model for exactly one action and applies it.
 
 use parlance_core::conversation::{
-    ConversationCommand, ConversationError, ConversationKey, ConversationState, Instance, Message,
-    Role, Todo,
+    ConversationCommand, ConversationError, ConversationKey, ConversationState, HANDED_BACK,
+    Instance, Message, Role, Todo,
 };
 use parlance_core::structured;
+use parlance_memory::{Reply, Rule, When};
 use parlance_ports::{
     CompletionRequest, CompletionResponse, Lease, LlmError, Message as LlmMessage, PortError,
     ToolChoice, ToolDefinition,
@@ -78,7 +79,49 @@ pub(super) enum TurnResult {
     Skipped(ConversationState),
 }
 
-fn tools(follow_up: bool) -> Vec<ToolDefinition> {
+/// What one request to the model is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ask {
+    /// The next step of a turn: every tool.
+    Turn,
+    /// The next step of the turn that follows an operator's hand-back: every
+    /// tool but `request_human`, since a person has just answered.
+    HandedBack,
+    /// A follow-up to a silent contact: `send_message` only.
+    FollowUp,
+}
+
+/// The words of a contact's message that ask for a person, for the offline
+/// model's hand-off rule.
+const ASKS_FOR_A_PERSON: [&str; 2] = ["person", "human"];
+
+/// The rule the embedded default's offline model answers the agent with: a
+/// request that offers `request_human` calls it when the newest message is
+/// the contact's and asks for a person (holds "person" or "human", in any
+/// case). Any other request gets the model's fallback (for a turn, the
+/// first tool: a message).
+pub fn offline_hand_off() -> Rule {
+    Rule {
+        when: When::All(vec![
+            When::ToolOffered("request_human".to_owned()),
+            When::LastFromUser,
+            When::AnyOf(
+                ASKS_FOR_A_PERSON
+                    .iter()
+                    .map(|w| When::UserContains((*w).to_owned()))
+                    .collect(),
+            ),
+        ]),
+        reply: Reply::tool_call(
+            "request_human",
+            json!({"reason": "the contact asked for a person"}),
+        ),
+        remaining: None,
+    }
+}
+
+fn tools(ask: Ask) -> Vec<ToolDefinition> {
+    let follow_up = ask == Ask::FollowUp;
     let send = ToolDefinition {
         name: "send_message".into(),
         description: if follow_up {
@@ -99,7 +142,7 @@ fn tools(follow_up: bool) -> Vec<ToolDefinition> {
     if follow_up {
         return vec![send];
     }
-    vec![
+    let mut tools = vec![
         send,
         ToolDefinition {
             name: "end_conversation".into(),
@@ -143,15 +186,20 @@ fn tools(follow_up: bool) -> Vec<ToolDefinition> {
                 "additionalProperties": false
             }),
         },
-    ]
+    ];
+    if ask == Ask::HandedBack {
+        tools.retain(|t| t.name != "request_human");
+    }
+    tools
 }
 
 /// The request for one decision.
 pub(super) fn request_for(
     instance: &Instance,
     transcript: &[Message],
-    follow_up: bool,
+    ask: Ask,
 ) -> CompletionRequest {
+    let follow_up = ask == Ask::FollowUp;
     let todos = if instance.todos.is_empty() {
         "(none)".to_owned()
     } else {
@@ -177,6 +225,10 @@ pub(super) fn request_for(
             )
         } else if transcript.is_empty() {
             "Nothing has been said yet: write the first message.".to_owned()
+        } else if ask == Ask::HandedBack {
+            "A person has just dealt with the contact and handed the conversation back to you: \
+             go on towards the objective."
+                .to_owned()
         } else {
             "Decide the next step.".to_owned()
         },
@@ -196,7 +248,7 @@ pub(super) fn request_for(
         } else {
             "conversation_turn"
         })
-        .with_tools(tools(follow_up))
+        .with_tools(tools(ask))
         .with_temperature(0.2);
     request.tool_choice = Some(ToolChoice::Required);
     request
@@ -293,7 +345,8 @@ async fn load(
 }
 
 /// Runs one agent turn on an instance: starts the turn when the instance
-/// waits for one, asks the model, applies the action.
+/// waits for one, asks the model, applies the action. `ask` is
+/// [`Ask::HandedBack`] for the turn that follows an operator's hand-back.
 ///
 /// # Errors
 ///
@@ -302,6 +355,7 @@ async fn load(
 pub(super) async fn run_turn(
     state: &Conversations,
     key: &ConversationKey,
+    ask: Ask,
 ) -> Result<TurnResult, AgentError> {
     let Some(instance) = load(state, key).await? else {
         return Ok(TurnResult::Skipped(ConversationState::Failed));
@@ -328,7 +382,7 @@ pub(super) async fn run_turn(
         let response = state
             .shared
             .llm
-            .complete(&request_for(&instance, &transcript, false))
+            .complete(&request_for(&instance, &transcript, ask))
             .await?;
         return match parse_action(&response)? {
             Action::UpdateTodos { todos } => {
@@ -381,7 +435,7 @@ pub(super) async fn run_follow_up(
     let response = state
         .shared
         .llm
-        .complete(&request_for(&instance, &transcript, true))
+        .complete(&request_for(&instance, &transcript, Ask::FollowUp))
         .await?;
     let Action::SendMessage {
         text,
@@ -421,7 +475,12 @@ impl TaskHandler for AgentTaskHandler {
         let result = if self.follow_up {
             run_follow_up(&self.state, &key).await
         } else {
-            run_turn(&self.state, &key).await
+            let ask = if task.payload.get(HANDED_BACK) == Some(&Value::Bool(true)) {
+                Ask::HandedBack
+            } else {
+                Ask::Turn
+            };
+            run_turn(&self.state, &key, ask).await
         };
         match result {
             Ok(TurnResult::Applied(s)) => Ok(json!({ "applied": s })),

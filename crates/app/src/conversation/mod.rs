@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parlance_core::conversation::Instance;
 use parlance_ports::{Channel, ConversationStore, MachineStore};
 
-pub use agent::register as register_handlers;
+pub use agent::{offline_hand_off, register as register_handlers};
 pub use routes::routes;
 pub use service::{create, run};
 pub use sweeper::{spawn as spawn_sweeper, sweep_once};

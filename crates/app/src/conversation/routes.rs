@@ -9,7 +9,7 @@ use parlance_core::conversation::{
     DEFAULT_MAX_FOLLOW_UPS, Instance, InstanceId, Message, NewInstance, Todo,
 };
 use parlance_core::machine::Name;
-use parlance_ports::{AuditRecord, ListFilter, Stored};
+use parlance_ports::{AuditRecord, ListCursor, ListFilter, ListOrder, MAX_LIST, Stored};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -128,12 +128,69 @@ struct ListQuery {
     /// Only this contact's.
     #[param(value_type = Option<ContactId>)]
     contact_id: Option<String>,
-    /// Only those in this state.
-    #[param(value_type = Option<ConversationState>)]
+    /// Only those in one of these states, comma-separated
+    /// (`NEEDS_HUMAN_INTERVENTION,PAUSED`); any state when absent or empty.
+    #[param(style = Form, explode = false, value_type = Option<Vec<ConversationState>>)]
     state: Option<String>,
+    /// By creation: `oldest` first (the default) or `newest` first.
+    #[param(inline)]
+    order: Option<ConversationOrder>,
+    /// The `next_cursor` of the page before: this page goes on after it.
+    #[param(example = "1042")]
+    after: Option<String>,
     /// At most this many (at most 1,000, the default).
     #[param(minimum = 0)]
     limit: Option<usize>,
+}
+
+/// The order of a listing, by creation.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum ConversationOrder {
+    /// The oldest first.
+    Oldest,
+    /// The newest first.
+    Newest,
+}
+
+impl ListQuery {
+    /// The filter the query asks for; 422 naming the parameter that is not
+    /// a contact, a state or a cursor.
+    fn filter(self) -> Result<ListFilter, ApiError> {
+        let states = self
+            .state
+            .iter()
+            .flat_map(|s| s.split(','))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                ConversationState::parse(s).ok_or_else(|| {
+                    ApiError::unprocessable(format!("unknown state {s:?}")).with("field", "state")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let after = self
+            .after
+            .map(|a| {
+                a.parse::<u64>().map(ListCursor).map_err(|_| {
+                    ApiError::unprocessable(format!(
+                        "{a:?} is not a cursor: pass the `next_cursor` of the page before"
+                    ))
+                    .with("field", "after")
+                })
+            })
+            .transpose()?;
+        Ok(ListFilter {
+            contact_id: self.contact_id.map(parse_contact).transpose()?,
+            states,
+            order: match self.order {
+                Some(ConversationOrder::Newest) => ListOrder::NewestFirst,
+                Some(ConversationOrder::Oldest) | None => ListOrder::OldestFirst,
+            },
+            after,
+            limit: self.limit,
+        })
+    }
 }
 
 /// An instance as stored: the record and its version.
@@ -166,8 +223,12 @@ struct ConversationView {
 /// A page of instances.
 #[derive(Debug, Serialize, ToSchema)]
 struct ConversationList {
-    /// The instances, oldest first.
+    /// The instances, in the order asked for.
     items: Vec<ConversationInstance>,
+    /// Where the next page starts (pass it as `after`), when more instances
+    /// match than this page holds; `null` on the last page.
+    #[schema(example = "1042")]
+    next_cursor: Option<String>,
 }
 
 /// What a command did.
@@ -300,7 +361,11 @@ async fn create(
     ))
 }
 
-/// The product's conversation instances, oldest first.
+/// The product's conversation instances, a page at a time.
+///
+/// Filtered by contact and by states, oldest or newest first; each page
+/// holds at most `limit`, and the next one is asked for with the
+/// `next_cursor` of the one before.
 #[utoipa::path(
     get,
     path = "/products/{product_id}/conversations",
@@ -314,25 +379,15 @@ async fn list(
     Tenant(product): Tenant,
     Query(q): Query<ListQuery>,
 ) -> Result<ApiJson<ConversationList>, ApiError> {
-    let filter = ListFilter {
-        contact_id: q.contact_id.map(parse_contact).transpose()?,
-        state: q
-            .state
-            .map(|s| {
-                ConversationState::parse(&s)
-                    .ok_or_else(|| ApiError::unprocessable(format!("unknown state {s:?}")))
-            })
-            .transpose()?,
-        limit: q.limit,
-    };
-    let items = state
-        .index
-        .list(&product, &filter)
-        .await?
-        .into_iter()
-        .map(ConversationInstance::from)
-        .collect();
-    Ok(ApiJson(ConversationList { items }))
+    let page = state.index.list(&product, &q.filter()?).await?;
+    Ok(ApiJson(ConversationList {
+        items: page
+            .items
+            .into_iter()
+            .map(ConversationInstance::from)
+            .collect(),
+        next_cursor: page.next.map(|c| c.0.to_string()),
+    }))
 }
 
 /// A conversation instance and its transcript.
@@ -417,13 +472,15 @@ async fn contact_reply(
     let contact = parse_contact(contact)?;
     let filter = ListFilter {
         contact_id: Some(contact.clone()),
+        order: ListOrder::NewestFirst,
+        limit: Some(MAX_LIST),
         ..ListFilter::default()
     };
-    let instances = state.index.list(&product, &filter).await?;
+    let instances = state.index.list(&product, &filter).await?.items;
     let target = instances
         .iter()
         .find(|i| i.state.holds_contact())
-        .or_else(|| instances.last())
+        .or_else(|| instances.first())
         .ok_or_else(|| ApiError::not_found(format!("no conversation with contact {contact}")))?;
     let key = target.state.key();
     let command = ConversationCommand::ContactReply { text: body.text };

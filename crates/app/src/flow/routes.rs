@@ -22,6 +22,7 @@ use super::Flows;
 use super::service::{AiResponse, TaskState};
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
+use crate::http::audit::{AuditPage, AuditQuery};
 use crate::http::openapi::{CommandProblems, Problem, ReadProblems, SearchProblems, StateProblems};
 use crate::http::{ApiError, ApiJson};
 
@@ -33,6 +34,7 @@ pub fn routes() -> OpenApiRouter<Flows> {
         .routes(routes!(event))
         .routes(routes!(task_state))
         .routes(routes!(model))
+        .routes(routes!(audit))
         .routes(routes!(user_sessions))
         .routes(routes!(list));
     start_body_not_nullable(router.get_openapi_mut());
@@ -387,6 +389,41 @@ async fn task_state(
         .await
         .map(ApiJson)
         .map_err(|e| answer(e, Some(&key.session_id)))
+}
+
+/// The session's transitions, oldest first.
+#[utoipa::path(
+    get,
+    path = "/ai/{flow}/audit/{session_id}",
+    operation_id = "get_flow_audit",
+    tag = "flows",
+    params(FlowSessionPath, AuditQuery),
+    responses((status = 200, description = "A page of the audit trail.", body = AuditPage), ReadProblems),
+)]
+async fn audit(
+    State(state): State<Flows>,
+    Tenant(product): Tenant,
+    Path(FlowSessionPath {
+        flow: name,
+        session_id,
+    }): Path<FlowSessionPath>,
+    Query(q): Query<AuditQuery>,
+) -> Result<ApiJson<AuditPage>, ApiError> {
+    let flow = flow(&state, &name)?;
+    let key = key(product, &session_id)?;
+    let log = state
+        .audit_of(&key, &flow)
+        .await
+        .map_err(|e| answer(e, Some(&key.session_id)))?;
+    let page = q
+        .page(
+            log,
+            &key.product_id,
+            parlance_core::EntityKind::Flow,
+            key.session_id.as_str(),
+        )
+        .await?;
+    Ok(ApiJson(page))
 }
 
 /// The query of `model`.

@@ -18,7 +18,7 @@ use parlance_core::flow::{
     ClientEvent, Email, Flow, FlowCommand, FlowContext, FlowEffect, FlowKey, FlowRecord,
     FlowSession, FlowSessionId, RunnerOptions, TaskError, User, reason,
 };
-use parlance_ports::{Clock, FlowStore, IdGen, LlmClient, MachineStore, Stored};
+use parlance_ports::{AuditLog, Clock, FlowStore, IdGen, LlmClient, MachineStore, Stored};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -80,6 +80,7 @@ pub const POLL_WAIT: Duration = Duration::from_millis(250);
 pub struct FlowService {
     catalog: Arc<FlowCatalog>,
     records: Arc<dyn MachineStore<FlowRecord>>,
+    audit: Arc<dyn AuditLog>,
     store: Arc<dyn FlowStore>,
     runner: Arc<dyn DagRunner>,
     options: RunnerOptions,
@@ -99,6 +100,9 @@ pub struct FlowDeps {
     pub catalog: Arc<FlowCatalog>,
     /// Sessions with their dialogue, loaded and committed.
     pub records: Arc<dyn MachineStore<FlowRecord>>,
+    /// The audit log the records' transitions are written to, read for a
+    /// session's trail.
+    pub audit: Arc<dyn AuditLog>,
     /// The flow store's own reads and progress counts.
     pub store: Arc<dyn FlowStore>,
     /// Stops runs and reports how they ended.
@@ -123,6 +127,7 @@ impl FlowService {
         Arc::new(Self {
             catalog: deps.catalog,
             records: deps.records,
+            audit: deps.audit,
             store: deps.store,
             runner: deps.runner,
             options: deps.options,
@@ -475,6 +480,22 @@ impl FlowService {
             ready,
             session_id: key.session_id.to_string(),
         })
+    }
+
+    /// The log the sessions' transitions are written to, once `key` is
+    /// known to be a session of `flow`.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NotFound`] for a session that is not this flow's, or
+    /// a storage failure.
+    pub async fn audit_of(
+        &self,
+        key: &FlowKey,
+        flow: &Flow,
+    ) -> Result<&dyn AuditLog, ServiceError<FlowRecord>> {
+        self.session(key, flow).await?;
+        Ok(self.audit.as_ref())
     }
 
     /// `model`: the session and its dialogue as a JSON string in `response`.

@@ -1,12 +1,15 @@
 //! What every route shares: problem+json errors, the JSON extractor, body
 //! and head limits, the fallbacks, the health probes, request ids, the
-//! access log, CORS and per-key rate limits (`edge`), and the serving loop
+//! access log, CORS and per-key rate limits (`edge`), entity tags on reads
+//! (`etag`), the paging of audit trails (`audit`), and the serving loop
 //! with its connection limits (`serve`). It names no feature; the crate root
 //! assembles the routers.
 
+pub(crate) mod audit;
 mod budget;
 mod edge;
 mod error;
+pub(crate) mod etag;
 pub(crate) mod health;
 mod json;
 pub(crate) mod openapi;

@@ -4,7 +4,8 @@
 //! `#[utoipa::path]`, so what is served and what is described are one list.
 //!
 //! This module holds what every operation shares: the document's head, the
-//! bearer scheme, the problem+json schema and the sets of error answers.
+//! bearer scheme, the problem+json schema, the sets of error answers, and
+//! the entity tags of every read (`If-None-Match`, `ETag`, 304).
 
 use std::collections::BTreeMap;
 
@@ -13,9 +14,11 @@ use axum::body::Bytes;
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde_json::json;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Required, Response, ResponseBuilder};
 use utoipa::{IntoResponses, Modify, PartialSchema, ToSchema};
 
 /// A problem details answer (RFC 9457), the body of every error.
@@ -249,6 +252,91 @@ impl IntoResponses for PutProblems {
     fn responses() -> BTreeMap<String, RefOr<Response>> {
         problems(&[ANY, BODY].concat())
     }
+}
+
+/// Describes the entity tags of the API's reads ([`super::etag`]) on every
+/// `GET` operation of `doc` that answers JSON: the optional `If-None-Match`
+/// header, the `ETag` and `Cache-Control` headers of its 200, and its 304
+/// (`NotModified` among the document's responses, `EntityTag` among its
+/// schemas).
+pub(crate) fn document_tags(mut doc: OpenApi) -> OpenApi {
+    let tag = || Ref::from_schema_name("EntityTag");
+    let etag = || {
+        HeaderBuilder::new()
+            .schema(tag())
+            .description(Some(
+                "The body's tag: asked again with it in `If-None-Match`, the answer is 304 \
+                 while the body would be the same.",
+            ))
+            .build()
+    };
+    let cache = || {
+        HeaderBuilder::new()
+            .schema(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .examples([json!(super::etag::READ_CACHE_CONTROL)]),
+            )
+            .description(Some(
+                "A browser may keep the answer and must ask again first.",
+            ))
+            .build()
+    };
+    let mut tagged = false;
+    for item in doc.paths.paths.values_mut() {
+        let Some(op) = item.get.as_mut() else {
+            continue;
+        };
+        let Some(RefOr::T(ok)) = op.responses.responses.get_mut("200") else {
+            continue;
+        };
+        if !ok.content.keys().any(|c| c.starts_with("application/json")) {
+            continue;
+        }
+        tagged = true;
+        ok.headers.insert("ETag".to_owned(), etag());
+        ok.headers.insert("Cache-Control".to_owned(), cache());
+        op.responses.responses.insert(
+            "304".to_owned(),
+            RefOr::Ref(Ref::from_response_name("NotModified")),
+        );
+        let condition = ParameterBuilder::new()
+            .name("If-None-Match")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "The `ETag` of an earlier answer (or several, comma-separated): when the \
+                 answer would carry the same tag, it is 304 with no body.",
+            ))
+            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+            .build();
+        op.parameters.get_or_insert_with(Vec::new).push(condition);
+    }
+    if tagged {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.schemas.insert(
+            "EntityTag".to_owned(),
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some(
+                    "A strong entity tag: a hash of an answer's body, quoted (RFC 9110).",
+                ))
+                .examples([json!("\"5d41402abc4b2a76b9719d911017c592\"")])
+                .into(),
+        );
+        let not_modified = ResponseBuilder::new()
+            .description(
+                "`If-None-Match` names the tag the answer would have: nothing changed, and \
+                 there is no body.",
+            )
+            .header("ETag", etag())
+            .header("Cache-Control", cache())
+            .build();
+        components
+            .responses
+            .insert("NotModified".to_owned(), RefOr::T(not_modified));
+    }
+    doc
 }
 
 /// The document, rendered once when the router is built.

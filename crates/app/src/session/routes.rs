@@ -6,7 +6,7 @@ use parlance_core::ProductId;
 use parlance_core::session::{
     AssistState, SessionEvent, SessionId, SessionKey, SessionOutcome, SessionState, TourCatalog,
 };
-use parlance_ports::{AuditRecord, Version};
+use parlance_ports::Version;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -17,6 +17,7 @@ use super::Sessions;
 use super::service::{self, EventApplied};
 use crate::auth::Tenant;
 use crate::execute::ServiceError;
+use crate::http::audit::{AuditPage, AuditQuery};
 use crate::http::openapi::{CommandProblems, PutProblems, ReadProblems};
 use crate::http::{ApiError, ApiJson};
 
@@ -142,13 +143,6 @@ struct GateView {
     current_state: Option<&'static str>,
 }
 
-/// A page of an audit trail, oldest first.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct AuditPage {
-    /// The records.
-    pub(crate) records: Vec<AuditRecord>,
-}
-
 fn session_key(product: ProductId, raw: &str) -> Result<SessionKey, ApiError> {
     let sid = SessionId::parse(raw).map_err(|e| ApiError::unprocessable(e.to_string()))?;
     Ok(SessionKey::new(product, sid))
@@ -268,17 +262,6 @@ async fn get_gate(
     }))
 }
 
-/// Paging of an audit trail.
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub(crate) struct AuditQuery {
-    /// Only records after this sequence number.
-    pub(crate) after_seq: Option<i64>,
-    /// At most this many records (1 to 1,000; default 100).
-    #[param(minimum = 0)]
-    pub(crate) limit: Option<usize>,
-}
-
 /// The session's transitions, oldest first.
 #[utoipa::path(
     get,
@@ -296,19 +279,15 @@ async fn get_audit(
     Query(q): Query<AuditQuery>,
 ) -> Result<ApiJson<AuditPage>, ApiError> {
     let key = session_key(product, &sid)?;
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let records = app
-        .shared
-        .audit
-        .list(
+    let page = q
+        .page(
+            app.shared.audit.as_ref(),
             &key.product_id,
             parlance_core::EntityKind::Session,
             key.session_id.as_str(),
-            q.after_seq,
-            limit,
         )
         .await?;
-    Ok(ApiJson(AuditPage { records }))
+    Ok(ApiJson(page))
 }
 
 /// Replaces the product's tour catalog.

@@ -324,3 +324,110 @@ async fn the_flows_listing_carries_each_flows_transitions() {
         }
     }
 }
+
+/// What each console page reads, for one record of each kind of product
+/// `acme`: the owner's key reads it all; `beta`'s key gets 404 on `acme`'s
+/// paths, and on its own paths with `acme`'s ids what an id it never made
+/// gets (404, or an empty listing or audit trail): nothing of `acme`'s
+/// data. Without a key, 401.
+#[tokio::test]
+async fn every_read_a_console_page_makes_is_not_found_with_another_products_key() {
+    let mut keys = ApiKeys::single(&ApiKey::new(KEY), ProductId::parse("acme").unwrap());
+    keys.insert(&ApiKey::new(OTHER_KEY), ProductId::parse("beta").unwrap());
+    let mut c = parlance_app::Components::memory(keys);
+    c.flows = parlance_app::flow::example_catalog().unwrap();
+    let clock = Arc::new(ManualClock::new());
+    c.clock = clock.clone();
+    c.ids = Arc::new(SequentialIds::new());
+    let server = TestServer::start(c.build(), clock).await;
+    let post = |path: &'static str, body: Value| {
+        let server = &server;
+        async move {
+            let res = server
+                .client
+                .post(format!("http://{}{path}", server.addr))
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = res.status();
+            let body: Value = res.json().await.unwrap();
+            assert!(status.is_success(), "{path}: {status} {body}");
+            body
+        }
+    };
+    post(
+        "/v1/products/acme/sessions/ses-acme/events",
+        json!({"type": "proactive_trigger", "trigger_id": "t-acme-secret"}),
+    )
+    .await;
+    post(
+        "/v1/products/acme/users/user-acme/adoption/events",
+        json!({"events": [{"kind": "set_mastery", "rating": 42, "level": "proficient", "description": "acme secret"}]}),
+    )
+    .await;
+    let conversation = post(
+        "/v1/products/acme/conversations",
+        json!({"contact_id": "contact-acme", "objective": "acme secret"}),
+    )
+    .await["conversation"]["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let flow = post("/v1/ai/qa/start_session", json!({})).await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    post(
+        "/v1/products/acme/agent/turns",
+        json!({"message": "an acme secret", "user_id": "owner-acme", "session_id": "thread-acme"}),
+    )
+    .await;
+
+    // Each page's reads, `{p}` for the product.
+    let reads = [
+        "/v1/products/{p}/sessions/ses-acme".to_owned(),
+        "/v1/products/{p}/sessions/ses-acme/audit".to_owned(),
+        "/v1/products/{p}/users/user-acme/adoption".to_owned(),
+        "/v1/products/{p}/users/user-acme/adoption/audit".to_owned(),
+        "/v1/products/{p}/conversations".to_owned(),
+        "/v1/products/{p}/conversations?state=CREATED,WAITING_FOR_REPLY&order=newest".to_owned(),
+        format!("/v1/products/{{p}}/conversations/{conversation}"),
+        format!("/v1/products/{{p}}/conversations/{conversation}/audit"),
+        "/v1/products/{p}/agent/threads/thread-acme?user_id=owner-acme".to_owned(),
+        "/v1/products/{p}/agent/threads/thread-acme/history?user_id=owner-acme".to_owned(),
+        format!("/v1/ai/qa/model/{flow}"),
+        format!("/v1/ai/qa/audit/{flow}"),
+    ];
+    let mut secrets = 0;
+    for read in &reads {
+        let path = read.replace("{p}", "acme");
+        let (status, body) = get_with(&server, &path, Some(KEY)).await;
+        assert_eq!(status, StatusCode::OK, "the owner reads {path}: {body}");
+        secrets += usize::from(body.to_string().contains("secret"));
+    }
+    assert!(secrets >= 4, "the owner's reads hold its data ({secrets})");
+    for read in &reads {
+        for product in ["acme", "beta"] {
+            let path = read.replace("{p}", product);
+            let (status, body) = get_with(&server, &path, Some(OTHER_KEY)).await;
+            // On its own paths, `beta` gets what any id it never made gets:
+            // 404, or for a listing and a session's audit, nothing.
+            let empty = ["items", "records"]
+                .iter()
+                .any(|k| body[*k].as_array().is_some_and(Vec::is_empty));
+            if product == "beta" && status == StatusCode::OK {
+                assert!(empty, "{path}: {body}");
+            } else {
+                assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+                assert_eq!(body["type"], "urn:parlance:problem:not-found", "{path}");
+            }
+            assert!(!body.to_string().contains("secret"), "{path} leaks {body}");
+        }
+        let path = read.replace("{p}", "acme");
+        let (status, body) = get_with(&server, &path, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} without a key");
+        assert!(!body.to_string().contains("secret"), "{path} leaks {body}");
+    }
+}

@@ -39,13 +39,24 @@ struct Fixture {
 
 impl Fixture {
     async fn new(llm: OfflineLlm) -> Self {
+        Self::with_model(Some(llm)).await
+    }
+
+    /// With the embedded default's model, as `parlance serve` runs it.
+    async fn embedded() -> Self {
+        Self::with_model(None).await
+    }
+
+    async fn with_model(llm: Option<OfflineLlm>) -> Self {
         let clock = Arc::new(ManualClock::new());
         let mut c = Components::memory(keys());
         c.clock = clock.clone();
         c.ids = Arc::new(SequentialIds::new());
         let channel = Arc::new(LoopbackChannel::new());
         c.channel = channel.clone();
-        c.llm = Arc::new(llm);
+        if let Some(llm) = llm {
+            c.llm = Arc::new(llm);
+        }
         let state = c.build();
         let worker = Worker::new(
             WorkerId(uuid::Uuid::from_u128(u128::MAX)),
@@ -523,6 +534,96 @@ async fn the_agent_hands_off_to_a_human_and_completes() {
         .map(|m| m["role"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(roles, ["agent", "contact", "human", "agent", "contact"]);
+}
+
+/// The embedded default's offline model hands a conversation to a person
+/// when the contact's newest message asks for one, and the turn after an
+/// operator hands it back goes on with a message, whether the operator
+/// answered first or only resumed the agent.
+#[tokio::test]
+async fn the_default_model_hands_over_when_the_contact_asks_for_a_person() {
+    let f = Fixture::embedded().await;
+    let id = id_of(&f.create("+15550011", json!({})).await);
+    f.drain().await;
+    assert_eq!(f.state_of(&id).await.0, "WAITING_FOR_REPLY");
+    let reply = |text: &'static str| {
+        let f = &f;
+        let id = id.clone();
+        async move {
+            let (status, body) = f
+                .send(
+                    Method::POST,
+                    &format!("{BASE}/{id}/replies"),
+                    Some(json!({ "text": text })),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            f.drain().await;
+            f.state_of(&id).await
+        }
+    };
+
+    let (state, _) = reply("Tuesday could work, what times?").await;
+    assert_eq!(state, "WAITING_FOR_REPLY", "other messages get an answer");
+    let (state, body) = reply("Can I talk to a real Person, please?").await;
+    assert_eq!(state, "NEEDS_HUMAN_INTERVENTION");
+    assert_eq!(
+        body["conversation"]["human_reason"],
+        "the contact asked for a person"
+    );
+
+    // The operator answers: the hand-back turn sends a message.
+    let (status, sent) = f
+        .send(
+            Method::POST,
+            &format!("{BASE}/{id}/send"),
+            Some(json!({"text": "Sam here, from the team. How can I help?"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{sent}");
+    assert_eq!(sent["conversation"]["state"], "ACTIVE");
+    f.drain().await;
+    let (state, body) = f.state_of(&id).await;
+    assert_eq!(
+        state, "WAITING_FOR_REPLY",
+        "the agent goes on after the person"
+    );
+    let last = body["transcript"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "agent", "{body}");
+
+    // Asked again, then only resumed: the agent goes on, it does not hand
+    // the conversation straight back.
+    let (state, _) = reply("I still want a HUMAN").await;
+    assert_eq!(state, "NEEDS_HUMAN_INTERVENTION");
+    let (status, resumed) = f
+        .send(Method::POST, &format!("{BASE}/{id}/resume"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{resumed}");
+    assert_eq!(resumed["conversation"]["state"], "ACTIVE");
+    f.drain().await;
+    let (state, body) = f.state_of(&id).await;
+    assert_eq!(state, "WAITING_FOR_REPLY", "{body}");
+    let roles: Vec<_> = body["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "agent", "contact", "agent", "contact", "human", "agent", "contact", "agent"
+        ]
+    );
+
+    // A later request is a fresh turn: it may hand over again.
+    let (state, _) = reply("a person, please").await;
+    assert_eq!(state, "NEEDS_HUMAN_INTERVENTION");
 }
 
 #[tokio::test]

@@ -1034,6 +1034,7 @@ async fn an_event_that_keeps_losing_its_race_is_503_with_retry_after() {
     state.flows = FlowService::new(FlowDeps {
         catalog: Arc::new(example_catalog().unwrap()),
         records: Arc::new(AlwaysMoved(store.clone())),
+        audit: state.shared.audit.clone(),
         store,
         runner: Arc::new(QueueRunner::new(state.shared.queue.clone())),
         options: RunnerOptions::default(),

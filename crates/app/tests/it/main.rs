@@ -13,6 +13,7 @@ mod conversation;
 mod deadlines;
 mod documented;
 mod edge;
+mod etag;
 mod faults;
 mod flow;
 mod flow_storage;

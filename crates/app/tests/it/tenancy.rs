@@ -155,6 +155,8 @@ impl Fixture {
             format!("{p}/conversations/{}/audit", ids.conversation),
             format!("/v1/ai/qa/model/{}", ids.flow_session),
             format!("/v1/ai/qa/task_state/{}", ids.flow_session),
+            format!("/v1/ai/qa/audit/{}", ids.flow_session),
+            format!("{p}/users/{}/adoption/audit", ids.user),
         ] {
             out.push(self.as_beta(Method::GET, &path, None).await);
         }
@@ -309,6 +311,12 @@ async fn adoption_users_of_another_product_do_not_exist() {
             route(Method::GET, u, None, true),
             route(
                 Method::GET,
+                "/v1/products/{p}/users/{id}/adoption/audit",
+                None,
+                true,
+            ),
+            route(
+                Method::GET,
                 "/v1/products/{p}/users/{id}/adoption/prompt-block",
                 None,
                 false,
@@ -448,6 +456,7 @@ async fn flow_sessions_of_another_product_do_not_exist() {
     let routes = vec![
         route(Method::GET, "/v1/ai/qa/model/{id}", None, true),
         route(Method::GET, "/v1/ai/qa/task_state/{id}", None, true),
+        route(Method::GET, "/v1/ai/qa/audit/{id}", None, true),
         route(
             Method::POST,
             "/v1/ai/qa/event",

@@ -23,6 +23,9 @@ pub const TURN_KIND: &str = "conversation.agent_turn";
 pub const FOLLOW_UP_KIND: &str = "conversation.follow_up";
 /// Task kind of an outbound message's delivery to its channel.
 pub const DELIVER_KIND: &str = "conversation.deliver";
+/// The payload member (`true`) of the agent turn that follows an operator's
+/// hand-back: the turn goes on without offering the hand-off again.
+pub const HANDED_BACK: &str = "handed_back";
 
 /// Longest message text accepted, in bytes.
 const MAX_TEXT_BYTES: usize = 64 * 1024;
@@ -442,12 +445,26 @@ impl Instance {
     /// Asks for an agent turn or a follow-up: one pending task per instance
     /// and kind, so a second request while one waits is folded into it.
     fn agent_task(&self, kind: &'static str, d: &mut D) {
+        self.ask_agent(kind, false, d);
+    }
+
+    /// Asks for the agent turn that follows an operator's hand-back
+    /// (`resume` or `operator_send` from `NEEDS_HUMAN_INTERVENTION`): its
+    /// payload says so ([`HANDED_BACK`]).
+    fn handed_back_turn(&self, d: &mut D) {
+        self.ask_agent(TURN_KIND, true, d);
+    }
+
+    fn ask_agent(&self, kind: &'static str, handed_back: bool, d: &mut D) {
         if d.single_tasks().any(|t| t.kind == kind) {
             return;
         }
-        let task = self
+        let mut task = self
             .task(kind, None)
             .dedup_key(format!("{kind}:{}:{}", self.product_id, self.instance_id));
+        if let (true, Value::Object(payload)) = (handed_back, &mut task.payload) {
+            payload.insert(HANDED_BACK.to_owned(), Value::Bool(true));
+        }
         d.task(task);
     }
 
@@ -675,7 +692,8 @@ impl Instance {
         Ok(())
     }
 
-    /// From `NEEDS_HUMAN_INTERVENTION`: back to `ACTIVE` with an agent turn.
+    /// From `NEEDS_HUMAN_INTERVENTION`: back to `ACTIVE` with an agent turn
+    /// marked as handed back.
     /// From `PAUSED`: back to the previous state with a frozen timer resumed
     /// for its remaining time; a reply that arrived while paused is
     /// processed now (`WAITING_FOR_AGENT` when the instance was waiting for
@@ -690,7 +708,7 @@ impl Instance {
             S::NeedsHumanIntervention => {
                 self.human_reason = None;
                 self.move_to(S::Active, "resume", now, d);
-                self.agent_task(TURN_KIND, d);
+                self.handed_back_turn(d);
             }
             S::Paused => {
                 let previous = self.previous_state.take().unwrap_or(S::Active);
@@ -723,8 +741,8 @@ impl Instance {
     }
 
     /// A message written by an operator. From `NEEDS_HUMAN_INTERVENTION` it
-    /// returns the instance to `ACTIVE` with an agent turn so the
-    /// conversation goes on; while waiting for a reply it re-arms the timer
+    /// returns the instance to `ACTIVE` with an agent turn (marked as handed
+    /// back) so the conversation goes on; while waiting for a reply it re-arms the timer
     /// and leaves the follow-up count alone.
     fn operator_send(
         &mut self,
@@ -747,7 +765,7 @@ impl Instance {
         if self.state == S::NeedsHumanIntervention {
             self.human_reason = None;
             self.move_to(S::Active, "operator_send", now, d);
-            self.agent_task(TURN_KIND, d);
+            self.handed_back_turn(d);
         } else {
             self.move_to(S::WaitingForReply, "operator_send", now, d);
             self.arm(None, now);

@@ -22,7 +22,7 @@ mod tests;
 
 pub use command::{
     ConversationCommand, ConversationContext, ConversationEffect, ConversationError,
-    ConversationKey, DELIVER_KIND, FOLLOW_UP_KIND, TURN_KIND,
+    ConversationKey, DELIVER_KIND, FOLLOW_UP_KIND, HANDED_BACK, TURN_KIND,
 };
 pub use instance::{
     DEFAULT_HEARTBEAT_S, DEFAULT_MAX_FOLLOW_UPS, Instance, Message, NewInstance, Role, Todo,

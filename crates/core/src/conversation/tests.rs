@@ -527,6 +527,32 @@ fn human_hand_off_and_back_by_resume() {
     assert_eq!(i.state, S::Active);
     assert_eq!(i.human_reason, None);
     assert_eq!(tasks(&d), [TURN]);
+    assert_eq!(handed_back(&d), [true], "the turn knows it was handed back");
+}
+
+/// Whether each agent turn the decision asks for follows a hand-back.
+fn handed_back(d: &D) -> Vec<bool> {
+    d.single_tasks()
+        .filter(|task| task.kind == TURN_KIND)
+        .map(|task| task.payload[HANDED_BACK] == json!(true))
+        .collect()
+}
+
+#[test]
+fn only_a_hand_back_marks_the_turn_it_asks_for() {
+    let mut i = in_state(S::NeedsHumanIntervention);
+    let d = ok(&mut i, operator_send("I refunded you"), t(30));
+    assert_eq!(handed_back(&d), [true]);
+
+    let (_, d) = create(new_instance(5), FREE).unwrap();
+    assert_eq!(handed_back(&d), [false], "creation");
+    let mut i = waiting(5);
+    let d = ok(&mut i, reply("hi"), t(20));
+    assert_eq!(handed_back(&d), [false], "a contact's reply");
+    let mut i = active();
+    ok(&mut i, C::Pause, t(2));
+    let d = ok(&mut i, C::Resume, t(3));
+    assert_eq!(handed_back(&d), [false], "the end of a pause");
 }
 
 #[test]

@@ -37,9 +37,10 @@ function signOut() {
 }
 
 // Calls the API with `key`; a problem answer becomes an Error carrying its
-// title and detail, a 401 an Unauthorized.
-async function call(key, method, path, body) {
-  const init = { method, headers: { Authorization: `Bearer ${key}` } };
+// title and detail, a 401 an Unauthorized. `headers` are added to the
+// request; the answer is `{status, data, etag}`, `data` null on a 304.
+async function call(key, method, path, body, headers = {}) {
+  const init = { method, headers: { Authorization: `Bearer ${key}`, ...headers } };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -47,6 +48,9 @@ async function call(key, method, path, body) {
   const res = await fetch(path, init);
   if (res.status === 401) {
     throw new Unauthorized("wrong key");
+  }
+  if (res.status === 304) {
+    return { status: 304, data: null, etag: res.headers.get("ETag") };
   }
   let data = null;
   try {
@@ -59,7 +63,7 @@ async function call(key, method, path, body) {
     const detail = data && data.detail ? `: ${data.detail}` : "";
     throw new Error(`${title}${detail}`);
   }
-  return data;
+  return { status: res.status, data, etag: res.headers.get("ETag") };
 }
 
 // Calls the API with the session's key; a 401 ends the session.
@@ -68,11 +72,56 @@ async function api(method, path, body) {
   if (!s) {
     throw new Unauthorized("signed out");
   }
-  return call(s.key, method, path, body);
+  return (await call(s.key, method, path, body)).data;
+}
+
+// The last answer to each GET the open page asks again (its tag and its
+// data): asked again with `If-None-Match`, an unchanged answer is a 304
+// with no body.
+const tagged = new Map();
+
+// GETs `path` for a page that polls: `{data, changed}`, `changed` false
+// when the answer is the one already shown.
+async function poll(path) {
+  const s = session();
+  if (!s) {
+    throw new Unauthorized("signed out");
+  }
+  const last = tagged.get(path);
+  const headers = last ? { "If-None-Match": last.etag } : {};
+  const answer = await call(s.key, "GET", path, undefined, headers);
+  if (answer.status === 304 && last) {
+    return { data: last.data, changed: false };
+  }
+  if (answer.etag) {
+    tagged.set(path, { etag: answer.etag, data: answer.data });
+  }
+  return { data: answer.data, changed: true };
+}
+
+// Marks the first time each page shown shows its data: a `rendered`
+// performance mark naming the page, which the console's benchmark reads
+// (`cargo xtask bench console`).
+let renderedMarked = false;
+
+function rendered(page) {
+  if (!renderedMarked) {
+    renderedMarked = true;
+    performance.mark("rendered", { detail: page });
+  }
 }
 
 function productPath(rest) {
   return `/v1/products/${encodeURIComponent(session().product)}${rest}`;
+}
+
+// A time as the API gives it (seconds since the epoch) in UTC, to the
+// second: `2026-12-05 03:12:03 UTC`.
+function when(t) {
+  if (typeof t !== "number" || !Number.isFinite(t)) {
+    return t === null || t === undefined ? "—" : String(t);
+  }
+  return new Date(t * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
 }
 
 function el(tag, text, attrs = {}) {
@@ -129,9 +178,12 @@ function route() {
     clearInterval(timer);
     timer = null;
   }
+  tagged.clear();
+  renderedMarked = false;
   if (!session()) {
     showOnly("sign-in");
     $("key").focus();
+    rendered("sign-in");
     return;
   }
   const page = location.pathname.match(
@@ -163,10 +215,11 @@ function route() {
 // Sign-in: the key is kept only once the API has accepted it.
 async function signIn(event) {
   event.preventDefault();
+  performance.mark("sign-in");
   const key = $("key").value.trim();
   showError("sign-in-error", null);
   try {
-    const me = await call(key, "GET", "/v1/me");
+    const me = (await call(key, "GET", "/v1/me")).data;
     sessionStorage.setItem(KEY, key);
     sessionStorage.setItem(PRODUCT, me.product_id);
     $("key").value = "";
@@ -177,42 +230,87 @@ async function signIn(event) {
   }
 }
 
-// Inbox.
+// Inbox: each group asked for on its own, newest first, a page at a time,
+// so the conversations that need a person are shown however many others
+// there are.
 
-function inboxQuery() {
+const PAGE = 20;
+// Each group's conversations shown and where its next page starts.
+let inbox = new Map();
+
+function inboxQuery(group, extra = {}) {
   const params = new URLSearchParams();
   const state = $("filter-state").value;
   const contact = $("filter-contact").value.trim();
-  if (state) params.set("state", state);
+  params.set("state", (state ? [state] : group.states).join(","));
+  params.set("order", "newest");
   if (contact) params.set("contact_id", contact);
-  const q = params.toString();
-  return q ? `?${q}` : "";
+  for (const [k, v] of Object.entries(extra)) params.set(k, String(v));
+  return `?${params.toString()}`;
 }
 
+// The groups the state filter leaves.
+function shownGroups() {
+  const state = $("filter-state").value;
+  return GROUPS.filter((g) => !state || g.states.includes(state));
+}
+
+// Asks every shown group again for as many conversations as it shows (a
+// page at first); a group whose answer did not change is left as it is.
 function loadInbox() {
-  api("GET", productPath(`/conversations${inboxQuery()}`))
-    .then((list) => {
+  const groups = shownGroups();
+  Promise.all(
+    groups.map((g) => {
+      const shown = inbox.get(g.name);
+      const limit = Math.max(PAGE, shown ? shown.items.length : 0);
+      return poll(productPath(`/conversations${inboxQuery(g, { limit })}`));
+    }),
+  )
+    .then((answers) => {
       showError("inbox-error", null);
-      renderInbox(list.items || []);
+      const names = groups.map((g) => g.name).join();
+      const regrouped = names !== $("groups").dataset.groups;
+      groups.forEach((g, i) => {
+        const { data, changed } = answers[i];
+        if (changed || regrouped || !inbox.has(g.name)) {
+          inbox.set(g.name, { items: data.items || [], next: data.next_cursor || null });
+        }
+      });
+      if (regrouped || answers.some((a) => a.changed)) {
+        renderInbox(groups);
+      }
+      rendered("inbox");
     })
     .catch(failed("inbox-error"));
 }
 
-function renderInbox(items) {
-  const groups = $("groups");
-  groups.replaceChildren();
-  for (const group of GROUPS) {
-    const members = items
-      .filter((c) => group.states.includes(c.state))
-      // Newest first within a group; the API lists oldest first.
-      .reverse();
+// The group's next page, added below what it shows.
+function moreOf(group) {
+  const shown = inbox.get(group.name);
+  if (!shown || !shown.next) return;
+  const query = inboxQuery(group, { limit: PAGE, after: shown.next });
+  api("GET", productPath(`/conversations${query}`))
+    .then((page) => {
+      shown.items = shown.items.concat(page.items || []);
+      shown.next = page.next_cursor || null;
+      renderInbox(shownGroups());
+    })
+    .catch(failed("inbox-error"));
+}
+
+function renderInbox(groups) {
+  const box = $("groups");
+  box.replaceChildren();
+  box.dataset.groups = groups.map((g) => g.name).join();
+  for (const group of groups) {
+    const { items, next } = inbox.get(group.name) || { items: [], next: null };
     const section = el("section", null, {
       class: group.urgent ? "group urgent" : "group",
       "data-test": `group-${group.states[0].toLowerCase()}`,
     });
-    section.append(el("h2", `${group.name} (${members.length})`));
+    section.append(el("h2", `${group.name} (${items.length}${next ? "+" : ""})`));
     const rows = el("ul", null, { class: "rows" });
-    for (const c of members) {
+    for (const c of items) {
       const li = el("li", null, { "data-test": "conversation-row" });
       const link = el("a", c.contact_id, {
         href: `/console/conversations/${encodeURIComponent(c.instance_id)}`,
@@ -223,7 +321,12 @@ function renderInbox(items) {
       rows.append(li);
     }
     section.append(rows);
-    groups.append(section);
+    if (next) {
+      const more = el("button", "More", { type: "button", class: "more", "data-test": "more" });
+      more.addEventListener("click", () => moreOf(group));
+      section.append(more);
+    }
+    box.append(section);
   }
 }
 
@@ -235,12 +338,19 @@ function conversationPath(id, rest = "") {
 
 let current = null;
 
+// Asks for the conversation and its history again; the page is drawn
+// again only when one of them changed, so what the operator is typing or
+// reading stays as it is.
 function loadConversation(id) {
-  Promise.all([api("GET", conversationPath(id)), api("GET", conversationPath(id, "/audit"))])
+  Promise.all([poll(conversationPath(id)), poll(conversationPath(id, "/audit"))])
     .then(([view, audit]) => {
       showError("conv-error", null);
+      const fresh = current !== id;
       current = id;
-      renderConversation(view, audit.items || []);
+      if (fresh || view.changed || audit.changed) {
+        renderConversation(view.data, audit.data.items || []);
+      }
+      rendered("conversation");
     })
     .catch(failed("conv-error"));
 }
@@ -252,6 +362,7 @@ function renderConversation(view, audit) {
   $("conv-contact").textContent = c.contact_id;
   $("conv-objective").textContent = c.objective;
   $("conv-follow-ups").textContent = `${c.follow_ups_sent} of ${c.max_follow_ups}`;
+  $("conv-due").textContent = when(c.heartbeat_due_at);
   $("conv-human-reason").textContent = c.human_reason || "—";
 
   // Only the commands the state allows are offered; the API still decides.
@@ -272,7 +383,7 @@ function renderConversation(view, audit) {
   transcript.replaceChildren();
   for (const m of view.transcript || []) {
     const li = el("li", null, { class: m.role, "data-test": "message" });
-    li.append(el("span", m.role, { class: "who" }), el("span", m.at, { class: "when" }));
+    li.append(el("span", m.role, { class: "who" }), el("span", when(m.at), { class: "when" }));
     li.append(el("div", m.text));
     transcript.append(li);
   }
@@ -281,7 +392,7 @@ function renderConversation(view, audit) {
   rows.replaceChildren();
   for (const r of audit) {
     const tr = el("tr", null, { "data-test": "audit-row" });
-    for (const cell of [r.seq, r.at, r.from || "—", r.to, r.cause]) {
+    for (const cell of [r.seq, when(r.at), r.from || "—", r.to, r.cause]) {
       tr.append(el("td", cell));
     }
     rows.append(tr);
@@ -328,6 +439,8 @@ function init() {
   $("sign-in-form").addEventListener("submit", signIn);
   $("filters").addEventListener("submit", (event) => {
     event.preventDefault();
+    inbox = new Map();
+    tagged.clear();
     loadInbox();
   });
   $("send-form").addEventListener("submit", sendAsPerson);
@@ -535,7 +648,8 @@ function drawMachine(machine, current) {
   return root;
 }
 
-// The pages: how an entity is looked up, where its state is, and its history.
+// The pages: how an entity is looked up, where its state is, its audit
+// trail (the machine's transitions) and, for some, a history of their own.
 const PAGES = {
   sessions: {
     title: "Session",
@@ -548,8 +662,7 @@ const PAGES = {
         state: view.snapshot.current_state,
         version: view.version,
         fields: view.snapshot,
-        history: audit.records.map(auditRow),
-        columns: AUDIT_COLUMNS,
+        audit: audit.records,
       };
     },
   },
@@ -558,13 +671,21 @@ const PAGES = {
     idLabel: "User id",
     machine: () => "adoption",
     async load([id]) {
-      const record = await api("GET", productPath(`/users/${encodeURIComponent(id)}/adoption`));
+      const base = productPath(`/users/${encodeURIComponent(id)}/adoption`);
+      const [record, audit] = await Promise.all([api("GET", base), api("GET", `${base}/audit`)]);
       const sessions = (record.state.sessions && record.state.sessions.index) || [];
       return {
         state: record.state.journey_state,
         version: record.version,
         fields: record.state,
-        history: sessions.map((s) => [s.session_number, s.session_id, s.started_at, s.captured_at]),
+        audit: audit.records,
+        historyTitle: "Sessions",
+        history: sessions.map((s) => [
+          s.session_number,
+          s.session_id,
+          when(s.started_at),
+          when(s.captured_at),
+        ]),
         columns: ["#", "Session", "Started", "Captured"],
       };
     },
@@ -575,10 +696,11 @@ const PAGES = {
     flow: true,
     machine: (args) => `flow:${args[0]}`,
     async load([flow, id]) {
-      const answer = await api(
-        "GET",
-        `/v1/ai/${encodeURIComponent(flow)}/model/${encodeURIComponent(id)}`,
-      );
+      const base = `/v1/ai/${encodeURIComponent(flow)}`;
+      const [answer, audit] = await Promise.all([
+        api("GET", `${base}/model/${encodeURIComponent(id)}`),
+        api("GET", `${base}/audit/${encodeURIComponent(id)}`),
+      ]);
       let response = {};
       try {
         response = JSON.parse(answer.response || "{}") || {};
@@ -588,8 +710,10 @@ const PAGES = {
       const dialogue = Array.isArray(response.dialogue) ? response.dialogue : [];
       return {
         state: response.state_name,
-        version: null,
+        version: typeof response.version === "number" ? response.version : null,
         fields: { ...response, dialogue: undefined, next_actions: answer.next_actions },
+        audit: audit.records,
+        historyTitle: "Dialogue",
         history: dialogue.map((d, i) => [i + 1, d.actor || "", d.event || "", text(d)]),
         columns: ["#", "Who", "Event", "What"],
       };
@@ -614,9 +738,12 @@ const PAGES = {
         state: diagnostics.dispatch || null,
         version: thread.version,
         fields: { owner: thread.owner, interrupt: thread.interrupt, ...thread.state },
+        // A thread's trail is its checkpoints.
+        audit: null,
+        historyTitle: "Checkpoints",
         history: history.checkpoints.map((c) => [
           c.version,
-          c.at,
+          when(c.at),
           c.source,
           c.interrupted ? "yes" : "",
         ]),
@@ -626,10 +753,20 @@ const PAGES = {
   },
 };
 
-const AUDIT_COLUMNS = ["#", "At", "From", "To", "Cause"];
+// A table's body, one row of cells each.
+function fillRows(body, rows) {
+  body.replaceChildren();
+  for (const cells of rows) {
+    const row = el("tr");
+    for (const c of cells) {
+      row.append(el("td", c));
+    }
+    body.append(row);
+  }
+}
 
 function auditRow(r) {
-  return [r.seq, r.at, r.from || "", r.to, r.cause];
+  return [r.seq, when(r.at), r.from || "", r.to, r.cause];
 }
 
 function text(value) {
@@ -642,11 +779,19 @@ function text(value) {
   return String(value);
 }
 
+// The loaded flows, asked for once per page load; concurrent callers share
+// the one request.
 let flowsCache = null;
 
-async function loadedFlows() {
+function loadedFlows() {
   if (!flowsCache) {
-    flowsCache = (await api("GET", productPath("/flows"))).flows;
+    flowsCache = api("GET", productPath("/flows")).then(
+      (list) => list.flows,
+      (err) => {
+        flowsCache = null;
+        throw err;
+      },
+    );
   }
   return flowsCache;
 }
@@ -671,14 +816,15 @@ function showEntity(kind, args) {
   const id = page.flow ? args[1] : args[0];
   $("entity-id").value = id || "";
   $("entity-body").hidden = true;
-  const ready = page.flow ? fillFlowChoice(args[0]) : Promise.resolve();
-  ready
+  // The flow list and the entity are asked for at once.
+  const choice = page.flow ? fillFlowChoice(args[0]) : Promise.resolve();
+  const entity = id ? loadEntity(page, args) : Promise.resolve();
+  Promise.all([choice, entity])
     .then(() => {
       if (!id) {
         $("entity-id").focus();
-        return null;
       }
-      return loadEntity(page, args);
+      rendered(kind);
     })
     .catch(failed("entity-error"));
 }
@@ -716,19 +862,17 @@ async function loadEntity(page, args) {
     row.append(cell);
     fields.append(row);
   }
-  const head = el("tr");
-  for (const c of data.columns) {
-    head.append(el("th", c));
-  }
-  $("entity-history-head").replaceChildren(head);
-  const body = $("entity-history");
-  body.replaceChildren();
-  for (const cells of data.history) {
-    const row = el("tr");
-    for (const c of cells) {
-      row.append(el("td", c));
+  $("entity-audit-box").hidden = !data.audit;
+  fillRows($("entity-audit"), (data.audit || []).map(auditRow));
+  $("entity-history-box").hidden = !data.history;
+  if (data.history) {
+    $("entity-history-title").textContent = data.historyTitle;
+    const head = el("tr");
+    for (const c of data.columns) {
+      head.append(el("th", c));
     }
-    body.append(row);
+    $("entity-history-head").replaceChildren(head);
+    fillRows($("entity-history"), data.history);
   }
   $("entity-body").hidden = false;
 }
@@ -761,6 +905,7 @@ function loadFlows() {
         box.append(diagram);
         list.append(box);
       }
+      rendered("flows");
     })
     .catch(failed("flows-error"));
 }
