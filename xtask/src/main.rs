@@ -298,8 +298,10 @@ fn package() -> Result<()> {
         }
         c
     };
+    forget_unpacked_library_crates()?;
     if let Err(e) = cmd().arg("--offline").run() {
         println!("xtask: offline packaging failed ({e:#}); again with registry access");
+        forget_unpacked_library_crates()?;
         cmd().run()?;
     }
     println!(
@@ -308,6 +310,59 @@ fn package() -> Result<()> {
         started.elapsed()
     );
     Ok(())
+}
+
+/// Removes the library crates cargo unpacked from an earlier packaging's
+/// local registry. Cargo unpacks a local registry's `.crate` into
+/// `$CARGO_HOME/registry/src/-<hash>/<name>-<version>/` (the registry has
+/// no name, hence the leading `-`) and uses that directory as it is when it
+/// is there, since a published version never changes. Ours do change
+/// between runs at the same version, so a verification would otherwise
+/// build a crate against the sources of a dependency as it was packaged
+/// the first time.
+fn forget_unpacked_library_crates() -> Result<()> {
+    let home = std::env::var_os("CARGO_HOME").map_or_else(
+        || {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cargo"))
+                .unwrap_or_default()
+        },
+        std::path::PathBuf::from,
+    );
+    let Ok(registries) = std::fs::read_dir(home.join("registry").join("src")) else {
+        return Ok(());
+    };
+    for registry in registries {
+        let registry = registry?.path();
+        let unnamed = registry
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('-'));
+        if !unnamed {
+            continue;
+        }
+        for unpacked in std::fs::read_dir(&registry)? {
+            let unpacked = unpacked?.path();
+            let ours = unpacked
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| LIBRARY_CRATES.iter().any(|c| is_unpacked(n, c)));
+            if ours {
+                std::fs::remove_dir_all(&unpacked)
+                    .with_context(|| format!("removing {}", unpacked.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` is the unpacked directory of crate `name` at some version
+/// (`parlance-core-0.1.0` is `parlance-core`'s, not `parlance-co`'s).
+fn is_unpacked(dir: &str, name: &str) -> bool {
+    dir.strip_prefix(name)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .and_then(|version| version.chars().next())
+        .is_some_and(|c| c.is_ascii_digit())
 }
 
 /// Runs every example of `examples/library` (each asserts what it shows
@@ -751,7 +806,19 @@ mod fuzz_stats {
 
 #[cfg(test)]
 mod package_profile {
-    use super::DEV_PROFILE;
+    use super::{DEV_PROFILE, is_unpacked};
+
+    #[test]
+    fn an_unpacked_directory_names_its_crate_and_version() {
+        assert!(is_unpacked("parlance-core-0.1.0", "parlance-core"));
+        assert!(is_unpacked(
+            "parlance-testkit-12.0.0-rc.1",
+            "parlance-testkit"
+        ));
+        assert!(!is_unpacked("parlance-core-0.1.0", "parlance-co"));
+        assert!(!is_unpacked("parlance-core-extra-0.1.0", "parlance-core"));
+        assert!(!is_unpacked("parlance-core", "parlance-core"));
+    }
 
     /// The `key = value` lines of `[section]` in `manifest`, comments and
     /// blank lines left out.
