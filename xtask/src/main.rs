@@ -298,10 +298,10 @@ fn package() -> Result<()> {
         }
         c
     };
-    forget_unpacked_library_crates()?;
+    forget_packaged_library_crates()?;
     if let Err(e) = cmd().arg("--offline").run() {
         println!("xtask: offline packaging failed ({e:#}); again with registry access");
-        forget_unpacked_library_crates()?;
+        forget_packaged_library_crates()?;
         cmd().run()?;
     }
     println!(
@@ -312,14 +312,54 @@ fn package() -> Result<()> {
     Ok(())
 }
 
+/// Forgets what an earlier packaging left of the library crates: their
+/// sources cargo unpacked from its local registry and what it built from
+/// them. A verification builds a crate against its dependencies as
+/// packaged, taken from that registry, which cargo treats as a published
+/// version: it keeps the unpacked sources
+/// (`$CARGO_HOME/registry/src/-<hash>/<name>-<version>/`, the registry has
+/// no name, hence the leading `-`) and the build as they are once they
+/// exist, since a published version never changes. Ours do change between
+/// runs at the same version, so without this a verification would build a
+/// crate against a dependency as it was packaged the first time.
+fn forget_packaged_library_crates() -> Result<()> {
+    forget_unpacked_library_crates()?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| run::root().join("target"), std::path::PathBuf::from);
+    let profile = target.join("debug");
+    let Ok(deps) = std::fs::read_dir(profile.join("deps")) else {
+        return Ok(());
+    };
+    for file in deps {
+        let path = file?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(unit) = name.strip_suffix(".d") else {
+            continue;
+        };
+        let Some((lib, hash)) = unit.rsplit_once('-') else {
+            continue;
+        };
+        let Some(krate) = LIBRARY_CRATES.iter().find(|c| c.replace('-', "_") == lib) else {
+            continue;
+        };
+        // A dependency file lists the sources a unit was built from.
+        let sources = std::fs::read_to_string(&path).unwrap_or_default();
+        if sources.contains("/registry/src/-") {
+            let fingerprint = profile.join(".fingerprint").join(format!("{krate}-{hash}"));
+            if fingerprint.exists() {
+                std::fs::remove_dir_all(&fingerprint)
+                    .with_context(|| format!("removing {}", fingerprint.display()))?;
+            }
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Removes the library crates cargo unpacked from an earlier packaging's
-/// local registry. Cargo unpacks a local registry's `.crate` into
-/// `$CARGO_HOME/registry/src/-<hash>/<name>-<version>/` (the registry has
-/// no name, hence the leading `-`) and uses that directory as it is when it
-/// is there, since a published version never changes. Ours do change
-/// between runs at the same version, so a verification would otherwise
-/// build a crate against the sources of a dependency as it was packaged
-/// the first time.
+/// local registry (see [`forget_packaged_library_crates`]).
 fn forget_unpacked_library_crates() -> Result<()> {
     let home = std::env::var_os("CARGO_HOME").map_or_else(
         || {
