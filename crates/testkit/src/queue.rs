@@ -67,6 +67,7 @@ macro_rules! task_queue_suite {
                 dedup_key_folds_into_a_waiting_task,
                 dedup_key_marks_a_running_task_to_run_again,
                 requests_while_running_make_one_rerun_with_the_newest_payload,
+                complete_and_claim_leaves_the_folded_request_to_every_worker,
                 a_discarded_task_is_followed_by_the_request_folded_into_it,
                 a_requeued_task_runs_once_more_as_the_request_folded_into_it,
                 racing_enqueues_and_a_completion_lose_no_request,
@@ -418,6 +419,28 @@ pub async fn dedup_key_marks_a_running_task_to_run_again(s: Subject) {
     assert_eq!(again.payload, json!({"n": 2}));
     s.queue
         .complete(&again, json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+}
+
+/// A completion that also claims what it frees (`complete_and_claim`)
+/// enqueues the request folded into the task as `complete` does, and
+/// leaves it to every worker: it takes only a DAG's freed children.
+pub async fn complete_and_claim_leaves_the_folded_request_to_every_worker(s: Subject) {
+    s.queue.enqueue(&[request(0)]).await.expect("enqueue");
+    let running = claim_one(&s, 1).await.expect("claim");
+    folded(&s, &[request(1)]).await;
+    let taken = s
+        .queue
+        .complete_and_claim(&running, json!("done"), &["turn".to_owned()], 1, LEASE)
+        .await
+        .expect("complete and claim");
+    assert!(taken.is_empty(), "{taken:?}");
+    let rerun = claim_one(&s, 2).await.expect("the request, for any worker");
+    assert_eq!(rerun.payload, json!({"n": 1}));
+    s.queue
+        .complete(&rerun, json!("done"))
         .await
         .expect("complete");
     nothing_left(&s, "default").await;
