@@ -66,8 +66,27 @@ pub struct TaskSpec {
     pub max_attempts: u32,
     /// The hard deadline of one attempt; `None` takes the claim's lease.
     pub timeout: Option<Duration>,
-    /// While a task with this key is available or running, enqueueing
-    /// another with the same key does nothing.
+    /// One live task per product and key, and no request lost. A task is
+    /// live while it is available (waiting to be claimed) or running.
+    /// Enqueueing a task whose key a live task holds adds no task (the
+    /// enqueue answers `None` for it), and:
+    ///
+    /// - when the live task is waiting, nothing changes: the waiting task
+    ///   has not started, so it answers the request as it is;
+    /// - when it is running, it is marked to run again with this request's
+    ///   payload, `queue`, `priority`, `run_at`, `max_attempts` and
+    ///   `timeout` (a later request replaces an earlier one's). When the
+    ///   task finishes (completed, discarded, cancelled), a fresh task of
+    ///   its kind with the key and those fields is enqueued with the
+    ///   finish, atomically; when it is requeued instead (a retryable
+    ///   failure, an expired lease, a release), it takes them itself, with
+    ///   its attempts counted afresh and `run_at` no earlier than the
+    ///   requeue's, since it runs again anyway.
+    ///
+    /// So a request never runs beside the task it was folded into, and
+    /// every request made while a task runs is answered by a run that
+    /// starts after it. The key names the work: a request folded into a
+    /// task of another kind runs as that kind.
     pub dedup_key: Option<String>,
 }
 

@@ -9,6 +9,11 @@
 //! As in PostgreSQL, a task or run is found only under its own product: an
 //! id looked up under another product is not found, and a lease naming
 //! another product is lost.
+//!
+//! A request whose dedup key a running task holds is kept on that task,
+//! and every change that ends the task's run takes it under the same lock:
+//! a finish enqueues it as a fresh task, a requeue runs it in the task's
+//! place.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -53,8 +58,55 @@ struct Job {
     expires_at: Timestamp,
     dag: Option<(i64, usize)>,
     dedup_key: Option<String>,
+    /// The newest request folded into this task while it ran.
+    rerun: Option<Rerun>,
     last_error: Option<String>,
     finished_at: Option<Timestamp>,
+}
+
+/// A request folded into a running task with its dedup key: what the
+/// task's next run takes (see `TaskSpec::dedup_key`).
+#[derive(Debug, Clone)]
+struct Rerun {
+    queue: String,
+    payload: Value,
+    priority: i16,
+    run_at: Timestamp,
+    max_attempts: u32,
+    timeout: Option<Duration>,
+}
+
+impl Rerun {
+    fn of(spec: &TaskSpec, now: Timestamp) -> Self {
+        Self {
+            queue: spec.queue.clone(),
+            payload: spec.payload.clone(),
+            priority: spec.priority,
+            run_at: spec.run_at.unwrap_or(now),
+            max_attempts: spec.max_attempts,
+            timeout: spec.timeout,
+        }
+    }
+}
+
+impl Job {
+    /// Makes the running task available again from `run_at`. A request
+    /// folded into it is what runs next: the task takes its payload and
+    /// settings, with its attempts counted afresh.
+    fn requeue(&mut self, run_at: Timestamp) {
+        self.state = JobState::Available;
+        self.run_at = run_at;
+        self.leased_by = None;
+        if let Some(r) = self.rerun.take() {
+            self.queue = r.queue;
+            self.payload = r.payload;
+            self.priority = r.priority;
+            self.run_at = run_at.max(r.run_at);
+            self.max_attempts = r.max_attempts;
+            self.timeout = r.timeout;
+            self.attempt = 0;
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,6 +283,7 @@ impl MemoryTaskQueue {
         job.leased_by = None;
         // A completed task never runs again: its payload goes.
         job.payload = Value::Null;
+        st.ended(lease.task_id.0, now);
         match node {
             Some((d, n, true, true)) => {
                 let items = result.as_array().cloned().unwrap_or_default();
@@ -260,13 +313,46 @@ impl State {
         self.last_task
     }
 
-    /// A live (available or running) task of `product` holds `key`.
-    fn dedup_taken(&self, product: &ProductId, key: &str) -> bool {
-        self.jobs.values().any(|j| {
+    /// The live (available or running) task of `product` holding `key`.
+    fn live_with_key(&mut self, product: &ProductId, key: &str) -> Option<&mut Job> {
+        self.jobs.values_mut().find(|j| {
             &j.product_id == product
                 && j.dedup_key.as_deref() == Some(key)
                 && matches!(j.state, JobState::Available | JobState::Running)
         })
+    }
+
+    /// After task `id` finished (completed, discarded or cancelled): the
+    /// request folded into it while it ran, if any, is enqueued as a fresh
+    /// task of its kind with its key.
+    fn ended(&mut self, id: i64, now: Timestamp) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let Some(r) = job.rerun.take() else {
+            return;
+        };
+        let fresh = Job {
+            product_id: job.product_id.clone(),
+            queue: r.queue,
+            kind: job.kind.clone(),
+            payload: r.payload,
+            state: JobState::Available,
+            priority: r.priority,
+            run_at: r.run_at,
+            attempt: 0,
+            max_attempts: r.max_attempts,
+            timeout: r.timeout,
+            token: 0,
+            leased_by: None,
+            expires_at: now,
+            dag: None,
+            dedup_key: job.dedup_key.clone(),
+            rerun: None,
+            last_error: None,
+            finished_at: None,
+        };
+        self.insert_job(fresh);
     }
 
     /// Enqueues node `n` of run `dag_id` (its parents are all done).
@@ -292,6 +378,7 @@ impl State {
             expires_at: now,
             dag: Some((dag_id, n)),
             dedup_key: None,
+            rerun: None,
             last_error: None,
             finished_at: None,
         };
@@ -432,6 +519,8 @@ impl State {
         dag.state = state;
         dag.error = error;
         dag.finished_at = Some(now);
+        // A run's tasks carry no dedup key, so no request was folded into
+        // one of them.
         for job in self.jobs.values_mut() {
             let Some((d, n)) = job.dag else { continue };
             let stop =
@@ -458,7 +547,9 @@ impl State {
         job.last_error = Some(error.to_owned());
         job.finished_at = Some(now);
         job.leased_by = None;
-        if let Some((d, n)) = job.dag {
+        let dag = job.dag;
+        self.ended(id, now);
+        if let Some((d, n)) = dag {
             let Some(dag) = self.dags.get_mut(&d) else {
                 return;
             };
@@ -488,7 +579,9 @@ impl State {
         job.state = JobState::Cancelled;
         job.finished_at = Some(now);
         job.leased_by = None;
-        if let Some((d, n)) = job.dag
+        let dag = job.dag;
+        self.ended(id, now);
+        if let Some((d, n)) = dag
             && let Some(dag) = self.dags.get_mut(&d)
         {
             dag.nodes[n].state = NodeState::Cancelled;
@@ -615,8 +708,13 @@ impl TaskQueue for MemoryTaskQueue {
             let mut st = self.lock();
             for t in tasks {
                 if let Some(key) = &t.dedup_key
-                    && st.dedup_taken(&t.product_id, key)
+                    && let Some(live) = st.live_with_key(&t.product_id, key)
                 {
+                    // Folded: a waiting task answers the request as it is;
+                    // a running one runs again with it.
+                    if live.state == JobState::Running {
+                        live.rerun = Some(Rerun::of(t, now));
+                    }
                     ids.push(None);
                     continue;
                 }
@@ -636,6 +734,7 @@ impl TaskQueue for MemoryTaskQueue {
                     expires_at: now,
                     dag: None,
                     dedup_key: t.dedup_key.clone(),
+                    rerun: None,
                     last_error: None,
                     finished_at: None,
                 });
@@ -744,13 +843,14 @@ impl TaskQueue for MemoryTaskQueue {
             .and_then(|(d, n)| st.dags.get(&d).map(|g| g.nodes[n].map.is_some()))
             .unwrap_or(false);
         self.complete_locked(&mut st, lease, result, now)?;
-        // The children this completion freed (not a map's elements), best
-        // first.
+        // The children this completion freed (not a map's elements, nor
+        // the task a folded request enqueued), best first.
         let mut freed: Vec<(i16, Timestamp, i64)> = st
             .jobs
             .range(first_new..)
             .filter(|(_, j)| {
                 !is_map
+                    && j.dag.is_some()
                     && j.state == JobState::Available
                     && j.queue == lease.queue
                     && j.run_at <= now
@@ -779,6 +879,7 @@ impl TaskQueue for MemoryTaskQueue {
     async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome> {
         let now = self.clock.now();
         let mut st = self.lock();
+        let first_new = st.last_task + 1;
         let job = st.leased(lease)?;
         let decision = decide_retry(
             job.attempt,
@@ -787,35 +888,37 @@ impl TaskQueue for MemoryTaskQueue {
             &self.config.backoff,
             jitter_from_seed(lease.token.unsigned_abs()),
         );
-        match decision {
+        let outcome = match decision {
             RetryDecision::RetryAfter(_) if st.run_over(lease.task_id.0) => {
                 st.cancel_job(lease.task_id.0, now);
-                Ok(FailOutcome::Cancelled)
+                FailOutcome::Cancelled
             }
             RetryDecision::RetryAfter(delay) => {
-                let run_at = now + delay;
                 let job = st.leased(lease)?;
-                job.state = JobState::Available;
-                job.run_at = run_at;
-                job.leased_by = None;
                 job.last_error = Some(error.to_owned());
-                Ok(FailOutcome::Retrying { run_at })
+                job.requeue(now + delay);
+                FailOutcome::Retrying { run_at: job.run_at }
             }
             RetryDecision::Discard => {
                 st.discard(lease.task_id.0, error, now);
-                Ok(FailOutcome::Discarded)
+                FailOutcome::Discarded
             }
+        };
+        // A folded request enqueued by the finish.
+        let enqueued = st.last_task >= first_new;
+        drop(st);
+        if enqueued {
+            self.wake();
         }
+        Ok(outcome)
     }
 
     async fn release(&self, lease: &Lease) -> PortResult<()> {
         let now = self.clock.now();
         let mut st = self.lock();
         let job = st.leased(lease)?;
-        job.state = JobState::Available;
         job.attempt = job.attempt.saturating_sub(1);
-        job.run_at = now;
-        job.leased_by = None;
+        job.requeue(now);
         drop(st);
         self.wake();
         Ok(())
@@ -830,10 +933,8 @@ impl TaskQueue for MemoryTaskQueue {
                 && job.leased_by == Some(*worker)
                 && !held.contains(&TaskId(*id))
             {
-                job.state = JobState::Available;
                 job.attempt = job.attempt.saturating_sub(1);
-                job.run_at = now;
-                job.leased_by = None;
+                job.requeue(now);
                 released += 1;
             }
         }
@@ -854,6 +955,7 @@ impl TaskQueue for MemoryTaskQueue {
         let now = self.clock.now();
         let stale_before = now - self.config.worker_stale_after;
         let mut st = self.lock();
+        let first_new = st.last_task + 1;
         let stale = |st: &State, w: &Option<WorkerId>| {
             w.as_ref()
                 .is_none_or(|w| st.workers.get(w).is_none_or(|&seen| seen < stale_before))
@@ -878,16 +980,16 @@ impl TaskQueue for MemoryTaskQueue {
                 report.discarded += 1;
             } else {
                 let job = st.jobs.get_mut(&id).expect("listed above");
-                job.state = JobState::Available;
-                job.run_at = now;
-                job.leased_by = None;
                 job.last_error = Some("lease expired".to_owned());
+                job.requeue(now);
                 report.requeued += 1;
             }
         }
         st.workers.retain(|_, seen| *seen >= stale_before);
+        // Folded requests enqueued by the finishes.
+        let enqueued = st.last_task >= first_new;
         drop(st);
-        if report.requeued > 0 {
+        if report.requeued > 0 || enqueued {
             self.wake();
         }
         Ok(report)
@@ -980,6 +1082,7 @@ impl TaskQueue for MemoryTaskQueue {
         for job in st.jobs.values().filter(|j| &j.product_id == product) {
             f.tasks += 1;
             f.payload_bytes += json_bytes(&job.payload);
+            f.payload_bytes += job.rerun.as_ref().map_or(0, |r| json_bytes(&r.payload));
         }
         for dag in st.dags.values().filter(|d| &d.product_id == product) {
             f.runs += 1;

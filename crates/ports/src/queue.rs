@@ -11,6 +11,17 @@
 //! Lower `priority` values run first; among equals, earlier `run_at`, then
 //! enqueue order. Time comes from the adapter's clock.
 //!
+//! A dedup key keeps at most one live (available or running) task per
+//! product and key without losing a request: a request meeting a running
+//! task with its key marks that task to run again, and every operation
+//! that ends a running task honours the mark in the same step: a finish
+//! ([`TaskQueue::complete`], [`TaskQueue::complete_many`], a discard, a
+//! cancellation) enqueues a fresh task with the folded request's payload,
+//! and a requeue ([`TaskQueue::fail`] with retries left,
+//! [`TaskQueue::release`], [`TaskQueue::release_unheld`], the sweep of
+//! [`TaskQueue::recover_expired`]) gives the task that payload. See
+//! [`TaskSpec::dedup_key`](parlance_core::queue::TaskSpec::dedup_key).
+//!
 //! Tasks and runs belong to a product. Every operation on one task or run
 //! names its product (a [`Lease`] carries it), and an id looked up under
 //! another product is not found; only the worker's scans (`claim`,
@@ -273,8 +284,9 @@ pub struct QueueFootprint {
     pub runs: u64,
     /// DAG nodes (a map's elements and combine node included).
     pub nodes: u64,
-    /// Bytes of the payloads still kept: tasks', nodes', a map's element
-    /// template and an element's input, as JSON text (a compacted payload
+    /// Bytes of the payloads still kept: tasks', a request's folded into a
+    /// running task, nodes', a map's element template and an element's
+    /// input, as JSON text (a compacted payload
     /// counts nothing). Adapters may format the text differently, so
     /// compare figures of one adapter only.
     pub payload_bytes: u64,
@@ -354,7 +366,14 @@ impl PortError {
 pub trait TaskQueue: Send + Sync + 'static {
     /// Enqueues tasks atomically. For each, the new id, or `None` when its
     /// dedup key matched a live task of the same product (earlier in this
-    /// call included); dedup keys are per product.
+    /// call included); dedup keys are per product. A request folded into
+    /// a waiting task changes nothing; one folded into a running task marks
+    /// it to run again with the request's payload and settings (the newest
+    /// request's, when several are folded), as
+    /// [`TaskSpec::dedup_key`](parlance_core::queue::TaskSpec::dedup_key)
+    /// describes: when the task finishes, the finish enqueues a fresh task
+    /// with the key in the same step; when it is requeued, it takes the
+    /// request's payload and settings itself.
     async fn enqueue(&self, tasks: &[TaskSpec]) -> PortResult<Vec<Option<TaskId>>>;
 
     /// Validates and enqueues a DAG atomically; its root nodes are runnable
@@ -375,8 +394,11 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// Records the result. For a DAG node this also frees its children
     /// (a join fires exactly once) and expands a map. The task (and its
     /// node) no longer keeps its payload: a completed task is never run
-    /// again. Lease lost: error, nothing changed. `Invalid` (nothing
-    /// changed) when a map node's result is not an array.
+    /// again; when it was marked to run again (see [`TaskQueue::enqueue`]),
+    /// a fresh task with its dedup key and the folded request's payload is
+    /// enqueued with the completion. Lease lost: error, nothing changed.
+    /// `Invalid` (nothing changed) when a map node's result is not an
+    /// array.
     async fn complete(&self, lease: &Lease, result: Value) -> PortResult<()>;
 
     /// Completes as [`TaskQueue::complete`] does and, in the same step,
@@ -385,7 +407,8 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// in `kinds`, as [`TaskQueue::claim`] would (fresh fencing tokens;
     /// each attempt's deadline its task's timeout, or `lease`). The worker
     /// runs them next without a claim of its own; freed tasks it does not
-    /// take stay available to every worker. Lease lost: error, nothing
+    /// take stay available to every worker, and so does the fresh task a
+    /// completion marked to run again enqueues. Lease lost: error, nothing
     /// changed and nothing claimed. The default completes and takes
     /// nothing.
     async fn complete_and_claim(
@@ -414,11 +437,17 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// Records a failed attempt: retried with back-off when `retryable` and
     /// attempts remain (cancelled instead when its DAG is over), else
     /// discarded (failing its DAG, which cancels the DAG's queued nodes).
+    /// A task marked to run again (see [`TaskQueue::enqueue`]) takes the
+    /// folded request's payload and settings when retried, and is followed
+    /// by a fresh task with them when discarded or cancelled.
     /// Lease lost: error, nothing changed.
     async fn fail(&self, lease: &Lease, error: &str, retryable: bool) -> PortResult<FailOutcome>;
 
     /// Gives the task back untouched (available now, the attempt not
-    /// counted): for a worker shutting down. Lease lost: error.
+    /// counted): for a worker shutting down. A task marked to run again
+    /// takes the folded request's payload and settings instead (its
+    /// attempts counted afresh, available at the request's `run_at` if
+    /// later). Lease lost: error.
     async fn release(&self, lease: &Lease) -> PortResult<()>;
 
     /// Gives back, as [`TaskQueue::release`] would, every task `worker`
@@ -434,7 +463,9 @@ pub trait TaskQueue: Send + Sync + 'static {
     /// Returns to `available` (or `discarded`, attempts exhausted; or
     /// `cancelled`, its DAG over) every running task past its deadline or
     /// held by a worker silent for longer than the configured staleness.
-    /// Safe to run from many processes.
+    /// A task marked to run again is requeued with the folded request's
+    /// payload and settings, or followed by a fresh task with them when
+    /// it is discarded or cancelled. Safe to run from many processes.
     async fn recover_expired(&self) -> PortResult<RecoverReport>;
 
     /// Stops `product`'s run: its queued and running tasks are cancelled

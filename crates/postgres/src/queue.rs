@@ -22,6 +22,18 @@
 //! jobs, which keeps lock order acyclic. Time comes from the
 //! injected clock (bound as a parameter), never from `now()`.
 //!
+//! A dedup key holds one live job per product (the partial unique index
+//! `jobs_dedup`), and a request meeting a running job with its key is
+//! kept on that job (`rerun`, migration 0016) by the enqueue's own
+//! statement (`ON CONFLICT … DO UPDATE … WHERE jobs.state = 1`). The
+//! statements that end a run read the mark on the row they change: a
+//! requeue moves it into the job in its `SET` list; a finish first tries
+//! its plain fenced update with `rerun IS NULL` added, and only when that
+//! finds no row runs the statement that locks the row, reads its mark,
+//! finishes it and inserts the fresh job (see [`fenced_finish`] for why no
+//! interleaving loses a request). Unmarked jobs, all but a few, pay one
+//! predicate.
+//!
 //! Wake-ups are hints; polling is the truth. After a commit that made tasks
 //! runnable, the queue wakes this process's workers at once and asks its
 //! hint sender to `pg_notify` the other processes. The hint is sent on its
@@ -151,11 +163,13 @@ pub mod statements {
 
     /// Completes the running tasks `$1` (ids) leased with tokens `$2` by
     /// workers `$4` under products `$5` at time `$3`, fenced per task;
-    /// returns the ids it recorded.
+    /// returns the ids it recorded. A task a request was folded into is
+    /// left to the completion that enqueues the request (it is not
+    /// recorded here).
     pub const COMPLETE: &str = "UPDATE jobs j SET state = 2, finished_at = $3, leased_by = NULL, \
          args = 'null'::jsonb FROM UNNEST($1::int8[], $2::int8[], $4::uuid[], $5::text[]) AS t(id, tok, w, p) \
          WHERE j.product_id = t.p AND j.id = t.id AND j.state = 1 \
-         AND j.lease_token = t.tok AND j.leased_by = t.w RETURNING j.id";
+         AND j.lease_token = t.tok AND j.leased_by = t.w AND j.rerun IS NULL RETURNING j.id";
 }
 
 struct Shared {
@@ -276,27 +290,57 @@ fn node_state(s: i16) -> NodeState {
     }
 }
 
+/// The `ON CONFLICT` clause of an enqueue with dedup keys: a live job
+/// holding the key takes no new row; a running one is marked to run again
+/// with the request's fields (`$fields`, a `jsonb` expression), a waiting
+/// one is left as it is. `RETURNING` answers a marked job's row with
+/// `rerun` set and a new row with `rerun` null; a waiting job's, none.
+macro_rules! on_dedup_conflict {
+    ($fields:expr) => {
+        concat!(
+            "ON CONFLICT (product_id, dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
+             DO UPDATE SET rerun = ",
+            $fields,
+            " WHERE jobs.state = 1"
+        )
+    };
+}
+
+/// The fields of a folded request as `jobs.rerun` keeps them, from the row
+/// an `INSERT` proposed.
+macro_rules! rerun_of_excluded {
+    () => {
+        "jsonb_build_object('queue', EXCLUDED.queue, 'args', EXCLUDED.args, \
+         'priority', EXCLUDED.priority, 'run_at', EXCLUDED.run_at, \
+         'max_attempts', EXCLUDED.max_attempts, 'timeout_ms', EXCLUDED.timeout_ms)"
+    };
+}
+
 /// The data-modifying CTEs that enqueue single tasks inside another
 /// statement, after its CTE `u` (the guarded row write): the tasks are
 /// inserted only when `u` wrote a row, so they commit exactly with it, with
-/// the same dedup rule as [`PgTaskQueue::enqueue_in`]. The CTE `hint` has
-/// one row when a runnable task was inserted: the caller then calls
-/// [`PgTaskQueue::wake_workers`] after the commit. Parameters `$first` to
-/// `$first + 9` are bound by [`TaskRows::bind`].
+/// the same dedup rule as [`PgTaskQueue::enqueue_in`]: of the tasks sharing
+/// a key, the first is proposed (the later ones would meet it waiting) and
+/// the last marks a running job holding the key (it replaces the earlier
+/// ones' marks). The CTE `hint` has one row when a runnable task was
+/// inserted: the caller then calls [`PgTaskQueue::wake_workers`] after the
+/// commit. Parameters `$first` to `$first + 9` are bound by
+/// [`TaskRows::bind`].
 #[cfg(any(feature = "session", feature = "conversation"))]
 pub(crate) fn enqueue_after_u(first: usize) -> String {
     let p = |i: usize| format!("${}", first + i);
     let now = p(9);
     format!(
-        "t AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+        "x AS (SELECT * FROM UNNEST({}::text[], {}::text[], {}::text[], {}::int2[], \
+         {}::timestamptz[], {}::int4[], {}::int8[], {}::jsonb[], {}::text[]) WITH ORDINALITY \
+         AS x(p, q, k, pr, ra, ma, tm, a, d, n)), \
+         t AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
          timeout_ms, args, dedup_key, created_at) \
-         SELECT x.p, x.q, x.k, x.pr, x.ra, x.ma, x.tm, x.a, x.d, {now} FROM u, \
-         UNNEST({}::text[], {}::text[], {}::text[], {}::int2[], {}::timestamptz[], {}::int4[], \
-         {}::int8[], {}::jsonb[], {}::text[]) WITH ORDINALITY \
-         AS x(p, q, k, pr, ra, ma, tm, a, d, n) ORDER BY x.n \
-         ON CONFLICT (product_id, dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
-         DO NOTHING RETURNING run_at), \
-         hint AS (SELECT 1 FROM t WHERE run_at <= {now} LIMIT 1)",
+         SELECT x.p, x.q, x.k, x.pr, x.ra, x.ma, x.tm, x.a, x.d, {now} FROM u, x \
+         WHERE x.d IS NULL OR NOT EXISTS (SELECT 1 FROM x y \
+         WHERE y.p = x.p AND y.d = x.d AND y.n < x.n) ORDER BY x.n {} \
+         RETURNING run_at, rerun IS NULL AS fresh), \
+         hint AS (SELECT 1 FROM t WHERE fresh AND run_at <= {now} LIMIT 1)",
         p(0),
         p(1),
         p(2),
@@ -306,6 +350,12 @@ pub(crate) fn enqueue_after_u(first: usize) -> String {
         p(6),
         p(7),
         p(8),
+        on_dedup_conflict!(
+            "(SELECT jsonb_build_object('queue', y.q, 'args', y.a, 'priority', y.pr, \
+             'run_at', y.ra, 'max_attempts', y.ma, 'timeout_ms', y.tm) FROM x y \
+             WHERE y.p = EXCLUDED.product_id AND y.d = EXCLUDED.dedup_key \
+             ORDER BY y.n DESC LIMIT 1)"
+        ),
     )
 }
 
@@ -487,13 +537,16 @@ impl PgTaskQueue {
         while i < tasks.len() {
             if let Some(key) = &tasks[i].dedup_key {
                 let t = &tasks[i];
-                let id: Vec<i64> = sqlx::query_scalar(
+                // A row comes back for a new job (`rerun` null) or for a
+                // running one this request marked; a waiting job returns
+                // none.
+                let id: Vec<(i64, bool)> = sqlx::query_as(concat!(
                     "INSERT INTO jobs (product_id, queue, kind, priority, run_at, \
                      max_attempts, timeout_ms, args, dedup_key, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-                     ON CONFLICT (product_id, dedup_key) WHERE dedup_key IS NOT NULL AND state IN (0, 1) \
-                     DO NOTHING RETURNING id",
-                )
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ",
+                    on_dedup_conflict!(rerun_of_excluded!()),
+                    " RETURNING id, rerun IS NULL"
+                ))
                 .bind(t.product_id.as_str())
                 .bind(&t.queue)
                 .bind(&t.kind)
@@ -507,7 +560,8 @@ impl PgTaskQueue {
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(pg_err("enqueue task"))?;
-                ids.push(id.first().copied().map(TaskId));
+                let new = id.first().filter(|(_, fresh)| *fresh);
+                ids.push(new.map(|&(id, _)| TaskId(id)));
                 i += 1;
                 continue;
             }
@@ -767,9 +821,16 @@ impl PgTaskQueue {
                 ))));
                 continue;
             }
-            let node_id = match fenced_finish(&mut tx, lease, job::COMPLETED, None, now).await {
-                Ok(Some(n)) => n,
-                Ok(None) => {
+            let finished = fenced_finish(&mut tx, lease, job::COMPLETED, None, now).await;
+            let node_id = match finished {
+                Ok(Finished {
+                    node: Some(n),
+                    rerun_runnable,
+                }) => {
+                    enqueued |= rerun_runnable;
+                    n
+                }
+                Ok(Finished { node: None, .. }) => {
                     out.push(Err(PortError::other("dag task without a node")));
                     continue;
                 }
@@ -839,12 +900,15 @@ impl PgTaskQueue {
         if let Some(dag) = &lease.dag {
             lock_lease_run(&mut tx, lease, dag.dag_id).await?;
         }
-        let node_id = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await?;
-        if let (Some(dag), Some(node_id)) = (&lease.dag, node_id) {
+        let finished = fenced_finish(&mut tx, lease, job::DISCARDED, Some(error), now).await?;
+        if let (Some(dag), Some(node_id)) = (&lease.dag, finished.node) {
             fail_run(&mut tx, product, dag.dag_id, node_id, error, now).await?;
         }
         tx.commit().await.map_err(pg_err("commit"))?;
         conn.keep();
+        if finished.rerun_runnable {
+            self.wake_workers();
+        }
         Ok(())
     }
 
@@ -1005,23 +1069,64 @@ async fn lock_lease_run(conn: &mut PgConnection, lease: &Lease, dag: DagId) -> P
     })
 }
 
+/// What a fenced finish did.
+#[derive(Debug, Clone, Copy)]
+struct Finished {
+    /// The job's node; `None` for a task outside any DAG.
+    node: Option<i64>,
+    /// A request folded into the job was enqueued as a fresh job that is
+    /// runnable now: the workers are to be woken after the commit.
+    rerun_runnable: bool,
+}
+
 /// The fenced end of a lease: moves the job (looked up under the lease's
-/// product) from running to `state`; a completed job drops its payload (it
-/// never runs again). `Ok(None)` for a task outside any DAG; lease lost is
-/// an error.
+/// product) from running to `state` (completed, discarded or cancelled); a
+/// completed job drops its payload (it never runs again). A request folded
+/// into the job while it ran is enqueued as a fresh job with its key in
+/// the same statement. Lease lost is an error.
+///
+/// The plain update runs first, with `rerun IS NULL` added to its fence;
+/// only when it finds no row (the job was marked, or the lease is lost)
+/// does [`finish_marked`] run. Why no interleaving with an enqueue of the
+/// job's key loses the request, under READ COMMITTED:
+///
+/// - The enqueue marks the job with `ON CONFLICT … DO UPDATE … WHERE
+///   jobs.state = 1`, which locks the row it conflicts with and reads its
+///   newest version; a row another transaction changed and committed since
+///   the enqueue's check makes it start over, so it never marks a finished
+///   row, and only marks a row that is running at that moment.
+/// - Updates of one row are serialised by its row lock. If the mark comes
+///   first, the finish's update (waiting for the lock, or finding a newer
+///   version than its snapshot's) evaluates its fence again on the newest
+///   version, where `rerun IS NULL` fails; [`finish_marked`] then locks
+///   the row (`FOR UPDATE` returns its newest version, so the newest mark)
+///   and finishes it with the fresh job, and while it holds the lock no
+///   other mark can come.
+/// - If the finish comes first, the row stays live in `jobs_dedup` until
+///   the finish commits: the enqueue's check finds the row's index entry,
+///   sees its version changed by a transaction in progress, and waits for
+///   that transaction (or, having found it first, its attempt to lock the
+///   row waits). After the commit the row is finished (a change of `state`
+///   is never a HOT update: `state` is in the indexes' predicates), so the
+///   enqueue starts over and finds no conflict and inserts its own job, or
+///   finds the fresh job the finish inserted, waiting, and is answered by
+///   it as any request meeting a waiting job.
+///
+/// So a request that answers `None` is either taken by the job's next run
+/// (the mark) or by a waiting job, and two live jobs never share a key.
 async fn fenced_finish(
     conn: &mut PgConnection,
     lease: &Lease,
     state: i16,
     error: Option<&str>,
     now: Timestamp,
-) -> PortResult<Option<i64>> {
+) -> PortResult<Finished> {
     let row: Vec<(Option<i64>,)> = sqlx::query_as(
         "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
          last_error = coalesce($5, last_error), \
          args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE args END \
          WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
-         AND leased_by = $6 RETURNING node_id",
+         AND leased_by = $6 AND rerun IS NULL RETURNING node_id",
     )
     .bind(lease.task_id.0)
     .bind(lease.token)
@@ -1030,13 +1135,84 @@ async fn fenced_finish(
     .bind(error)
     .bind(lease.worker.0)
     .bind(lease.product_id.as_str())
-    .fetch_all(conn)
+    .fetch_all(&mut *conn)
     .await
     .map_err(pg_err("finish task"))?;
-    match row.into_iter().next() {
-        Some((node,)) => Ok(node),
-        None => Err(PortError::lease_lost(lease)),
+    if let Some((node,)) = row.into_iter().next() {
+        return Ok(Finished {
+            node,
+            rerun_runnable: false,
+        });
     }
+    finish_marked(conn, lease, state, error, now)
+        .await?
+        .ok_or_else(|| PortError::lease_lost(lease))
+}
+
+/// [`fenced_finish`] of a job a request was folded into: one statement
+/// locks the running job (its newest version, with the newest mark),
+/// finishes it with the mark cleared, and inserts the fresh job the mark
+/// describes, of the job's kind and with its key. `None` when the lease
+/// does not hold.
+async fn finish_marked(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    state: i16,
+    error: Option<&str>,
+    now: Timestamp,
+) -> PortResult<Option<Finished>> {
+    let row: Option<(Option<i64>, bool)> = sqlx::query_as(
+        "WITH o AS (SELECT product_id, id, rerun FROM jobs \
+         WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
+         AND leased_by = $6 FOR UPDATE), \
+         f AS (UPDATE jobs j SET state = $3, finished_at = $4, leased_by = NULL, rerun = NULL, \
+         last_error = coalesce($5, j.last_error), \
+         args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE j.args END \
+         FROM o WHERE j.product_id = o.product_id AND j.id = o.id \
+         RETURNING j.product_id, j.kind, j.dedup_key, j.node_id, o.rerun), \
+         r AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+         timeout_ms, args, dedup_key, created_at) \
+         SELECT f.product_id, f.rerun->>'queue', f.kind, (f.rerun->>'priority')::int2, \
+         (f.rerun->>'run_at')::timestamptz, (f.rerun->>'max_attempts')::int4, \
+         (f.rerun->>'timeout_ms')::int8, f.rerun->'args', f.dedup_key, $4 \
+         FROM f WHERE f.rerun IS NOT NULL RETURNING run_at) \
+         SELECT f.node_id, EXISTS (SELECT 1 FROM r WHERE r.run_at <= $4) FROM f",
+    )
+    .bind(lease.task_id.0)
+    .bind(lease.token)
+    .bind(state)
+    .bind(to_pg(now))
+    .bind(error)
+    .bind(lease.worker.0)
+    .bind(lease.product_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(pg_err("finish task and enqueue what was folded into it"))?;
+    Ok(row.map(|(node, rerun_runnable)| Finished {
+        node,
+        rerun_runnable,
+    }))
+}
+
+/// The `SET` list that makes a running job available again from `run_at`
+/// with `attempt` attempts made (SQL expressions on the row). A request
+/// folded into the job is what runs next: the job takes its payload and
+/// settings, its attempts counted afresh, not before the request's
+/// `run_at`, and the mark goes. `SET` reads the newest version of the row
+/// its `UPDATE` locked, so a mark made before the requeue is taken, and an
+/// enqueue after it finds the job waiting (see [`fenced_finish`]).
+fn requeue_set(run_at: &str, attempt: &str) -> String {
+    format!(
+        "state = 0, leased_by = NULL, rerun = NULL, \
+         run_at = CASE WHEN rerun IS NULL THEN {run_at} \
+         ELSE greatest({run_at}, (rerun->>'run_at')::timestamptz) END, \
+         attempt = CASE WHEN rerun IS NULL THEN {attempt} ELSE 0 END, \
+         args = coalesce(rerun->'args', args), queue = coalesce(rerun->>'queue', queue), \
+         priority = coalesce((rerun->>'priority')::int2, priority), \
+         max_attempts = coalesce((rerun->>'max_attempts')::int4, max_attempts), \
+         timeout_ms = CASE WHEN rerun IS NULL THEN timeout_ms \
+         ELSE (rerun->>'timeout_ms')::int8 END"
+    )
 }
 
 /// Stores a node's result and counts it done, finishing the run when that
@@ -1288,7 +1464,8 @@ async fn fail_run(
 }
 
 /// Ends a running run in `state`, cancelling its jobs in `job_states` and
-/// every node that has not finished.
+/// every node that has not finished. A run's jobs carry no dedup key, so
+/// no request was folded into one of them.
 async fn stop_run(
     conn: &mut PgConnection,
     product: &ProductId,
@@ -1402,8 +1579,11 @@ impl TaskQueue for PgTaskQueue {
         let now = self.clock.now();
         let mut conn = self.conn().await?;
         match fenced_finish(&mut conn, lease, job::COMPLETED, None, now).await {
-            Ok(_) => {
+            Ok(finished) => {
                 conn.keep();
+                if finished.rerun_runnable {
+                    self.wake_workers();
+                }
                 Ok(())
             }
             Err(e) if e.is_lease_lost() => {
@@ -1454,6 +1634,9 @@ impl TaskQueue for PgTaskQueue {
             .filter(|l| l.dag.is_none())
             .collect();
         let mut recorded = std::collections::HashSet::new();
+        // Tasks a request was folded into whose completion failed.
+        let mut failed: HashMap<i64, PortError> = HashMap::new();
+        let mut wake = false;
         if !plain.is_empty() {
             let mut conn = self.conn().await?;
             let ids: Vec<i64> = sqlx::query_scalar(statements::COMPLETE)
@@ -1470,8 +1653,33 @@ impl TaskQueue for PgTaskQueue {
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(pg_err("complete tasks"))?;
-            conn.keep();
             recorded.extend(ids);
+            // What the batch left are lost leases and tasks a request was
+            // folded into: each of those is completed by a statement of
+            // its own, which enqueues the request.
+            let left: Vec<&Lease> = plain
+                .iter()
+                .filter(|l| !recorded.contains(&l.task_id.0))
+                .copied()
+                .collect();
+            for lease in left {
+                match finish_marked(&mut conn, lease, job::COMPLETED, None, now).await {
+                    Ok(Some(finished)) => {
+                        recorded.insert(lease.task_id.0);
+                        wake |= finished.rerun_runnable;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        failed.insert(lease.task_id.0, e);
+                    }
+                }
+            }
+            if failed.is_empty() {
+                conn.keep();
+            }
+            if wake {
+                self.wake_workers();
+            }
         }
         // DAG nodes: one transaction per run, in the order given.
         let mut runs: Vec<(&ProductId, DagId)> = Vec::new();
@@ -1512,7 +1720,10 @@ impl TaskQueue for PgTaskQueue {
                     .remove(&(lease.task_id.0, lease.token))
                     .unwrap_or_else(|| Err(PortError::lease_lost(lease))),
                 None if recorded.contains(&lease.task_id.0) => Ok(()),
-                None => Err(PortError::lease_lost(lease)),
+                None => match failed.remove(&lease.task_id.0) {
+                    Some(e) => Err(e),
+                    None => Err(PortError::lease_lost(lease)),
+                },
             })
             .collect())
     }
@@ -1535,12 +1746,12 @@ impl TaskQueue for PgTaskQueue {
                 if let Some(dag) = &lease.dag
                     && lock_lease_run(&mut tx, lease, dag.dag_id).await? != run::RUNNING
                 {
-                    let node =
+                    let finished =
                         fenced_finish(&mut tx, lease, job::CANCELLED, Some(error), now).await?;
                     sqlx::query(
                         "UPDATE dag_nodes SET state = $2 WHERE product_id = $3 AND id = $1",
                     )
-                    .bind(node)
+                    .bind(finished.node)
                     .bind(node::CANCELLED)
                     .bind(lease.product_id.as_str())
                     .execute(&mut *tx)
@@ -1550,27 +1761,29 @@ impl TaskQueue for PgTaskQueue {
                     conn.keep();
                     return Ok(FailOutcome::Cancelled);
                 }
-                let n = sqlx::query(
-                    "UPDATE jobs SET state = 0, run_at = $3, leased_by = NULL, last_error = $4 \
+                let retried: Option<time::OffsetDateTime> = sqlx::query_scalar(&format!(
+                    "UPDATE jobs SET {}, last_error = $4 \
                      WHERE product_id = $6 AND id = $1 AND state = 1 AND lease_token = $2 \
-                     AND leased_by = $5",
-                )
+                     AND leased_by = $5 RETURNING run_at",
+                    requeue_set("$3", "attempt")
+                ))
                 .bind(lease.task_id.0)
                 .bind(lease.token)
                 .bind(to_pg(run_at))
                 .bind(error)
                 .bind(lease.worker.0)
                 .bind(lease.product_id.as_str())
-                .execute(&mut *tx)
+                .fetch_optional(&mut *tx)
                 .await
-                .map_err(pg_err("retry task"))?
-                .rows_affected();
-                if n == 0 {
+                .map_err(pg_err("retry task"))?;
+                let Some(run_at) = retried else {
                     return Err(PortError::lease_lost(lease));
-                }
+                };
                 tx.commit().await.map_err(pg_err("commit"))?;
                 conn.keep();
-                Ok(FailOutcome::Retrying { run_at })
+                Ok(FailOutcome::Retrying {
+                    run_at: from_pg(run_at),
+                })
             }
             RetryDecision::Discard => {
                 self.discard(lease, error).await?;
@@ -1582,11 +1795,11 @@ impl TaskQueue for PgTaskQueue {
     async fn release(&self, lease: &Lease) -> PortResult<()> {
         let now = self.clock.now();
         let mut conn = self.conn().await?;
-        let n = sqlx::query(
-            "UPDATE jobs SET state = 0, attempt = greatest(attempt - 1, 0), run_at = $3, \
-             leased_by = NULL WHERE product_id = $5 AND id = $1 AND state = 1 \
+        let n = sqlx::query(&format!(
+            "UPDATE jobs SET {} WHERE product_id = $5 AND id = $1 AND state = 1 \
              AND lease_token = $2 AND leased_by = $4",
-        )
+            requeue_set("$3", "greatest(attempt - 1, 0)")
+        ))
         .bind(lease.task_id.0)
         .bind(lease.token)
         .bind(to_pg(now))
@@ -1607,10 +1820,10 @@ impl TaskQueue for PgTaskQueue {
     async fn release_unheld(&self, worker: &WorkerId, held: &[TaskId]) -> PortResult<u64> {
         let now = self.clock.now();
         let held: Vec<i64> = held.iter().map(|t| t.0).collect();
-        let n = sqlx::query(
-            "UPDATE jobs SET state = 0, attempt = greatest(attempt - 1, 0), run_at = $3, \
-             leased_by = NULL WHERE state = 1 AND leased_by = $1 AND NOT (id = ANY($2))",
-        )
+        let n = sqlx::query(&format!(
+            "UPDATE jobs SET {} WHERE state = 1 AND leased_by = $1 AND NOT (id = ANY($2))",
+            requeue_set("$3", "greatest(attempt - 1, 0)")
+        ))
         .bind(worker.0)
         .bind(&held)
         .bind(to_pg(now))
@@ -1650,8 +1863,10 @@ impl TaskQueue for PgTaskQueue {
         let live_run = "(dag_run_id IS NULL OR EXISTS (SELECT 1 FROM dag_runs r \
                         WHERE r.product_id = jobs.product_id AND r.id = jobs.dag_run_id \
                         AND r.state = 0))";
-        // Tasks of runs that are over are cancelled, not retried.
-        // Each batch answers how many tasks of each queue it took.
+        // Tasks of runs that are over are cancelled, not retried. They are
+        // DAG nodes' tasks, which carry no dedup key: no request was folded
+        // into them. Each batch answers how many tasks of each queue it
+        // took.
         let per_queue = |report: &mut RecoverReport, rows: &[(String, i64)]| -> u64 {
             let mut total = 0;
             for (queue, n) in rows {
@@ -1687,12 +1902,13 @@ impl TaskQueue for PgTaskQueue {
         // Tasks with attempts left go back, in batches.
         loop {
             let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
-                "WITH r AS (UPDATE jobs j SET state = 0, run_at = $1, leased_by = NULL, \
-                 last_error = 'lease expired' \
-                 FROM (SELECT product_id, id FROM jobs WHERE {lost} AND attempt < max_attempts \
-                 AND {live_run} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) c \
-                 WHERE j.product_id = c.product_id AND j.id = c.id RETURNING j.queue) \
-                 SELECT queue, count(*) FROM r GROUP BY queue"
+                "WITH r AS (UPDATE jobs j SET {}, last_error = 'lease expired' \
+                 FROM (SELECT product_id, id, queue AS leased_from FROM jobs WHERE {lost} \
+                 AND attempt < max_attempts AND {live_run} ORDER BY id LIMIT $3 \
+                 FOR UPDATE SKIP LOCKED) c \
+                 WHERE j.product_id = c.product_id AND j.id = c.id RETURNING c.leased_from AS queue) \
+                 SELECT queue, count(*) FROM r GROUP BY queue",
+                requeue_set("$1", "j.attempt")
             ))
             .bind(to_pg(now))
             .bind(to_pg(stale))
@@ -1926,7 +2142,8 @@ impl TaskQueue for PgTaskQueue {
             "SELECT (SELECT count(*) FROM jobs WHERE product_id = $1), \
              (SELECT count(*) FROM dag_runs WHERE product_id = $1), \
              (SELECT count(*) FROM dag_nodes WHERE product_id = $1), \
-             (SELECT coalesce(sum(octet_length(nullif(args, 'null'::jsonb)::text)), 0)::int8 \
+             (SELECT coalesce(sum(coalesce(octet_length(nullif(args, 'null'::jsonb)::text), 0) \
+              + coalesce(octet_length(nullif(rerun->'args', 'null'::jsonb)::text), 0)), 0)::int8 \
               FROM jobs WHERE product_id = $1), \
              (SELECT coalesce(sum(coalesce(octet_length(nullif(payload, 'null'::jsonb)::text), 0) \
               + coalesce(octet_length((map_spec->'payload')::text), 0) \
@@ -1993,4 +2210,90 @@ fn take_permit(notify: &Notify) -> bool {
 fn wake(notify: &tokio::sync::Notify) {
     notify.notify_waiters();
     notify.notify_one();
+}
+
+#[cfg(all(test, any(feature = "session", feature = "conversation")))]
+mod tests {
+    use parlance_ports::ManualClock;
+
+    use super::*;
+    use crate::testing::test_pool;
+
+    /// Enqueues `tasks` as a machine store's write does (after a CTE `u`
+    /// that wrote a row); answers whether the hint asks for a wake-up.
+    async fn after_u(queue: &PgTaskQueue, tasks: &[TaskSpec]) -> bool {
+        let rows = TaskRows::new(queue, tasks).expect("valid tasks");
+        let sql = format!(
+            "WITH u AS (SELECT 1), {} SELECT count(*) FROM hint",
+            enqueue_after_u(1)
+        );
+        let hinted: i64 = rows
+            .bind(sqlx::query(&sql))
+            .fetch_one(&queue.pool)
+            .await
+            .expect("enqueue after u")
+            .get(0);
+        hinted > 0
+    }
+
+    fn asked(n: u32) -> TaskSpec {
+        TaskSpec::new(
+            ProductId::parse("acme").expect("id"),
+            "turn",
+            json!({ "n": n }),
+        )
+        .dedup_key("k")
+    }
+
+    async fn claim(queue: &PgTaskQueue) -> Vec<Lease> {
+        let worker = WorkerId(uuid::Uuid::from_u128(1));
+        queue
+            .claim(&worker, "default", 10, Duration::from_secs(60))
+            .await
+            .expect("claim")
+    }
+
+    /// Tasks sharing a key in one write: with no live task the first is
+    /// inserted; a waiting task takes none; a running one is marked with
+    /// the last, which runs once it completes.
+    #[tokio::test]
+    async fn a_write_with_one_key_twice_keeps_the_dedup_rule() {
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let queue = PgTaskQueue::new(pool, Arc::new(ManualClock::new()), QueueConfig::default());
+        let plain = TaskSpec::new(ProductId::parse("acme").expect("id"), "other", json!({}));
+        assert!(
+            after_u(&queue, &[asked(1), asked(2), plain]).await,
+            "runnable"
+        );
+        let mut first = claim(&queue).await;
+        first.sort_by_key(|l| l.kind.clone());
+        let payloads: Vec<&Value> = first.iter().map(|l| &l.payload).collect();
+        assert_eq!(payloads, [&json!({}), &json!({"n": 1})]);
+        for l in &first {
+            queue.complete(l, json!(null)).await.expect("complete");
+        }
+        // Waiting.
+        assert!(after_u(&queue, &[asked(3)]).await);
+        assert!(!after_u(&queue, &[asked(4), asked(5)]).await, "nothing new");
+        let running = claim(&queue).await;
+        assert_eq!(running.len(), 1);
+        assert_eq!(running[0].payload, json!({"n": 3}));
+        // Running.
+        assert!(!after_u(&queue, &[asked(6), asked(7)]).await, "nothing new");
+        assert!(claim(&queue).await.is_empty(), "one live task");
+        queue
+            .complete(&running[0], json!(null))
+            .await
+            .expect("complete");
+        let rerun = claim(&queue).await;
+        assert_eq!(rerun.len(), 1);
+        assert_eq!(rerun[0].payload, json!({"n": 7}), "the last request");
+        queue
+            .complete(&rerun[0], json!(null))
+            .await
+            .expect("complete");
+        assert!(claim(&queue).await.is_empty());
+    }
 }

@@ -49,7 +49,7 @@ use uuid::Uuid;
 ///     use parlance_testkit::queue::*;
 ///
 ///     claims_by_priority_then_run_at(subject()).await;
-///     dedup_key_skips_live_duplicates(subject()).await;
+///     dedup_key_marks_a_running_task_to_run_again(subject()).await;
 ///     silent_worker_loses_its_tasks(subject()).await;
 ///     dag_chain_passes_results_in_order(subject()).await;
 /// }
@@ -64,7 +64,13 @@ macro_rules! task_queue_suite {
                 claims_by_priority_then_run_at,
                 batch_claim_respects_max_and_deadlines,
                 no_double_claim_under_eight_claimers,
-                dedup_key_skips_live_duplicates,
+                dedup_key_folds_into_a_waiting_task,
+                dedup_key_marks_a_running_task_to_run_again,
+                requests_while_running_make_one_rerun_with_the_newest_payload,
+                complete_and_claim_leaves_the_folded_request_to_every_worker,
+                a_discarded_task_is_followed_by_the_request_folded_into_it,
+                a_requeued_task_runs_once_more_as_the_request_folded_into_it,
+                racing_enqueues_and_a_completion_lose_no_request,
                 silent_worker_loses_its_tasks,
                 expired_deadline_requeues_then_discards,
                 fenced_operations_after_lease_loss_are_rejected,
@@ -277,8 +283,31 @@ pub async fn no_double_claim_under_eight_claimers(s: Subject) {
     assert_eq!(all, expected);
 }
 
-/// A dedup key blocks duplicates while its task is live, not after.
-pub async fn dedup_key_skips_live_duplicates(s: Subject) {
+/// A task of kind `turn` with dedup key `k` asking with `n` (its payload
+/// `{"n": n}`).
+fn request(n: u32) -> TaskSpec {
+    TaskSpec::new(product(), "turn", json!({ "n": n })).dedup_key("k")
+}
+
+/// Enqueues `specs` and checks that each was folded into a live task.
+async fn folded(s: &Subject, specs: &[TaskSpec]) {
+    let ids = s.queue.enqueue(specs).await.expect("enqueue");
+    assert!(ids.iter().all(Option::is_none), "folded: {ids:?}");
+}
+
+/// Nothing is left to run on `queue`, now or later, and nothing runs.
+async fn nothing_left(s: &Subject, queue: &str) {
+    assert_eq!(
+        s.queue.depth(queue).await.expect("depth"),
+        QueueDepth::default(),
+        "nothing left on {queue}"
+    );
+}
+
+/// A request whose key a waiting task holds adds no task and changes
+/// nothing: the waiting task runs once, as it was enqueued. A finished
+/// task frees its key.
+pub async fn dedup_key_folds_into_a_waiting_task(s: Subject) {
     let ids = s
         .queue
         .enqueue(&[
@@ -289,30 +318,369 @@ pub async fn dedup_key_skips_live_duplicates(s: Subject) {
         ])
         .await
         .expect("enqueue");
-    assert!(ids[0].is_some() && ids[1].is_none() && ids[2].is_some() && ids[3].is_some());
-    let again = s
-        .queue
-        .enqueue(&[task("e").dedup_key("k1")])
-        .await
-        .expect("enqueue");
-    assert_eq!(again, [None]);
+    assert!(
+        ids[0].is_some() && ids[1].is_none() && ids[2].is_some() && ids[3].is_some(),
+        "{ids:?}"
+    );
+    folded(&s, &[task("e").dedup_key("k1")]).await;
     let leases = claim(&s, 1, 10).await;
-    assert_eq!(leases.len(), 3);
-    let running = s
-        .queue
-        .enqueue(&[task("f").dedup_key("k1")])
-        .await
-        .expect("enqueue");
-    assert_eq!(running, [None], "a running task still holds its key");
+    let mut ran: Vec<(String, Value)> = leases
+        .iter()
+        .map(|l| (l.kind.clone(), l.payload.clone()))
+        .collect();
+    ran.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        ran,
+        [
+            ("a".to_owned(), json!({"kind": "a"})),
+            ("c".to_owned(), json!({"kind": "c"})),
+            ("d".to_owned(), json!({"kind": "d"})),
+        ],
+        "the waiting task ran as it was enqueued"
+    );
     for l in &leases {
         s.queue.complete(l, json!(null)).await.expect("complete");
     }
+    nothing_left(&s, "default").await;
     let after = s
         .queue
         .enqueue(&[task("g").dedup_key("k1")])
         .await
         .expect("enqueue");
     assert!(after[0].is_some(), "a finished task frees its key");
+}
+
+/// A request meeting a running task with its key adds no task beside it:
+/// the running task is marked, and its completion enqueues one fresh task
+/// of its kind with the key and the request's payload and settings (queue,
+/// priority, `run_at`, attempts, timeout). That task holds the key as any
+/// other.
+pub async fn dedup_key_marks_a_running_task_to_run_again(s: Subject) {
+    let first = s.queue.enqueue(&[request(0)]).await.expect("enqueue")[0].expect("new");
+    let running = claim_one(&s, 1).await.expect("claim");
+    let later = s.clock.now() + Duration::from_secs(10);
+    let asked = TaskSpec::new(product(), "reply", json!({"n": 1}))
+        .dedup_key("k")
+        .queue("mail")
+        .priority(3)
+        .run_at(later)
+        .max_attempts(2)
+        .timeout(Duration::from_secs(7));
+    s.queue
+        .enqueue(&[task("filler").queue("mail").priority(4)])
+        .await
+        .expect("enqueue");
+    folded(&s, &[asked]).await;
+    assert!(claim(&s, 2, 10).await.is_empty(), "nothing runs beside it");
+    assert_eq!(
+        s.queue.depth("mail").await.expect("depth"),
+        QueueDepth {
+            ready: 1,
+            scheduled: 0,
+            running: 0
+        },
+        "only the filler"
+    );
+    s.queue
+        .complete(&running, json!("done"))
+        .await
+        .expect("complete");
+    assert_eq!(
+        s.queue.depth("mail").await.expect("depth"),
+        QueueDepth {
+            ready: 1,
+            scheduled: 1,
+            running: 0
+        },
+        "the request, enqueued with the completion, waits for its time"
+    );
+    nothing_left(&s, "default").await;
+    s.clock.set(later);
+    let mut mail = s
+        .queue
+        .claim(&worker(2), "mail", 1, LEASE)
+        .await
+        .expect("claim");
+    let rerun = mail.pop().expect("the request runs, before the filler");
+    assert_ne!(rerun.task_id, first, "a fresh task");
+    assert_eq!(rerun.kind, "turn", "the key names the work: its kind stays");
+    assert_eq!(rerun.payload, json!({"n": 1}));
+    assert_eq!((rerun.attempt, rerun.max_attempts), (1, 2));
+    assert_eq!(rerun.expires_at, later + Duration::from_secs(7));
+    // The fresh task holds the key as any task does.
+    folded(&s, &[request(2)]).await;
+    s.queue
+        .complete(&rerun, json!("done"))
+        .await
+        .expect("complete");
+    let again = claim_one(&s, 1)
+        .await
+        .expect("the request made while it ran");
+    assert_eq!(again.payload, json!({"n": 2}));
+    s.queue
+        .complete(&again, json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+}
+
+/// A completion that also claims what it frees (`complete_and_claim`)
+/// enqueues the request folded into the task as `complete` does, and
+/// leaves it to every worker: it takes only a DAG's freed children.
+pub async fn complete_and_claim_leaves_the_folded_request_to_every_worker(s: Subject) {
+    s.queue.enqueue(&[request(0)]).await.expect("enqueue");
+    let running = claim_one(&s, 1).await.expect("claim");
+    folded(&s, &[request(1)]).await;
+    let taken = s
+        .queue
+        .complete_and_claim(&running, json!("done"), &["turn".to_owned()], 1, LEASE)
+        .await
+        .expect("complete and claim");
+    assert!(taken.is_empty(), "{taken:?}");
+    let rerun = claim_one(&s, 2).await.expect("the request, for any worker");
+    assert_eq!(rerun.payload, json!({"n": 1}));
+    s.queue
+        .complete(&rerun, json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+}
+
+/// Several requests while a task runs make one run after it, with the
+/// newest request's payload, whether they come in one call or several.
+pub async fn requests_while_running_make_one_rerun_with_the_newest_payload(s: Subject) {
+    s.queue.enqueue(&[request(0)]).await.expect("enqueue");
+    let running = claim_one(&s, 1).await.expect("claim");
+    folded(&s, &[request(1)]).await;
+    folded(&s, &[request(2), request(3)]).await;
+    s.queue
+        .complete(&running, json!("done"))
+        .await
+        .expect("complete");
+    let leases = claim(&s, 1, 10).await;
+    assert_eq!(leases.len(), 1, "one rerun: {leases:?}");
+    assert_eq!(leases[0].payload, json!({"n": 3}), "the newest request's");
+    s.queue
+        .complete(&leases[0], json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+}
+
+/// A task that fails for good still answers the request folded into it:
+/// its discard, by the worker or by the sweep of an expired lease with no
+/// attempts left, enqueues the request as a fresh task; the discarded one
+/// stays for the operator. (Only a DAG's tasks are cancelled, and they
+/// carry no dedup key.)
+pub async fn a_discarded_task_is_followed_by_the_request_folded_into_it(s: Subject) {
+    let first = s.queue.enqueue(&[request(0)]).await.expect("enqueue")[0].expect("new");
+    let l = claim_one(&s, 1).await.expect("claim");
+    folded(&s, &[request(1)]).await;
+    assert_eq!(
+        s.queue.fail(&l, "bad input", false).await.expect("fail"),
+        FailOutcome::Discarded
+    );
+    let rerun = claim_one(&s, 1).await.expect("the request runs");
+    assert_ne!(rerun.task_id, first);
+    assert_eq!((rerun.payload.clone(), rerun.attempt), (json!({"n": 1}), 1));
+    let dead = s.queue.list_discarded("default", 10).await.expect("list");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].id, first,
+        "the discarded task stays for the operator"
+    );
+    s.queue
+        .complete(&rerun, json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+
+    let short = Duration::from_secs(10);
+    s.queue
+        .enqueue(&[request(2).timeout(short).max_attempts(1)])
+        .await
+        .expect("enqueue");
+    let l = claim_one(&s, 1).await.expect("claim");
+    folded(&s, &[request(3)]).await;
+    s.clock.advance(Duration::from_secs(11));
+    s.queue.heartbeat(&worker(1)).await.expect("heartbeat");
+    let r = s.queue.recover_expired().await.expect("recover");
+    assert_eq!((r.requeued, r.discarded, r.cancelled), (0, 1, 0));
+    assert!(
+        s.queue
+            .complete(&l, json!(1))
+            .await
+            .unwrap_err()
+            .is_lease_lost()
+    );
+    let rerun = claim_one(&s, 1).await.expect("the request runs");
+    assert_eq!(rerun.payload, json!({"n": 3}));
+    assert_eq!(rerun.max_attempts, 5, "with the request's own attempts");
+    s.queue
+        .complete(&rerun, json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+}
+
+/// A task requeued after a request was folded into it (a retryable
+/// failure, an expired lease, a release, a release of unheld leases) runs
+/// once more, as that request: its payload and settings, its attempts
+/// counted afresh; and nothing more after that.
+pub async fn a_requeued_task_runs_once_more_as_the_request_folded_into_it(s: Subject) {
+    // A retryable failure.
+    let id = s
+        .queue
+        .enqueue(&[request(0).max_attempts(3)])
+        .await
+        .expect("enqueue")[0]
+        .expect("new");
+    let l = claim_one(&s, 1).await.expect("claim");
+    folded(&s, &[request(1).max_attempts(4)]).await;
+    let FailOutcome::Retrying { run_at } = s.queue.fail(&l, "503", true).await.expect("fail")
+    else {
+        panic!("retried")
+    };
+    assert!(claim(&s, 1, 10).await.is_empty(), "not before its back-off");
+    s.clock.set(run_at);
+    let again = claim_one(&s, 1).await.expect("runs again");
+    assert_eq!(again.task_id, id, "the same task");
+    assert_eq!(again.payload, json!({"n": 1}));
+    assert_eq!((again.attempt, again.max_attempts), (1, 4));
+    s.queue
+        .complete(&again, json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+
+    // An expired lease.
+    let id = s
+        .queue
+        .enqueue(&[request(2).timeout(Duration::from_secs(10))])
+        .await
+        .expect("enqueue")[0]
+        .expect("new");
+    let l = claim_one(&s, 1).await.expect("claim");
+    folded(&s, &[request(3)]).await;
+    s.clock.advance(Duration::from_secs(11));
+    s.queue.heartbeat(&worker(1)).await.expect("heartbeat");
+    let r = s.queue.recover_expired().await.expect("recover");
+    assert_eq!((r.requeued, r.discarded), (1, 0));
+    assert!(
+        s.queue
+            .complete(&l, json!(1))
+            .await
+            .unwrap_err()
+            .is_lease_lost()
+    );
+    let again = claim_one(&s, 1).await.expect("runs again");
+    assert_eq!(
+        (again.task_id, again.payload.clone()),
+        (id, json!({"n": 3}))
+    );
+    assert_eq!(again.attempt, 1);
+    assert_eq!(
+        again.expires_at,
+        s.clock.now() + LEASE,
+        "the request's timeout (none): the claim's lease"
+    );
+    s.queue
+        .complete(&again, json!("done"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
+
+    // A release, and a release of what a worker does not hold.
+    for unheld in [false, true] {
+        let id = s.queue.enqueue(&[request(4)]).await.expect("enqueue")[0].expect("new");
+        let l = claim_one(&s, 7).await.expect("claim");
+        folded(&s, &[request(5)]).await;
+        if unheld {
+            let n = s
+                .queue
+                .release_unheld(&worker(7), &[])
+                .await
+                .expect("release unheld");
+            assert_eq!(n, 1);
+        } else {
+            s.queue.release(&l).await.expect("release");
+        }
+        let again = claim_one(&s, 1).await.expect("runs again");
+        assert_eq!(
+            (again.task_id, again.payload.clone()),
+            (id, json!({"n": 5}))
+        );
+        s.queue
+            .complete(&again, json!("done"))
+            .await
+            .expect("complete");
+        nothing_left(&s, "default").await;
+    }
+}
+
+/// Enqueues racing the completion of the running task with their key, round
+/// after round: each round ends with exactly one live task with the key,
+/// carrying one of that round's requests. It is the task one of the
+/// enqueues inserted (that enqueue alone answered an id), or the one the
+/// completion enqueued for the requests folded into it.
+pub async fn racing_enqueues_and_a_completion_lose_no_request(s: Subject) {
+    const ROUNDS: u32 = 30;
+    const RACERS: u32 = 6;
+    s.queue.enqueue(&[request(0)]).await.expect("enqueue");
+    let mut live = claim_one(&s, 1).await.expect("claim");
+    let (mut inserted, mut rerun) = (0, 0);
+    for round in 1..=ROUNDS {
+        let start = Arc::new(tokio::sync::Barrier::new(RACERS as usize + 1));
+        let mut racers = Vec::new();
+        for i in 0..RACERS {
+            let (q, start) = (Arc::clone(&s.queue), Arc::clone(&start));
+            racers.push(tokio::spawn(async move {
+                start.wait().await;
+                q.enqueue(&[request(round * 100 + i)])
+                    .await
+                    .expect("enqueue")[0]
+            }));
+        }
+        let completing = {
+            let (q, start, lease) = (Arc::clone(&s.queue), Arc::clone(&start), live.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                q.complete(&lease, json!(round)).await
+            })
+        };
+        let mut ids = Vec::new();
+        for r in racers {
+            ids.extend(r.await.expect("racer"));
+        }
+        completing.await.expect("completer").expect("complete");
+        let leases = claim(&s, 1, 10).await;
+        assert_eq!(leases.len(), 1, "round {round}: one live task: {leases:?}");
+        let next = leases.into_iter().next().expect("one");
+        let n = next.payload["n"].as_u64().expect("a request's payload");
+        assert_eq!(
+            n / 100,
+            u64::from(round),
+            "round {round}: a request of this round"
+        );
+        match ids.as_slice() {
+            [] => {
+                assert_ne!(next.task_id, live.task_id, "round {round}: a fresh task");
+                rerun += 1;
+            }
+            [id] => {
+                assert_eq!(next.task_id, *id, "round {round}: the inserted task");
+                inserted += 1;
+            }
+            more => panic!("round {round}: two tasks were inserted: {more:?}"),
+        }
+        live = next;
+    }
+    assert_eq!(inserted + rerun, ROUNDS);
+    s.queue
+        .complete(&live, json!("last"))
+        .await
+        .expect("complete");
+    nothing_left(&s, "default").await;
 }
 
 /// A worker that stops heartbeating loses its tasks to another worker once

@@ -1,7 +1,9 @@
 //! Conversations over HTTP: a full conversation driven by a manual clock,
 //! queueing per contact, operator commands, a human hand-off, and two real
 //! worker processes sharing the heartbeats on PostgreSQL; and, through the
-//! executor on both stores, commands that lose their race decided again.
+//! executor on both stores, commands that lose their race decided again,
+//! and a reply or a resume that lands while the turn task that came before
+//! it is being recorded still getting its turn.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,15 +11,15 @@ use std::time::Duration;
 
 use parlance_app::conversation::sweep_once;
 use parlance_app::execute::{Executor, RecordQueues, ServiceError};
-use parlance_app::worker::{Worker, WorkerConfig};
+use parlance_app::worker::{TaskError, TaskHandler, Worker, WorkerConfig};
 use parlance_app::{AppState, Components};
 use parlance_core::ProductId;
 use parlance_core::conversation::{
     ContactId, ConversationCommand, ConversationContext, ConversationKey, ConversationState,
-    InstanceId, NewInstance, Role,
+    HANDED_BACK, InstanceId, NewInstance, Role, TURN_KIND,
 };
 use parlance_memory::{LoopbackChannel, OfflineLlm, Reply, When};
-use parlance_ports::WorkerId;
+use parlance_ports::{Lease, WorkerId};
 use parlance_postgres::testing::test_pool;
 use parlance_testkit::{ManualClock, SequentialIds};
 use reqwest::{Method, StatusCode};
@@ -909,6 +911,184 @@ async fn concurrent_replies_are_all_kept_on_memory() {
 async fn concurrent_replies_are_all_kept_on_postgres() {
     if let Some(pool) = test_pool().await {
         concurrent_replies_are_all_kept(AppState::postgres(pool, keys())).await;
+    }
+}
+
+/// The agent's turn handler, followed (once armed) by a command on the
+/// conversation after the turn's action has committed and before the
+/// worker records the turn task completed: a contact's reply or an
+/// operator's command arriving in that window. It keeps the payload of
+/// every turn it ran.
+struct CommandBeforeRecorded {
+    inner: Arc<dyn TaskHandler>,
+    state: AppState,
+    key: ConversationKey,
+    armed: Mutex<Option<ConversationCommand>>,
+    payloads: Mutex<Vec<Value>>,
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for CommandBeforeRecorded {
+    async fn run(&self, task: &Lease) -> Result<Value, TaskError> {
+        self.payloads.lock().unwrap().push(task.payload.clone());
+        let done = self.inner.run(task).await;
+        let armed = self.armed.lock().unwrap().take();
+        if let Some(command) = armed {
+            parlance_app::conversation::run(&self.state.conversations, &self.key, command)
+                .await
+                .expect("the command lands while the turn task runs");
+        }
+        done
+    }
+}
+
+/// A conversation on `state`, its turn handler wrapped in
+/// [`CommandBeforeRecorded`], and a worker the test steps.
+async fn turn_window(state: &AppState, n: u128) -> (Arc<CommandBeforeRecorded>, Worker) {
+    let new = NewInstance {
+        product_id: ProductId::parse("acme").unwrap(),
+        instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(n)),
+        contact_id: ContactId::parse(format!("+1555300{n}")).unwrap(),
+        channel: "loopback".into(),
+        objective: "book a demo call".into(),
+        todos: vec![],
+        heartbeat_interval_s: 3600,
+        max_follow_ups: 2,
+        metadata: serde_json::Map::new(),
+    };
+    let key = parlance_app::conversation::create(&state.conversations, new)
+        .await
+        .unwrap()
+        .state
+        .key();
+    let mut handlers = state.handlers();
+    let turn = Arc::new(CommandBeforeRecorded {
+        inner: handlers.get(TURN_KIND).expect("a turn handler").clone(),
+        state: state.clone(),
+        key,
+        armed: Mutex::new(None),
+        payloads: Mutex::new(Vec::new()),
+    });
+    handlers.register(TURN_KIND, turn.clone());
+    let worker = Worker::new(
+        WorkerId(uuid::Uuid::from_u128(u128::MAX - n)),
+        state.shared.queue.clone(),
+        handlers,
+        state.shared.clock.clone(),
+        WorkerConfig::default(),
+    );
+    (turn, worker)
+}
+
+/// Steps `worker` until it finds nothing to run.
+async fn drain(worker: &Worker) {
+    for _ in 0..100 {
+        if worker.step().await.expect("worker step").claimed == 0 {
+            return;
+        }
+    }
+    panic!("the queue never drained");
+}
+
+/// The state and the transcript's roles of `turn`'s conversation.
+async fn where_it_stands(
+    state: &AppState,
+    turn: &CommandBeforeRecorded,
+) -> (ConversationState, Vec<Role>) {
+    let instance = state
+        .conversations
+        .store
+        .load(&turn.key)
+        .await
+        .unwrap()
+        .unwrap()
+        .state;
+    let transcript = state
+        .conversations
+        .index
+        .transcript(&turn.key)
+        .await
+        .unwrap();
+    (instance.state, transcript.iter().map(|m| m.role).collect())
+}
+
+/// A contact's reply that lands after the agent's message is committed but
+/// before its turn task is recorded completed asks for a turn while that
+/// task still runs: the turn comes once the task completes (it was lost,
+/// and the conversation waited for the agent for good).
+async fn a_reply_while_the_turn_task_completes_gets_a_turn(state: AppState) {
+    let (turn, worker) = turn_window(&state, 1).await;
+    *turn.armed.lock().unwrap() = Some(ConversationCommand::ContactReply {
+        text: "Tuesday works".into(),
+    });
+    drain(&worker).await;
+    assert!(turn.armed.lock().unwrap().is_none(), "the reply landed");
+    assert_eq!(
+        where_it_stands(&state, &turn).await,
+        (
+            ConversationState::WaitingForReply,
+            vec![Role::Agent, Role::Contact, Role::Agent]
+        ),
+        "the agent answered the reply"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_while_the_turn_task_completes_gets_a_turn_on_memory() {
+    a_reply_while_the_turn_task_completes_gets_a_turn(AppState::memory(keys())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_while_the_turn_task_completes_gets_a_turn_on_postgres() {
+    if let Some(pool) = test_pool().await {
+        a_reply_while_the_turn_task_completes_gets_a_turn(AppState::postgres(pool, keys())).await;
+    }
+}
+
+/// An operator's `resume` that lands after the agent's hand-off is
+/// committed but before its turn task is recorded completed: the turn it
+/// asks for comes once the task completes, marked as handed back.
+async fn a_resume_while_the_hand_off_completes_gets_a_handed_back_turn(state: AppState) {
+    let (turn, worker) = turn_window(&state, 2).await;
+    drain(&worker).await;
+    parlance_app::conversation::run(
+        &state.conversations,
+        &turn.key,
+        ConversationCommand::ContactReply {
+            text: "Can I talk to a person?".into(),
+        },
+    )
+    .await
+    .unwrap();
+    *turn.armed.lock().unwrap() = Some(ConversationCommand::Resume);
+    drain(&worker).await;
+    assert!(turn.armed.lock().unwrap().is_none(), "the resume landed");
+    assert_eq!(
+        where_it_stands(&state, &turn).await,
+        (
+            ConversationState::WaitingForReply,
+            vec![Role::Agent, Role::Contact, Role::Agent]
+        ),
+        "the agent went on after the resume"
+    );
+    let payloads = turn.payloads.lock().unwrap().clone();
+    assert_eq!(payloads.len(), 3, "{payloads:?}");
+    assert_eq!(payloads[2][HANDED_BACK], json!(true), "{payloads:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_while_the_hand_off_completes_gets_a_handed_back_turn_on_memory() {
+    a_resume_while_the_hand_off_completes_gets_a_handed_back_turn(AppState::memory(keys())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_while_the_hand_off_completes_gets_a_handed_back_turn_on_postgres() {
+    if let Some(pool) = test_pool().await {
+        a_resume_while_the_hand_off_completes_gets_a_handed_back_turn(AppState::postgres(
+            pool,
+            keys(),
+        ))
+        .await;
     }
 }
 

@@ -732,6 +732,254 @@ mod queue_in_transaction {
     }
 }
 
+/// A request meeting a running task with its key, in each order against
+/// the statement that ends the task's run, forced by a trigger that holds
+/// the first statement's row lock (it sleeps after its update) until the
+/// second is seen waiting for it.
+mod queue_dedup_interleavings {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use parlance_core::ProductId;
+    use parlance_ports::{FailOutcome, Lease, TaskQueue as _, TaskSpec, WorkerId};
+    use parlance_postgres::{PgPool, PgTaskQueue, testing::test_pool};
+    use parlance_testkit::ManualClock;
+    use parlance_testkit::queue::config;
+    use serde_json::json;
+
+    const LEASE: Duration = Duration::from_secs(300);
+
+    fn request(n: u32) -> TaskSpec {
+        TaskSpec::new(ProductId::parse("acme").unwrap(), "turn", json!({ "n": n })).dedup_key("k")
+    }
+
+    /// A queue on a fresh database whose updates of `jobs` matching `when`
+    /// sleep two seconds after they changed the row, and its task asked
+    /// with 0, claimed.
+    async fn running(when: &str) -> Option<(PgPool, Arc<PgTaskQueue>, Lease)> {
+        let pool = test_pool().await?;
+        for sql in [
+            "CREATE FUNCTION hold_job() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$"
+                .to_owned(),
+            format!(
+                "CREATE TRIGGER hold_job AFTER UPDATE ON jobs FOR EACH ROW WHEN ({when}) \
+                 EXECUTE FUNCTION hold_job()"
+            ),
+        ] {
+            sqlx::query(&sql).execute(&pool).await.unwrap();
+        }
+        let queue = Arc::new(PgTaskQueue::new(
+            pool.clone(),
+            Arc::new(ManualClock::new()),
+            config(),
+        ));
+        queue.enqueue(&[request(0)]).await.unwrap();
+        let lease = claim(&queue).await.pop().expect("the task");
+        Some((pool, queue, lease))
+    }
+
+    async fn claim(queue: &PgTaskQueue) -> Vec<Lease> {
+        let worker = WorkerId(uuid::Uuid::from_u128(1));
+        queue.claim(&worker, "default", 10, LEASE).await.unwrap()
+    }
+
+    /// Waits until a backend of this database waits in `what` (a
+    /// `wait_event` of `pg_stat_activity`, or the `Lock` type).
+    async fn until_waiting(pool: &PgPool, what: &str) {
+        for _ in 0..400 {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND (wait_event = $1 OR wait_event_type = $1)",
+            )
+            .bind(what)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("no backend waited in {what}");
+    }
+
+    /// Runs `first` until it holds the row (sleeping in the trigger), then
+    /// `second` until it waits for that lock; returns both answers.
+    async fn in_order<A, B>(
+        pool: &PgPool,
+        first: impl Future<Output = A> + Send + 'static,
+        second: impl Future<Output = B> + Send + 'static,
+    ) -> (A, B)
+    where
+        A: Send + 'static,
+        B: Send + 'static,
+    {
+        let first = tokio::spawn(first);
+        until_waiting(pool, "PgSleep").await;
+        let second = tokio::spawn(second);
+        until_waiting(pool, "Lock").await;
+        assert!(!first.is_finished(), "the first still holds the row");
+        (first.await.unwrap(), second.await.unwrap())
+    }
+
+    /// The one task left with the key, claimed and completed; nothing
+    /// after it.
+    async fn one_left(queue: &PgTaskQueue) -> Lease {
+        let mut left = claim(queue).await;
+        assert_eq!(left.len(), 1, "one live task: {left:?}");
+        let last = left.pop().unwrap();
+        queue.complete(&last, json!("done")).await.unwrap();
+        assert!(claim(queue).await.is_empty(), "nothing after it");
+        last
+    }
+
+    /// The mark lands first: the completion waits for it, finds the mark
+    /// on the newest row and enqueues the request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mark_then_the_completion_enqueues_the_request() {
+        let Some((pool, queue, lease)) =
+            running("OLD.rerun IS NULL AND NEW.rerun IS NOT NULL").await
+        else {
+            return;
+        };
+        let (q1, q2) = (queue.clone(), queue.clone());
+        let (asked, completed) = in_order(
+            &pool,
+            async move { q1.enqueue(&[request(1)]).await.unwrap() },
+            async move { q2.complete(&lease, json!("done")).await },
+        )
+        .await;
+        assert_eq!(asked, [None], "folded into the running task");
+        completed.unwrap();
+        assert_eq!(one_left(&queue).await.payload, json!({"n": 1}));
+    }
+
+    /// The completion lands first: the request waits for it, then finds
+    /// the key free and inserts its own task.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_completion_then_a_request_inserts_afresh() {
+        let Some((pool, queue, lease)) = running("OLD.state = 1 AND NEW.state = 2").await else {
+            return;
+        };
+        let (q1, q2) = (queue.clone(), queue.clone());
+        let (completed, asked) = in_order(
+            &pool,
+            async move { q1.complete(&lease, json!("done")).await },
+            async move { q2.enqueue(&[request(1)]).await.unwrap() },
+        )
+        .await;
+        completed.unwrap();
+        let [Some(id)] = asked[..] else {
+            panic!("the request inserted its task: {asked:?}")
+        };
+        let last = one_left(&queue).await;
+        assert_eq!((last.task_id, last.payload), (id, json!({"n": 1})));
+    }
+
+    /// A request meets the completion of a task marked before: it waits,
+    /// then finds the task that completion enqueued, waiting, and is
+    /// folded into it; that task runs once, with the first request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_meeting_a_marked_completion_is_folded_into_its_rerun() {
+        let Some((pool, queue, lease)) = running("OLD.rerun IS NOT NULL AND NEW.state = 2").await
+        else {
+            return;
+        };
+        assert_eq!(queue.enqueue(&[request(1)]).await.unwrap(), [None]);
+        let (q1, q2) = (queue.clone(), queue.clone());
+        let (completed, asked) = in_order(
+            &pool,
+            async move { q1.complete(&lease, json!("done")).await },
+            async move { q2.enqueue(&[request(2)]).await.unwrap() },
+        )
+        .await;
+        completed.unwrap();
+        assert_eq!(asked, [None], "folded into the waiting rerun");
+        assert_eq!(one_left(&queue).await.payload, json!({"n": 1}));
+    }
+
+    /// A newer request marks a task marked before while its completion
+    /// starts: the completion waits for it and enqueues the newer one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_mark_then_the_completion_enqueues_the_newer_request() {
+        let Some((pool, queue, lease)) =
+            running("OLD.rerun IS NOT NULL AND NEW.rerun IS NOT NULL").await
+        else {
+            return;
+        };
+        assert_eq!(queue.enqueue(&[request(1)]).await.unwrap(), [None]);
+        let (q1, q2) = (queue.clone(), queue.clone());
+        let (asked, completed) = in_order(
+            &pool,
+            async move { q1.enqueue(&[request(2)]).await.unwrap() },
+            async move { q2.complete(&lease, json!("done")).await },
+        )
+        .await;
+        assert_eq!(asked, [None]);
+        completed.unwrap();
+        assert_eq!(one_left(&queue).await.payload, json!({"n": 2}));
+    }
+
+    /// The mark lands first and the task's attempt then fails: the retry
+    /// takes the request's payload.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mark_then_a_retry_runs_the_request() {
+        let Some((pool, queue, lease)) =
+            running("OLD.rerun IS NULL AND NEW.rerun IS NOT NULL").await
+        else {
+            return;
+        };
+        let id = lease.task_id;
+        let (q1, q2) = (queue.clone(), queue.clone());
+        let (asked, failed) = in_order(
+            &pool,
+            async move { q1.enqueue(&[request(1)]).await.unwrap() },
+            async move { q2.fail(&lease, "503", true).await },
+        )
+        .await;
+        assert_eq!(asked, [None]);
+        assert!(
+            matches!(failed, Ok(FailOutcome::Retrying { .. })),
+            "{failed:?}"
+        );
+        sqlx::query("UPDATE jobs SET run_at = run_at - interval '1 hour'")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let last = one_left(&queue).await;
+        assert_eq!((last.task_id, last.payload), (id, json!({"n": 1})));
+    }
+
+    /// The retry lands first: the request waits for it, then finds the task
+    /// waiting and is folded into it (the task runs once more, as it was).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_then_a_request_is_folded_into_the_waiting_task() {
+        let Some((pool, queue, lease)) = running("OLD.state = 1 AND NEW.state = 0").await else {
+            return;
+        };
+        let id = lease.task_id;
+        let (q1, q2) = (queue.clone(), queue.clone());
+        let (failed, asked) = in_order(
+            &pool,
+            async move { q1.fail(&lease, "503", true).await },
+            async move { q2.enqueue(&[request(1)]).await.unwrap() },
+        )
+        .await;
+        assert!(
+            matches!(failed, Ok(FailOutcome::Retrying { .. })),
+            "{failed:?}"
+        );
+        assert_eq!(asked, [None], "folded into the waiting task");
+        sqlx::query("UPDATE jobs SET run_at = run_at - interval '1 hour'")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let last = one_left(&queue).await;
+        assert_eq!((last.task_id, last.payload), (id, json!({"n": 0})));
+    }
+}
+
 mod crisis_log {
     use std::sync::Arc;
 
