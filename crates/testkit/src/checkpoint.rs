@@ -76,6 +76,7 @@ macro_rules! checkpoint_store_suite {
                 a_stale_version_conflicts_and_writes_nothing,
                 threads_are_scoped_by_product_owner_and_thread,
                 windows_return_the_last_entries,
+                every_window_is_the_tail_of_the_whole_list,
                 racing_turns_both_land_once,
                 a_commit_writes_its_delta_not_the_decided_state,
                 a_commit_writes_the_audit_entries_it_carries,
@@ -93,6 +94,7 @@ macro_rules! checkpoint_store_suite {
                 deleting_a_thread_leaves_nothing_of_it,
                 a_thread_deleted_while_turns_race_leaves_nothing_behind,
                 a_deletion_racing_a_threads_creation_leaves_it_whole_or_gone,
+                a_read_racing_a_thread_made_again_sees_one_thread_whole,
                 threads_are_listed_newest_first_and_paged,
             ]
         }
@@ -372,6 +374,43 @@ pub async fn windows_return_the_last_entries(s: Subject) {
         .await
         .expect("the thread exists");
     assert!(none.lists.get("history").is_none_or(Vec::is_empty));
+}
+
+/// Turns appending one, none, three, two entries and so on to a list:
+/// every window, from none to more than the list holds, is the last
+/// entries of the whole list, in order, whatever turns they came with.
+pub async fn every_window_is_the_tail_of_the_whole_list(s: Subject) {
+    let k = key("p", "u", "t");
+    let counts = [1, 0, 3, 2, 1, 4, 0, 2];
+    for (i, count) in counts.iter().enumerate() {
+        let n = i as u64 + 1;
+        let mut delta = CheckpointDelta::default();
+        delta.appends.insert(
+            "events".to_owned(),
+            (0..*count).map(|j| json!({"turn": n, "j": j})).collect(),
+        );
+        delta.objects.insert("at".to_owned(), json!(n));
+        commit(&s, &k, n - 1, delta).await.expect("commit");
+    }
+    let whole = load(&s, &k, LoadWindow::all())
+        .await
+        .expect("the thread exists")
+        .lists
+        .remove("events")
+        .unwrap_or_default();
+    assert_eq!(whole.len(), counts.iter().sum::<usize>());
+    for last in 0..=whole.len() + 2 {
+        let got = load(&s, &k, LoadWindow::all().tail("events", last))
+            .await
+            .expect("the thread exists");
+        let tail = &whole[whole.len().saturating_sub(last)..];
+        assert_eq!(
+            got.lists.get("events").map_or(&[][..], Vec::as_slice),
+            tail,
+            "the last {last} entries"
+        );
+        assert_eq!(got.version, counts.len() as u64);
+    }
 }
 
 /// Turns racing on one thread, each retried on the new state after a

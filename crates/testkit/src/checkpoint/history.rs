@@ -966,6 +966,73 @@ pub async fn a_deletion_racing_a_threads_creation_leaves_it_whole_or_gone(s: Sub
     assert!(kept > 0, "no creation outlived its racing deletion");
 }
 
+/// Reads of a checkpoint race the deletion of its thread and the making of
+/// a new thread under the same key, again and again: each read is the state
+/// of one of the two threads, whole, or nothing; never one thread's objects
+/// with the other's lists.
+pub async fn a_read_racing_a_thread_made_again_sees_one_thread_whole(s: Subject) {
+    const ROUNDS: u64 = 100;
+    let k = key("p", "u", "t");
+    // Every write of thread `g` carries `g`: in its objects and in each of
+    // its entries.
+    let of = |g: u64| {
+        let mut d = CheckpointDelta::default();
+        d.appends.insert(
+            "history".to_owned(),
+            vec![json!({"thread": g, "i": 0}), json!({"thread": g, "i": 1})],
+        );
+        d.objects.insert("thread".to_owned(), json!(g));
+        d
+    };
+    let make = async |g: u64| {
+        must(&s, &k, &TurnCommand::commit(0, of(g)), at(1)).await;
+        must(&s, &k, &TurnCommand::commit(1, of(g)), at(2)).await;
+    };
+    make(0).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (s, k, done) = (s.clone(), k.clone(), done.clone());
+        async move {
+            let (mut whole, mut gone) = (0, 0);
+            loop {
+                let finished = done.load(Ordering::SeqCst);
+                match s.store.load_at(&k, 2).await.expect("load_at") {
+                    None => gone += 1,
+                    Some(state) => {
+                        let g = state.objects.get("thread").cloned();
+                        let entries: Vec<_> = state
+                            .lists
+                            .get("history")
+                            .into_iter()
+                            .flatten()
+                            .map(|e| e.get("thread").cloned())
+                            .collect();
+                        assert_eq!(
+                            entries,
+                            vec![g.clone(); 4],
+                            "a read of checkpoint 2 is not one thread whole: {state:?}"
+                        );
+                        whole += 1;
+                    }
+                }
+                if finished {
+                    return (whole, gone);
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    for g in 1..=ROUNDS {
+        assert!(s.store.delete_thread(&k).await.expect("delete"));
+        make(g).await;
+        tokio::task::yield_now().await;
+    }
+    done.store(true, Ordering::SeqCst);
+    let (whole, gone) = reader.await.expect("reader");
+    // The last read came after the last thread was made.
+    assert!(whole > 0, "no read saw a thread whole ({gone} saw none)");
+}
+
 /// The owner's threads read in pages of `limit`, each after the last one
 /// read.
 async fn paged_threads(
