@@ -182,7 +182,7 @@ fn report(label: &str, threads: usize, r: &Run) {
 /// and the history), indexes and TOAST included.
 async fn disk_bytes(pool: &parlance_postgres::PgPool) -> i64 {
     sqlx::query_scalar(
-        "SELECT pg_total_relation_size('turn_list_entry') + pg_total_relation_size('turn_thread') \
+        "SELECT pg_total_relation_size('turn_list_append') + pg_total_relation_size('turn_thread') \
          + pg_total_relation_size('turn_checkpoint')",
     )
     .fetch_one(pool)
@@ -195,7 +195,7 @@ async fn disk_bytes(pool: &parlance_postgres::PgPool) -> i64 {
 /// `pg_column_size` as stored.
 #[derive(Debug, Clone, Copy, Default)]
 struct Written {
-    /// The list entries it appended (`turn_list_entry.entry`).
+    /// The list entries it appended (`turn_list_append.entries`).
     entries: i64,
     /// The objects it replaced (`turn_checkpoint.patch`, the same JSON the
     /// commit patches into the head row).
@@ -256,9 +256,9 @@ async fn written(pool: &parlance_postgres::PgPool, thread: &ThreadKey, version: 
     const WHERE: &str = "product_id = $1 AND owner_id = $2 AND thread_id = $3";
     let sql = format!(
         "SELECT \
-           (SELECT coalesce(sum(octet_length(entry::text)), 0) FROM turn_list_entry \
+           (SELECT coalesce(sum(octet_length(entries::text)), 0) FROM turn_list_append \
              WHERE {WHERE} AND version = $4)::bigint AS entries, \
-           (SELECT coalesce(sum(pg_column_size(entry)), 0) FROM turn_list_entry \
+           (SELECT coalesce(sum(pg_column_size(entries)), 0) FROM turn_list_append \
              WHERE {WHERE} AND version = $4)::bigint AS entries_stored, \
            coalesce((SELECT octet_length(patch::text) FROM turn_checkpoint \
              WHERE {WHERE} AND version = $4), 0)::bigint AS patch, \
@@ -325,7 +325,7 @@ async fn ours(pool: &parlance_postgres::PgPool) -> Vec<Ours> {
         report(label, 1, &one);
         let on_disk_per_turn = (after - before) / TURNS as i64;
         out(&format!(
-            "{:<28} on disk (turn_thread + turn_list_entry + turn_checkpoint, indexes, all pages): {on_disk_per_turn} B per turn over the {TURNS} turns",
+            "{:<28} on disk (turn_thread + turn_list_append + turn_checkpoint, indexes, all pages): {on_disk_per_turn} B per turn over the {TURNS} turns",
             ""
         ));
         let first = written(pool, &key(base), 1).await;
@@ -682,7 +682,7 @@ fn compare(ours: &[Ours], history: &History, lg: Option<&Value>) {
             num(lg, &["size", "turn_last", "stored"]),
         ),
         (
-            "on disk per turn over 200 turns (all the thread tables with indexes, pg_total_relation_size; ours: turn_thread, turn_list_entry, turn_checkpoint)",
+            "on disk per turn over 200 turns (all the thread tables with indexes, pg_total_relation_size; ours: turn_thread, turn_list_append, turn_checkpoint)",
             o.on_disk_per_turn as f64,
             num(lg, &["size", "on_disk_per_turn"]),
         ),

@@ -1,4 +1,4 @@
-//! Turn threads (`turn_thread`, `turn_list_entry`, `turn_checkpoint`) and
+//! Turn threads (`turn_thread`, `turn_list_append`, `turn_checkpoint`) and
 //! the memory store (`memory_entry`, `memory_profile`, `memory_session`).
 //!
 //! A thread commits in one statement: the `turn_thread` row inserted (a new
@@ -22,6 +22,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
+use futures_util::TryStreamExt as _;
 use parlance_core::turn::{
     Checkpoint, CheckpointDelta, CheckpointMeta, CheckpointRef, CheckpointSource,
     DEFAULT_SNAPSHOT_EVERY, MemoryEntry, MemoryFilter, MemoryId, MemoryKind, MemoryRecord, OwnerId,
@@ -108,31 +109,35 @@ macro_rules! bind_thread {
     };
 }
 
-/// The state of a thread as of checkpoint `$4`: the target checkpoint's
+/// The objects of a thread as of checkpoint `$4`: the target checkpoint's
 /// row (part 0, none when it does not exist), the nearest copy of the
-/// objects at or before it (part 1), the patches after that copy up to it
-/// (part 2), then every list entry up to it (part 3).
-const LOAD_AT: &str = "\
+/// objects at or before it (part 1), then the patches after that copy up
+/// to it, oldest first (part 2).
+const LOAD_AT_OBJECTS: &str = "\
     WITH snap AS ( \
         SELECT version, snapshot FROM turn_checkpoint \
         WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
           AND version <= $4 AND snapshot IS NOT NULL \
         ORDER BY version DESC LIMIT 1 \
     ) \
-    SELECT 0 AS part, NULL::text AS field, NULL::jsonb AS value, version, 0 AS idx \
-    FROM turn_checkpoint \
+    SELECT 0 AS part, NULL::jsonb AS value, version FROM turn_checkpoint \
     WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version = $4 \
     UNION ALL \
-    SELECT 1, NULL, snapshot, version, 0 FROM snap \
+    SELECT 1, snapshot, version FROM snap \
     UNION ALL \
-    SELECT 2, NULL, c.patch, c.version, 0 \
+    SELECT 2, c.patch, c.version \
     FROM snap JOIN turn_checkpoint c \
       ON c.product_id = $1 AND c.owner_id = $2 AND c.thread_id = $3 \
      AND c.version > snap.version AND c.version <= $4 \
-    UNION ALL \
-    SELECT 3, e.field, e.entry, e.version, e.idx FROM turn_list_entry e \
-    WHERE e.product_id = $1 AND e.owner_id = $2 AND e.thread_id = $3 AND e.version <= $4 \
-    ORDER BY part, field, version, idx";
+    ORDER BY part, version";
+
+/// Every list entry of a thread up to checkpoint `$4`, a row per checkpoint
+/// and list, in the order of the table's primary key, so the server reads
+/// them in order and sorts nothing.
+const LOAD_AT_ENTRIES: &str = "\
+    SELECT field, entries FROM turn_list_append \
+    WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 AND version <= $4 \
+    ORDER BY field, version";
 
 const HISTORY: &str = "\
     SELECT version, at, source, interrupted, forked_owner, forked_thread, forked_version \
@@ -164,7 +169,7 @@ const DELETE_THREAD: &str = "\
 /// thread created meanwhile would lose its rows and keep its head.
 const DELETE_THREAD_ROWS: &str = "\
     WITH entries AS ( \
-        DELETE FROM turn_list_entry WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+        DELETE FROM turn_list_append WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
     ) \
     DELETE FROM turn_checkpoint WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3";
 
@@ -195,19 +200,24 @@ fn meta_of(thread: &ThreadKey, row: &PgRow) -> PortResult<CheckpointMeta> {
     })
 }
 
-/// Entries as `jsonb_to_recordset` reads them: field, index in its
-/// version, entry.
-fn entry_rows<'a>(lists: impl IntoIterator<Item = (&'a String, &'a Vec<Value>)>) -> Value {
+/// A checkpoint's appends as `json_to_recordset` reads them, one record
+/// per list that grows (field, count, entries), as JSON text: the entries
+/// are stored as the text sent.
+fn append_rows<'a>(lists: impl IntoIterator<Item = (&'a String, &'a Vec<Value>)>) -> String {
     Value::Array(
         lists
             .into_iter()
-            .flat_map(|(field, list)| {
-                list.iter()
-                    .enumerate()
-                    .map(move |(i, e)| json!({"field": field, "idx": i, "entry": e}))
-            })
+            .filter(|(_, list)| !list.is_empty())
+            .map(|(field, list)| json!({"field": field, "n": list.len(), "entries": list}))
             .collect(),
     )
+    .to_string()
+}
+
+/// The entries of one `turn_list_append` row.
+fn entries_of(row: &PgRow, decode: impl Fn(sqlx::Error) -> PortError) -> PortResult<Vec<Value>> {
+    let sqlx::types::Json(entries) = row.try_get("entries").map_err(decode)?;
+    Ok(entries)
 }
 
 #[async_trait]
@@ -230,45 +240,77 @@ impl Checkpointer for PgCheckpointStore {
         let Ok(at) = i64::try_from(version) else {
             return Ok(None);
         };
-        let rows = bind_thread!(sqlx::query(LOAD_AT), thread)
+        // Two statements on one snapshot: a thread deleted, or deleted and
+        // made again, between them cannot mix two states. The entries are
+        // read alone, in their key's order, as the bulk of the state.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await
+            .map_err(pg_err("begin load checkpoint"))?;
+        let rows = bind_thread!(sqlx::query(LOAD_AT_OBJECTS), thread)
             .bind(at)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await
             .map_err(pg_err("load checkpoint"))?;
         let decode = pg_err("decode checkpoint");
         let mut found = false;
         let mut snapshot = BTreeMap::new();
         let mut patches = Vec::new();
-        let mut checkpoint = Checkpoint {
-            version,
-            ..Checkpoint::default()
-        };
         for row in rows {
             let part: i32 = row.try_get("part").map_err(decode)?;
-            match part {
-                0 => found = true,
-                1 | 2 => {
-                    let Value::Object(map) = row.try_get("value").map_err(decode)? else {
-                        return Err(PortError::other("a stored checkpoint patch is no object"));
-                    };
-                    let map: BTreeMap<String, Value> = map.into_iter().collect();
-                    if part == 1 {
-                        snapshot = map;
-                    } else {
-                        patches.push(map);
-                    }
-                }
-                _ => {
-                    let field: String = row.try_get("field").map_err(decode)?;
-                    let entry: Value = row.try_get("value").map_err(decode)?;
-                    checkpoint.lists.entry(field).or_default().push(entry);
-                }
+            if part == 0 {
+                found = true;
+                continue;
+            }
+            let Value::Object(map) = row.try_get("value").map_err(decode)? else {
+                return Err(PortError::other("a stored checkpoint patch is no object"));
+            };
+            let map: BTreeMap<String, Value> = map.into_iter().collect();
+            if part == 1 {
+                snapshot = map;
+            } else {
+                patches.push(map);
             }
         }
         if !found {
+            tx.rollback().await.map_err(pg_err("load checkpoint"))?;
             return Ok(None);
         }
-        checkpoint.objects = fold_objects(snapshot, &patches);
+        let mut checkpoint = Checkpoint {
+            version,
+            objects: fold_objects(snapshot, &patches),
+            ..Checkpoint::default()
+        };
+        {
+            // Decoded as they arrive, while the server sends the rest. They
+            // come field by field: each list is gathered whole, then put in
+            // its place once.
+            let mut rows = bind_thread!(sqlx::query(LOAD_AT_ENTRIES), thread)
+                .bind(at)
+                .fetch(&mut *tx);
+            let mut current: Option<(String, Vec<Value>)> = None;
+            while let Some(row) = rows
+                .try_next()
+                .await
+                .map_err(pg_err("load checkpoint's lists"))?
+            {
+                let field: &str = row.try_get("field").map_err(decode)?;
+                let entries = entries_of(&row, decode)?;
+                match &mut current {
+                    Some((f, list)) if f == field => list.extend(entries),
+                    _ => {
+                        if let Some((f, list)) = current.replace((field.to_owned(), entries)) {
+                            checkpoint.lists.insert(f, list);
+                        }
+                    }
+                }
+            }
+            if let Some((f, list)) = current {
+                checkpoint.lists.insert(f, list);
+            }
+        }
+        tx.commit().await.map_err(pg_err("load checkpoint"))?;
         Ok(Some(checkpoint))
     }
 
@@ -314,13 +356,13 @@ impl Checkpointer for PgCheckpointStore {
         }
         bind_thread!(
             sqlx::query(
-                "INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
-                 SELECT $1, $2, $3, e.field, 1, e.idx, e.entry \
-                 FROM jsonb_to_recordset($4::jsonb) AS e(field text, idx integer, entry jsonb)",
+                "INSERT INTO turn_list_append (product_id, owner_id, thread_id, field, version, n, entries) \
+                 SELECT $1, $2, $3, a.field, 1, a.n, a.entries \
+                 FROM json_to_recordset($4::json) AS a(field text, n integer, entries json)",
             ),
             to
         )
-        .bind(entry_rows(&state.lists))
+        .bind(append_rows(&state.lists))
         .execute(&mut *tx)
         .await
         .map_err(pg_err("fork thread's lists"))?;
@@ -414,9 +456,9 @@ impl Checkpointer for PgCheckpointStore {
 macro_rules! commit_tail {
     () => {
         ", ins AS ( \
-            INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
-            SELECT $1, $2, $3, e.field, t.version, e.idx, e.entry \
-            FROM t, jsonb_to_recordset($5::jsonb) AS e(field text, idx integer, entry jsonb) \
+            INSERT INTO turn_list_append (product_id, owner_id, thread_id, field, version, n, entries) \
+            SELECT $1, $2, $3, a.field, t.version, a.n, a.entries \
+            FROM t, json_to_recordset($5::json) AS a(field text, n integer, entries json) \
         ), hist AS ( \
             INSERT INTO turn_checkpoint \
                 (product_id, owner_id, thread_id, version, at, source, interrupted, patch, snapshot) \
@@ -481,9 +523,11 @@ fn delta_of<'a>(
 #[async_trait]
 impl MachineStore<Checkpoint> for PgCheckpointStore {
     async fn load(&self, key: &TurnKey) -> PortResult<Option<Stored<Checkpoint>>> {
-        // One round trip: the head row, then every list entry up to the
-        // head's version (so a commit landing meanwhile is left out), whole
-        // for unwindowed lists and the last entries of windowed ones.
+        // One round trip: the head row, then every list's rows up to the
+        // head's version (so a commit landing meanwhile is left out), all of
+        // them for unwindowed lists and, for windowed ones, the newest rows
+        // that hold the last entries (at most one row per entry asked for,
+        // as a row holds at least one; the oldest of them may hold more).
         let thread = &key.thread;
         let (fields, lasts): (Vec<&str>, Vec<i64>) = key
             .window
@@ -496,22 +540,28 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
                 SELECT version, objects FROM turn_thread \
                 WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
              ) \
-             SELECT 0 AS part, NULL::text AS field, objects AS value, version, 0 AS idx FROM head \
+             SELECT 0 AS part, NULL::text AS field, objects::json AS entries, version FROM head \
              UNION ALL \
-             SELECT 1, e.field, e.entry, e.version, e.idx \
-             FROM head JOIN turn_list_entry e \
-               ON e.product_id = $1 AND e.owner_id = $2 AND e.thread_id = $3 \
-              AND e.version <= head.version AND NOT (e.field = ANY($4)) \
+             SELECT 1, a.field, a.entries, a.version \
+             FROM head JOIN turn_list_append a \
+               ON a.product_id = $1 AND a.owner_id = $2 AND a.thread_id = $3 \
+              AND a.version <= head.version AND NOT (a.field = ANY($4)) \
              UNION ALL \
-             SELECT 1, w.field, x.entry, x.version, x.idx \
+             SELECT 1, w.field, x.entries, x.version \
              FROM head CROSS JOIN unnest($4::text[], $5::bigint[]) AS w(field, last) \
              CROSS JOIN LATERAL ( \
-                SELECT entry, version, idx FROM turn_list_entry \
-                WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
-                  AND field = w.field AND version <= head.version \
-                ORDER BY version DESC, idx DESC LIMIT w.last \
+                SELECT entries, version FROM ( \
+                    SELECT entries, version, n, sum(n) OVER (ORDER BY version DESC) AS upto \
+                    FROM ( \
+                        SELECT entries, version, n FROM turn_list_append \
+                        WHERE product_id = $1 AND owner_id = $2 AND thread_id = $3 \
+                          AND field = w.field AND version <= head.version \
+                        ORDER BY version DESC LIMIT w.last \
+                    ) newest \
+                ) counted \
+                WHERE upto - n < w.last \
              ) x \
-             ORDER BY part, field, version, idx",
+             ORDER BY part, field, version",
         )
         .bind(thread.product_id.as_str())
         .bind(thread.owner.as_str())
@@ -521,24 +571,33 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
         .fetch_all(&self.pool)
         .await
         .map_err(pg_err("load checkpoint"))?;
+        let decode = pg_err("decode checkpoint");
         let mut head = None;
         let mut checkpoint = Checkpoint::default();
         for row in rows {
-            let part: i32 = row.try_get("part").map_err(pg_err("decode checkpoint"))?;
-            let value: Value = row.try_get("value").map_err(pg_err("decode checkpoint"))?;
+            let part: i32 = row.try_get("part").map_err(decode)?;
             if part == 0 {
-                let version: i64 = row
-                    .try_get("version")
-                    .map_err(pg_err("decode checkpoint"))?;
-                let version = Version::from_i64(version);
+                let version = Version::from_i64(row.try_get("version").map_err(decode)?);
                 checkpoint.version = version.0;
                 head = Some(version);
-                if let Value::Object(map) = value {
+                if let Value::Object(map) = row.try_get("entries").map_err(decode)? {
                     checkpoint.objects = map.into_iter().collect();
                 }
             } else {
-                let field: String = row.try_get("field").map_err(pg_err("decode checkpoint"))?;
-                checkpoint.lists.entry(field).or_default().push(value);
+                let field: String = row.try_get("field").map_err(decode)?;
+                checkpoint
+                    .lists
+                    .entry(field)
+                    .or_default()
+                    .extend(entries_of(&row, decode)?);
+            }
+        }
+        // A windowed list's oldest row may reach further back than the
+        // window: its entries before the window are dropped.
+        for (field, last) in &key.window.tails {
+            if let Some(list) = checkpoint.lists.get_mut(field) {
+                let extra = list.len().saturating_sub(*last);
+                list.drain(..extra);
             }
         }
         Ok(head.map(|version| Stored {
@@ -562,7 +621,7 @@ impl MachineStore<Checkpoint> for PgCheckpointStore {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         );
-        let entries = entry_rows(&delta.appends);
+        let entries = append_rows(&delta.appends);
         let statement = match c.expected {
             None => sqlx::query_scalar::<_, i64>(CREATE_THREAD),
             Some(_) => sqlx::query_scalar::<_, i64>(COMMIT_TURN),

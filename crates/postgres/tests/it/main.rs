@@ -219,6 +219,87 @@ mod checkpoint {
         assert_eq!(copies(&pool, &store, &forked).await, [1, 5]);
     }
 
+    /// Threads stored a row per list entry (before migration 0017) are
+    /// stored a row per checkpoint and list after it, every entry in its
+    /// place: the whole lists, a window, and the state at a checkpoint read
+    /// the same entries in the same order.
+    #[tokio::test]
+    async fn migration_17_keeps_every_entry_of_a_thread_in_its_place() {
+        use parlance_core::turn::{LoadWindow, TurnKey};
+        use parlance_ports::{Checkpointer as _, MachineStore as _};
+        use serde_json::{Value, json};
+
+        let Some(pool) = test_pool().await else {
+            return;
+        };
+        let store = PgCheckpointStore::new(pool.clone());
+        let t = thread("old");
+        turns(&store, &t, 4).await;
+        // The table as it was, holding the thread's entries, and a second
+        // list with several entries at a checkpoint (none at checkpoint 2).
+        sqlx::raw_sql(
+            "CREATE TABLE turn_list_entry ( \
+                 product_id text NOT NULL, owner_id text NOT NULL, thread_id text NOT NULL, \
+                 field text NOT NULL, version bigint NOT NULL, idx integer NOT NULL, \
+                 entry jsonb NOT NULL, \
+                 PRIMARY KEY (product_id, owner_id, thread_id, field, version, idx)); \
+             INSERT INTO turn_list_entry \
+             SELECT a.product_id, a.owner_id, a.thread_id, a.field, a.version, \
+                    (e.i - 1)::integer, e.entry::jsonb \
+             FROM turn_list_append a, json_array_elements(a.entries) WITH ORDINALITY AS e(entry, i); \
+             INSERT INTO turn_list_entry \
+             SELECT 'p', 'u', 'old', 'notes', v, i, jsonb_build_object('v', v, 'i', i) \
+             FROM generate_series(1, 4) AS v, generate_series(0, 3) AS i WHERE i < v AND v <> 2; \
+             DROP TABLE turn_list_append;",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::raw_sql(include_str!("../../migrations/0017_turn_list_append.sql"))
+            .execute(&pool)
+            .await
+            .unwrap();
+
+        let history =
+            |upto: u64| -> Vec<Value> { (1..=upto).map(|n| json!(format!("m{n}"))).collect() };
+        let notes = |upto: u64| -> Vec<Value> {
+            (1..=upto)
+                .filter(|v| *v != 2)
+                .flat_map(|v| (0..v).map(move |i| json!({"v": v, "i": i})))
+                .collect()
+        };
+        let whole = store
+            .load(&TurnKey::whole(t.clone()))
+            .await
+            .unwrap()
+            .unwrap()
+            .state;
+        assert_eq!(whole.lists["history"], history(4));
+        assert_eq!(whole.lists["notes"], notes(4));
+        let windowed = store
+            .load(&TurnKey::new(t.clone(), LoadWindow::all().tail("notes", 5)))
+            .await
+            .unwrap()
+            .unwrap()
+            .state;
+        assert_eq!(windowed.lists["notes"], notes(4)[3..]);
+        let at_3 = store.load_at(&t, 3).await.unwrap().unwrap();
+        assert_eq!(at_3.lists["history"], history(3));
+        assert_eq!(at_3.lists["notes"], notes(3));
+        let counts: Vec<i32> = sqlx::query_scalar(
+            "SELECT n FROM turn_list_append WHERE thread_id = 'old' AND field = 'notes' \
+             ORDER BY version",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            counts,
+            [1, 3, 4],
+            "a row per checkpoint, counting its entries"
+        );
+    }
+
     /// A thread deleted while a commit on it is in flight: the delete waits
     /// for the commit and removes its rows too, so nothing of the thread is
     /// left, and the thread begun again reaches past that commit's version.
@@ -238,8 +319,8 @@ mod checkpoint {
         for statement in [
             "UPDATE turn_thread SET version = 3, objects = objects || '{\"x\": 3}' \
              WHERE product_id = 'p' AND owner_id = 'u' AND thread_id = 't' AND version = 2",
-            "INSERT INTO turn_list_entry (product_id, owner_id, thread_id, field, version, idx, entry) \
-             VALUES ('p', 'u', 't', 'history', 3, 0, '\"m3\"')",
+            "INSERT INTO turn_list_append (product_id, owner_id, thread_id, field, version, n, entries) \
+             VALUES ('p', 'u', 't', 'history', 3, 1, '[\"m3\"]')",
             "INSERT INTO turn_checkpoint (product_id, owner_id, thread_id, version, at, source, \
                  interrupted, patch) \
              VALUES ('p', 'u', 't', 3, now(), 'turn', false, '{\"x\": 3}')",
@@ -270,7 +351,7 @@ mod checkpoint {
         }
         tx.commit().await.unwrap();
         assert!(deleting.await.unwrap().unwrap());
-        for table in ["turn_thread", "turn_list_entry", "turn_checkpoint"] {
+        for table in ["turn_thread", "turn_list_append", "turn_checkpoint"] {
             let left: i64 = sqlx::query_scalar(&format!(
                 "SELECT count(*) FROM {table} WHERE thread_id = 't'"
             ))
@@ -311,7 +392,7 @@ mod checkpoint {
         // The rows' size and the transaction that wrote them.
         let written = async |version: i64| -> (i64, Vec<String>) {
             let size: i64 = sqlx::query_scalar(
-                "SELECT coalesce(sum(pg_column_size(entry)), 0)::bigint FROM turn_list_entry \
+                "SELECT coalesce(sum(pg_column_size(entries)), 0)::bigint FROM turn_list_append \
                  WHERE version = $1",
             )
             .bind(version)
@@ -319,7 +400,7 @@ mod checkpoint {
             .await
             .unwrap();
             let writers: Vec<String> = sqlx::query_scalar(
-                "SELECT xmin::text FROM turn_list_entry WHERE version = $1 ORDER BY field, idx",
+                "SELECT xmin::text FROM turn_list_append WHERE version = $1 ORDER BY field",
             )
             .bind(version)
             .fetch_all(&pool)
