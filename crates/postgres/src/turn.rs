@@ -3,11 +3,12 @@
 //!
 //! A thread commits in one statement: the `turn_thread` row inserted (a new
 //! thread) or bumped with a compare-and-swap on its version, its objects
-//! patched with `||`, the turn's list entries inserted, one row each, and the
-//! checkpoint's `turn_checkpoint` row (its objects patch, with a full copy of
-//! the objects at version 1 and every `snapshot_every`th), all from the
-//! decision's [`TurnEffect::Write`] delta. Nothing already stored is
-//! rewritten, so a commit writes the same bytes however long the thread is.
+//! patched with `||`, the turn's list entries inserted, one row per list
+//! holding its new entries as one `json` array, and the checkpoint's
+//! `turn_checkpoint` row (its objects patch, with a full copy of the objects
+//! at version 1 and every `snapshot_every`th), all from the decision's
+//! [`TurnEffect::Write`] delta. Nothing already stored is rewritten, so a
+//! commit writes the same bytes however long the thread is.
 //! A decision that carries audit entries writes them in the same
 //! transaction (a thread's decisions carry none today), and so do the
 //! crisis-log entries a turn carries in its delta
@@ -44,9 +45,9 @@ use crate::crisis::insert_entry;
 use crate::error::pg_err;
 use crate::time::{from_pg, to_pg};
 
-/// Turn threads stored in PostgreSQL: list entries append-only, one row
-/// each; objects as one jsonb per thread; a version per thread; one history
-/// row per checkpoint.
+/// Turn threads stored in PostgreSQL: list entries append-only, one row per
+/// checkpoint and list; objects as one jsonb per thread; a version per
+/// thread; one history row per checkpoint.
 #[derive(Debug, Clone)]
 pub struct PgCheckpointStore {
     pool: PgPool,
