@@ -59,15 +59,17 @@ struct Job {
     dag: Option<(i64, usize)>,
     dedup_key: Option<String>,
     /// The newest request folded into this task while it ran.
-    rerun: Option<Rerun>,
+    rerun: Option<Request>,
     last_error: Option<String>,
     finished_at: Option<Timestamp>,
 }
 
-/// A request folded into a running task with its dedup key: what the
-/// task's next run takes (see `TaskSpec::dedup_key`).
+/// What a task is asked to run: its queue, payload and settings. A task
+/// is made from one; a request folded into a running task with its dedup
+/// key is kept as one, for the task's next run (see
+/// `TaskSpec::dedup_key`).
 #[derive(Debug, Clone)]
-struct Rerun {
+struct Request {
     queue: String,
     payload: Value,
     priority: i16,
@@ -76,7 +78,7 @@ struct Rerun {
     timeout: Option<Duration>,
 }
 
-impl Rerun {
+impl Request {
     fn of(spec: &TaskSpec, now: Timestamp) -> Self {
         Self {
             queue: spec.queue.clone(),
@@ -90,6 +92,38 @@ impl Rerun {
 }
 
 impl Job {
+    /// A task of `product_id` and `kind` available from the request's
+    /// `run_at`, not yet attempted.
+    fn available(
+        product_id: ProductId,
+        kind: String,
+        r: Request,
+        dag: Option<(i64, usize)>,
+        dedup_key: Option<String>,
+        now: Timestamp,
+    ) -> Self {
+        Job {
+            product_id,
+            queue: r.queue,
+            kind,
+            payload: r.payload,
+            state: JobState::Available,
+            priority: r.priority,
+            run_at: r.run_at,
+            attempt: 0,
+            max_attempts: r.max_attempts,
+            timeout: r.timeout,
+            token: 0,
+            leased_by: None,
+            expires_at: now,
+            dag,
+            dedup_key,
+            rerun: None,
+            last_error: None,
+            finished_at: None,
+        }
+    }
+
     /// Makes the running task available again from `run_at`. A request
     /// folded into it is what runs next: the task takes its payload and
     /// settings, with its attempts counted afresh.
@@ -332,26 +366,14 @@ impl State {
         let Some(r) = job.rerun.take() else {
             return;
         };
-        let fresh = Job {
-            product_id: job.product_id.clone(),
-            queue: r.queue,
-            kind: job.kind.clone(),
-            payload: r.payload,
-            state: JobState::Available,
-            priority: r.priority,
-            run_at: r.run_at,
-            attempt: 0,
-            max_attempts: r.max_attempts,
-            timeout: r.timeout,
-            token: 0,
-            leased_by: None,
-            expires_at: now,
-            dag: None,
-            dedup_key: job.dedup_key.clone(),
-            rerun: None,
-            last_error: None,
-            finished_at: None,
-        };
+        let fresh = Job::available(
+            job.product_id.clone(),
+            job.kind.clone(),
+            r,
+            None,
+            job.dedup_key.clone(),
+            now,
+        );
         self.insert_job(fresh);
     }
 
@@ -362,26 +384,22 @@ impl State {
         };
         let node = &mut dag.nodes[n];
         node.state = NodeState::Queued;
-        let job = Job {
-            product_id: dag.product_id.clone(),
+        let request = Request {
             queue: dag.queue.clone(),
-            kind: node.kind.clone(),
             payload: node.payload.clone(),
-            state: JobState::Available,
             priority: node.priority,
             run_at: now,
-            attempt: 0,
             max_attempts: node.max_attempts,
             timeout: node.timeout,
-            token: 0,
-            leased_by: None,
-            expires_at: now,
-            dag: Some((dag_id, n)),
-            dedup_key: None,
-            rerun: None,
-            last_error: None,
-            finished_at: None,
         };
+        let job = Job::available(
+            dag.product_id.clone(),
+            node.kind.clone(),
+            request,
+            Some((dag_id, n)),
+            None,
+            now,
+        );
         self.insert_job(job);
     }
 
@@ -713,31 +731,19 @@ impl TaskQueue for MemoryTaskQueue {
                     // Folded: a waiting task answers the request as it is;
                     // a running one runs again with it.
                     if live.state == JobState::Running {
-                        live.rerun = Some(Rerun::of(t, now));
+                        live.rerun = Some(Request::of(t, now));
                     }
                     ids.push(None);
                     continue;
                 }
-                let id = st.insert_job(Job {
-                    product_id: t.product_id.clone(),
-                    queue: t.queue.clone(),
-                    kind: t.kind.clone(),
-                    payload: t.payload.clone(),
-                    state: JobState::Available,
-                    priority: t.priority,
-                    run_at: t.run_at.unwrap_or(now),
-                    attempt: 0,
-                    max_attempts: t.max_attempts,
-                    timeout: t.timeout,
-                    token: 0,
-                    leased_by: None,
-                    expires_at: now,
-                    dag: None,
-                    dedup_key: t.dedup_key.clone(),
-                    rerun: None,
-                    last_error: None,
-                    finished_at: None,
-                });
+                let id = st.insert_job(Job::available(
+                    t.product_id.clone(),
+                    t.kind.clone(),
+                    Request::of(t, now),
+                    None,
+                    t.dedup_key.clone(),
+                    now,
+                ));
                 ids.push(Some(TaskId(id)));
             }
         }
