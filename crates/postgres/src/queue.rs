@@ -1069,6 +1069,21 @@ async fn lock_lease_run(conn: &mut PgConnection, lease: &Lease, dag: DagId) -> P
     })
 }
 
+/// Binds a fenced finish's parameters: the lease's task `$1`, token `$2`,
+/// worker `$6` and product `$7`, the new state `$3`, the time `$4` and the
+/// error `$5`.
+macro_rules! bind_finish {
+    ($q:expr, $lease:expr, $state:expr, $error:expr, $now:expr) => {
+        $q.bind($lease.task_id.0)
+            .bind($lease.token)
+            .bind($state)
+            .bind(to_pg($now))
+            .bind($error)
+            .bind($lease.worker.0)
+            .bind($lease.product_id.as_str())
+    };
+}
+
 /// What a fenced finish did.
 #[derive(Debug, Clone, Copy)]
 struct Finished {
@@ -1121,20 +1136,19 @@ async fn fenced_finish(
     error: Option<&str>,
     now: Timestamp,
 ) -> PortResult<Finished> {
-    let row: Vec<(Option<i64>,)> = sqlx::query_as(
-        "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
-         last_error = coalesce($5, last_error), \
-         args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE args END \
-         WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
-         AND leased_by = $6 AND rerun IS NULL RETURNING node_id",
+    let row: Vec<(Option<i64>,)> = bind_finish!(
+        sqlx::query_as(
+            "UPDATE jobs SET state = $3, finished_at = $4, leased_by = NULL, \
+             last_error = coalesce($5, last_error), \
+             args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE args END \
+             WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
+             AND leased_by = $6 AND rerun IS NULL RETURNING node_id",
+        ),
+        lease,
+        state,
+        error,
+        now
     )
-    .bind(lease.task_id.0)
-    .bind(lease.token)
-    .bind(state)
-    .bind(to_pg(now))
-    .bind(error)
-    .bind(lease.worker.0)
-    .bind(lease.product_id.as_str())
     .fetch_all(&mut *conn)
     .await
     .map_err(pg_err("finish task"))?;
@@ -1161,30 +1175,29 @@ async fn finish_marked(
     error: Option<&str>,
     now: Timestamp,
 ) -> PortResult<Option<Finished>> {
-    let row: Option<(Option<i64>, bool)> = sqlx::query_as(
-        "WITH o AS (SELECT product_id, id, rerun FROM jobs \
-         WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
-         AND leased_by = $6 FOR UPDATE), \
-         f AS (UPDATE jobs j SET state = $3, finished_at = $4, leased_by = NULL, rerun = NULL, \
-         last_error = coalesce($5, j.last_error), \
-         args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE j.args END \
-         FROM o WHERE j.product_id = o.product_id AND j.id = o.id \
-         RETURNING j.product_id, j.kind, j.dedup_key, j.node_id, o.rerun), \
-         r AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
-         timeout_ms, args, dedup_key, created_at) \
-         SELECT f.product_id, f.rerun->>'queue', f.kind, (f.rerun->>'priority')::int2, \
-         (f.rerun->>'run_at')::timestamptz, (f.rerun->>'max_attempts')::int4, \
-         (f.rerun->>'timeout_ms')::int8, f.rerun->'args', f.dedup_key, $4 \
-         FROM f WHERE f.rerun IS NOT NULL RETURNING run_at) \
-         SELECT f.node_id, EXISTS (SELECT 1 FROM r WHERE r.run_at <= $4) FROM f",
+    let row: Option<(Option<i64>, bool)> = bind_finish!(
+        sqlx::query_as(
+            "WITH o AS (SELECT product_id, id, rerun FROM jobs \
+             WHERE product_id = $7 AND id = $1 AND state = 1 AND lease_token = $2 \
+             AND leased_by = $6 FOR UPDATE), \
+             f AS (UPDATE jobs j SET state = $3, finished_at = $4, leased_by = NULL, rerun = NULL, \
+             last_error = coalesce($5, j.last_error), \
+             args = CASE WHEN $3 = 2 THEN 'null'::jsonb ELSE j.args END \
+             FROM o WHERE j.product_id = o.product_id AND j.id = o.id \
+             RETURNING j.product_id, j.kind, j.dedup_key, j.node_id, o.rerun), \
+             r AS (INSERT INTO jobs (product_id, queue, kind, priority, run_at, max_attempts, \
+             timeout_ms, args, dedup_key, created_at) \
+             SELECT f.product_id, f.rerun->>'queue', f.kind, (f.rerun->>'priority')::int2, \
+             (f.rerun->>'run_at')::timestamptz, (f.rerun->>'max_attempts')::int4, \
+             (f.rerun->>'timeout_ms')::int8, f.rerun->'args', f.dedup_key, $4 \
+             FROM f WHERE f.rerun IS NOT NULL RETURNING run_at) \
+             SELECT f.node_id, EXISTS (SELECT 1 FROM r WHERE r.run_at <= $4) FROM f",
+        ),
+        lease,
+        state,
+        error,
+        now
     )
-    .bind(lease.task_id.0)
-    .bind(lease.token)
-    .bind(state)
-    .bind(to_pg(now))
-    .bind(error)
-    .bind(lease.worker.0)
-    .bind(lease.product_id.as_str())
     .fetch_optional(&mut *conn)
     .await
     .map_err(pg_err("finish task and enqueue what was folded into it"))?;
