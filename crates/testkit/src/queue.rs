@@ -295,6 +295,11 @@ async fn folded(s: &Subject, specs: &[TaskSpec]) {
     assert!(ids.iter().all(Option::is_none), "folded: {ids:?}");
 }
 
+/// Completes the task `l` holds.
+async fn done(s: &Subject, l: &Lease) {
+    s.queue.complete(l, json!("done")).await.expect("complete");
+}
+
 /// Nothing is left to run on `queue`, now or later, and nothing runs.
 async fn nothing_left(s: &Subject, queue: &str) {
     assert_eq!(
@@ -381,10 +386,7 @@ pub async fn dedup_key_marks_a_running_task_to_run_again(s: Subject) {
         },
         "only the filler"
     );
-    s.queue
-        .complete(&running, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &running).await;
     assert_eq!(
         s.queue.depth("mail").await.expect("depth"),
         QueueDepth {
@@ -409,18 +411,12 @@ pub async fn dedup_key_marks_a_running_task_to_run_again(s: Subject) {
     assert_eq!(rerun.expires_at, later + Duration::from_secs(7));
     // The fresh task holds the key as any task does.
     folded(&s, &[request(2)]).await;
-    s.queue
-        .complete(&rerun, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &rerun).await;
     let again = claim_one(&s, 1)
         .await
         .expect("the request made while it ran");
     assert_eq!(again.payload, json!({"n": 2}));
-    s.queue
-        .complete(&again, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &again).await;
     nothing_left(&s, "default").await;
 }
 
@@ -439,10 +435,7 @@ pub async fn complete_and_claim_leaves_the_folded_request_to_every_worker(s: Sub
     assert!(taken.is_empty(), "{taken:?}");
     let rerun = claim_one(&s, 2).await.expect("the request, for any worker");
     assert_eq!(rerun.payload, json!({"n": 1}));
-    s.queue
-        .complete(&rerun, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &rerun).await;
     nothing_left(&s, "default").await;
 }
 
@@ -453,17 +446,11 @@ pub async fn requests_while_running_make_one_rerun_with_the_newest_payload(s: Su
     let running = claim_one(&s, 1).await.expect("claim");
     folded(&s, &[request(1)]).await;
     folded(&s, &[request(2), request(3)]).await;
-    s.queue
-        .complete(&running, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &running).await;
     let leases = claim(&s, 1, 10).await;
     assert_eq!(leases.len(), 1, "one rerun: {leases:?}");
     assert_eq!(leases[0].payload, json!({"n": 3}), "the newest request's");
-    s.queue
-        .complete(&leases[0], json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &leases[0]).await;
     nothing_left(&s, "default").await;
 }
 
@@ -489,10 +476,7 @@ pub async fn a_discarded_task_is_followed_by_the_request_folded_into_it(s: Subje
         dead[0].id, first,
         "the discarded task stays for the operator"
     );
-    s.queue
-        .complete(&rerun, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &rerun).await;
     nothing_left(&s, "default").await;
 
     let short = Duration::from_secs(10);
@@ -516,10 +500,7 @@ pub async fn a_discarded_task_is_followed_by_the_request_folded_into_it(s: Subje
     let rerun = claim_one(&s, 1).await.expect("the request runs");
     assert_eq!(rerun.payload, json!({"n": 3}));
     assert_eq!(rerun.max_attempts, 5, "with the request's own attempts");
-    s.queue
-        .complete(&rerun, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &rerun).await;
     nothing_left(&s, "default").await;
 }
 
@@ -547,10 +528,7 @@ pub async fn a_requeued_task_runs_once_more_as_the_request_folded_into_it(s: Sub
     assert_eq!(again.task_id, id, "the same task");
     assert_eq!(again.payload, json!({"n": 1}));
     assert_eq!((again.attempt, again.max_attempts), (1, 4));
-    s.queue
-        .complete(&again, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &again).await;
     nothing_left(&s, "default").await;
 
     // An expired lease.
@@ -584,10 +562,7 @@ pub async fn a_requeued_task_runs_once_more_as_the_request_folded_into_it(s: Sub
         s.clock.now() + LEASE,
         "the request's timeout (none): the claim's lease"
     );
-    s.queue
-        .complete(&again, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &again).await;
     nothing_left(&s, "default").await;
 
     // A release, and a release of what a worker does not hold.
@@ -610,10 +585,7 @@ pub async fn a_requeued_task_runs_once_more_as_the_request_folded_into_it(s: Sub
             (again.task_id, again.payload.clone()),
             (id, json!({"n": 5}))
         );
-        s.queue
-            .complete(&again, json!("done"))
-            .await
-            .expect("complete");
+        done(&s, &again).await;
         nothing_left(&s, "default").await;
     }
 }
@@ -1465,10 +1437,7 @@ pub async fn dag_empty_map_still_completes(s: Subject) {
     s.queue.complete(&list, json!([])).await.expect("complete");
     let after = claim_one(&s, 1).await.expect("after runnable");
     assert_eq!(inputs(&after), [("list#combine".to_owned(), json!([]))]);
-    s.queue
-        .complete(&after, json!("done"))
-        .await
-        .expect("complete");
+    done(&s, &after).await;
     let st = s.queue.dag_status(&product(), id).await.expect("status");
     assert_eq!((st.state, st.total, st.done), (DagState::Completed, 3, 3));
 }
