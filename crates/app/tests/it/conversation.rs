@@ -661,24 +661,7 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
     let product = ProductId::parse("acme").unwrap();
     let mut ids = Vec::new();
     for n in 0..4 {
-        let new = NewInstance {
-            product_id: product.clone(),
-            instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(1000 + n)),
-            contact_id: ContactId::parse(format!("+1555100{n}")).unwrap(),
-            channel: "loopback".into(),
-            objective: "book a demo call".into(),
-            todos: vec![],
-            heartbeat_interval_s: 1,
-            max_follow_ups: 2,
-            metadata: serde_json::Map::new(),
-        };
-        ids.push(
-            parlance_app::conversation::create(&state.conversations, new)
-                .await
-                .unwrap()
-                .state
-                .key(),
-        );
+        ids.push(created(&state, 1000 + n, &format!("+1555100{n}"), 1).await);
     }
     let mut workers = [spawn_worker(&url, &[]), spawn_worker(&url, &[])];
     let store = state.conversations.store.clone();
@@ -734,24 +717,31 @@ async fn two_worker_processes_share_the_heartbeats_on_postgres() {
     }
 }
 
-/// An instance waiting for a reply on `state`, created through the service.
-async fn waiting_instance(state: &AppState, n: u128) -> ConversationKey {
+/// A conversation of product `acme` booking a demo call with `contact`,
+/// instance `n`, heartbeats every `heartbeat_s` seconds, created on `state`
+/// through the service.
+async fn created(state: &AppState, n: u128, contact: &str, heartbeat_s: u64) -> ConversationKey {
     let new = NewInstance {
         product_id: ProductId::parse("acme").unwrap(),
         instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(n)),
-        contact_id: ContactId::parse(format!("+1555200{n}")).unwrap(),
+        contact_id: ContactId::parse(contact).unwrap(),
         channel: "loopback".into(),
         objective: "book a demo call".into(),
         todos: vec![],
-        heartbeat_interval_s: 100,
+        heartbeat_interval_s: heartbeat_s,
         max_follow_ups: 2,
         metadata: serde_json::Map::new(),
     };
-    let key = parlance_app::conversation::create(&state.conversations, new)
+    parlance_app::conversation::create(&state.conversations, new)
         .await
         .unwrap()
         .state
-        .key();
+        .key()
+}
+
+/// An instance waiting for a reply on `state`, created through the service.
+async fn waiting_instance(state: &AppState, n: u128) -> ConversationKey {
+    let key = created(state, n, &format!("+1555200{n}"), 100).await;
     for command in [
         ConversationCommand::BeginAgentTurn,
         ConversationCommand::AgentSend {
@@ -945,22 +935,7 @@ impl TaskHandler for CommandBeforeRecorded {
 /// A conversation on `state`, its turn handler wrapped in
 /// [`CommandBeforeRecorded`], and a worker the test steps.
 async fn turn_window(state: &AppState, n: u128) -> (Arc<CommandBeforeRecorded>, Worker) {
-    let new = NewInstance {
-        product_id: ProductId::parse("acme").unwrap(),
-        instance_id: InstanceId::from_uuid(uuid::Uuid::from_u128(n)),
-        contact_id: ContactId::parse(format!("+1555300{n}")).unwrap(),
-        channel: "loopback".into(),
-        objective: "book a demo call".into(),
-        todos: vec![],
-        heartbeat_interval_s: 3600,
-        max_follow_ups: 2,
-        metadata: serde_json::Map::new(),
-    };
-    let key = parlance_app::conversation::create(&state.conversations, new)
-        .await
-        .unwrap()
-        .state
-        .key();
+    let key = created(state, n, &format!("+1555300{n}"), 3600).await;
     let mut handlers = state.handlers();
     let turn = Arc::new(CommandBeforeRecorded {
         inner: handlers.get(TURN_KIND).expect("a turn handler").clone(),
